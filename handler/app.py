@@ -1,0 +1,199 @@
+"""The Starlette app: dify-sandbox's routes, envelope and errors, in front of an Invoker."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from contextlib import asynccontextmanager
+
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from handler import envelope
+from handler.admission import Admission, ClientGone, Refused
+from handler.invoker import Invoker, SandboxUnavailable
+from handler.models import RunBody, describe
+from handler.settings import Settings
+from layers import build as layers
+from runtimes.payload import LANGUAGES
+
+log = logging.getLogger("sandlot.api")
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge()
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _until_disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class SandboxAPI:
+    """Route handlers; state lives here, not in globals."""
+
+    def __init__(self, settings: Settings, invoker: Invoker, python_layer: str = ""):
+        self.settings = settings
+        self.invoker = invoker
+        self.python_layer = python_layer
+        self.admission = Admission(settings.MAX_REQUESTS, settings.MAX_WORKERS, settings.SANDLOT_QUEUE_TIMEOUT)
+        self._key = settings.API_KEY.encode()
+        self._starting: asyncio.Task | None = None
+
+    # ---- plumbing -------------------------------------------------------------
+
+    def authorized(self, request: Request) -> bool:
+        given = request.headers.get("x-api-key", "").encode()
+        return bool(self._key) and hmac.compare_digest(given, self._key)
+
+    @asynccontextmanager
+    async def lifespan(self, app: Starlette):
+        self._starting = asyncio.create_task(self._start())
+        try:
+            yield
+        finally:
+            if not self._starting.done():
+                self._starting.cancel()
+            await self.invoker.stop()
+
+    async def _start(self) -> None:
+        await self.invoker.start()
+        for language, status in self.invoker.status().items():
+            if status.get("ready"):
+                log.info("%s runtime ready; protections in force: %s", language, status.get("protections"))
+            else:
+                log.error("%s runtime not ready: %s", language, status.get("error"))
+
+    # ---- routes ---------------------------------------------------------------
+
+    async def health(self, request: Request) -> JSONResponse:
+        if self.invoker.ready():
+            return JSONResponse("ok")
+        return JSONResponse("not ready", status_code=503)
+
+    async def health_detail(self, request: Request) -> JSONResponse:
+        if not self.authorized(request):
+            return envelope.unauthorized()
+        s = self.settings
+        return envelope.success(
+            {
+                "ready": self.invoker.ready(),
+                "backend": s.SANDLOT_BACKEND,
+                "runtimes": self.invoker.status(),
+                "layer": {"python3": self.python_layer},
+                "limits": {
+                    "max_requests": s.MAX_REQUESTS,
+                    "max_workers": s.MAX_WORKERS,
+                    "default_timeout": s.WORKER_TIMEOUT,
+                    "max_timeout": max(s.SANDLOT_MAX_TIMEOUT, s.WORKER_TIMEOUT),
+                    "default_memory_mb": s.SANDLOT_MEMORY_LIMIT_MB,
+                    "max_memory_mb": s.SANDLOT_MAX_MEMORY_LIMIT_MB,
+                    "output_limit_bytes": s.SANDLOT_OUTPUT_LIMIT_BYTES,
+                    "enable_network": s.ENABLE_NETWORK,
+                    "enable_preload": s.ENABLE_PRELOAD,
+                },
+                "admission": self.admission.status(),
+            }
+        )
+
+    async def run(self, request: Request):
+        if not self.authorized(request):
+            return envelope.unauthorized()
+        try:
+            async with self.admission.request():
+                return await self._run(request)
+        except Refused:
+            return envelope.too_many_requests()
+
+    async def _run(self, request: Request):
+        try:
+            raw = await _read_body(request, self.settings.SANDLOT_MAX_BODY_BYTES)
+        except BodyTooLarge:
+            return envelope.bad_request(f"request body too large (limit {self.settings.SANDLOT_MAX_BODY_BYTES} bytes)")
+        except ClientDisconnect:
+            return envelope.bad_request("client disconnected")
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            return envelope.bad_request("malformed JSON body")
+        if not isinstance(data, dict):
+            return envelope.bad_request("the body must be a JSON object")
+        if "language" in data and data["language"] not in LANGUAGES:
+            return envelope.bad_request(envelope.UNSUPPORTED_LANGUAGE)
+        try:
+            body = RunBody.model_validate(data)
+        except ValidationError as exc:
+            return envelope.bad_request(describe(exc.errors()))
+        if body.enable_network and not self.settings.ENABLE_NETWORK:
+            return envelope.failure(-400, envelope.NETWORK_DISABLED)
+        try:
+            async with self.admission.worker(lambda: _until_disconnected(request)):
+                result = await self.invoker.invoke(body.run_request())
+        except ClientGone:
+            return envelope.failure(-499, "client went away while waiting", 499)
+        except SandboxUnavailable as exc:
+            return envelope.unavailable(str(exc))
+        return envelope.success(result)
+
+    def _language(self, value: object) -> str | None:
+        return value if value in LANGUAGES else None
+
+    def _dependencies(self, language: str) -> list[dict]:
+        return layers.installed(self.python_layer) if language == "python3" else []
+
+    async def dependencies(self, request: Request):
+        if not self.authorized(request):
+            return envelope.unauthorized()
+        language = self._language(request.query_params.get("language", "python3"))
+        if language is None:
+            return envelope.bad_request(envelope.UNSUPPORTED_LANGUAGE)
+        return envelope.success({"dependencies": self._dependencies(language)})
+
+    async def update_dependencies(self, request: Request):
+        if not self.authorized(request):
+            return envelope.unauthorized()
+        try:
+            data = json.loads(await request.body() or b"{}")
+        except ValueError:
+            return envelope.bad_request("malformed JSON body")
+        if not isinstance(data, dict) or self._language(data.get("language", "python3")) is None:
+            return envelope.bad_request(envelope.UNSUPPORTED_LANGUAGE)
+        return envelope.success({})
+
+    async def refresh_dependencies(self, request: Request):
+        return await self.dependencies(request)
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/v1/sandbox/health", self.health_detail, methods=["GET"]),
+            Route("/v1/sandbox/run", self.run, methods=["POST"]),
+            Route("/v1/sandbox/dependencies", self.dependencies, methods=["GET"]),
+            Route("/v1/sandbox/dependencies/update", self.update_dependencies, methods=["POST"]),
+            Route("/v1/sandbox/dependencies/refresh", self.refresh_dependencies, methods=["GET"]),
+        ]
+
+
+def create_app(settings: Settings, invoker: Invoker, python_layer: str = "") -> Starlette:
+    api = SandboxAPI(settings, invoker, python_layer)
+    app = Starlette(routes=api.routes(), lifespan=api.lifespan)
+    app.state.api = api
+    return app

@@ -1,0 +1,179 @@
+"""Service settings: dify-sandbox's names, from the environment and conf/config.yaml.
+
+Environment wins over the file, the file over defaults. A bad value stops
+start-up with a message naming the setting.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError as _SourceError
+
+from runtimes.config import RuntimeConfig, default_data_dir, default_python
+
+# dify-sandbox's config.yaml keys (dotted paths) -> our setting names
+_YAML_KEYS = {
+    "app.port": "SANDBOX_PORT",
+    "app.key": "API_KEY",
+    "max_workers": "MAX_WORKERS",
+    "max_requests": "MAX_REQUESTS",
+    "worker_timeout": "WORKER_TIMEOUT",
+    "python_path": "PYTHON_PATH",
+    "nodejs_path": "NODEJS_PATH",
+    "enable_network": "ENABLE_NETWORK",
+    "enable_preload": "ENABLE_PRELOAD",
+    "allowed_syscalls": "ALLOWED_SYSCALLS",
+    "python_pip_mirror_url": "PIP_MIRROR_URL",
+    "python_deps_update_interval": "PYTHON_DEPS_UPDATE_INTERVAL",
+    "proxy.socks5": "SOCKS5_PROXY",
+    "proxy.http": "HTTP_PROXY",
+    "proxy.https": "HTTPS_PROXY",
+}
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def _dig(data: dict, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
+
+
+class _DifyYamlSource(PydanticBaseSettingsSource):
+    """conf/config.yaml in dify-sandbox's shape, plus any of our own names at top level."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: str):
+        super().__init__(settings_cls)
+        self.path = Path(path)
+
+    def get_field_value(self, field, field_name):  # pragma: no cover - required by the base class
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        if not self.path.is_file():
+            return {}
+        try:
+            data = yaml.safe_load(self.path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise SettingsError(f"{self.path}: not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise SettingsError(f"{self.path}: expected a mapping")
+        values = {name: _dig(data, key) for key, name in _YAML_KEYS.items()}
+        values.update({k: v for k, v in data.items() if isinstance(k, str) and k.isupper()})
+        return {k: v for k, v in values.items() if v is not None}
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", populate_by_name=True)
+
+    # dify-sandbox's settings
+    API_KEY: str = ""
+    SANDBOX_PORT: int = Field(8194, ge=1, le=65535)
+    MAX_WORKERS: int = Field(4, ge=1, le=256)
+    MAX_REQUESTS: int = Field(50, ge=1)
+    WORKER_TIMEOUT: float = Field(15, gt=0)
+    ENABLE_NETWORK: bool = True
+    ENABLE_PRELOAD: bool = False
+    ALLOWED_SYSCALLS: Annotated[list[int], NoDecode] = []
+    HTTP_PROXY: str = ""
+    HTTPS_PROXY: str = ""
+    SOCKS5_PROXY: str = ""
+    PIP_MIRROR_URL: str = ""
+    PYTHON_DEPS_UPDATE_INTERVAL: str = ""
+    PYTHON_PATH: str = Field(default_factory=default_python)
+    NODEJS_PATH: str = "/usr/bin/node"
+
+    # Sandlot's own
+    SANDLOT_BACKEND: Literal["local", "lambda"] = "local"
+    SANDLOT_HOST: str = "0.0.0.0"
+    SANDLOT_DATA_DIR: str = Field(default_factory=default_data_dir)
+    SANDLOT_PYTHON_REQUIREMENTS: str = ""
+    SANDLOT_PYTHON_PRELOAD: Annotated[list[str], NoDecode] = ["requests", "httpx", "jinja2"]
+    SANDLOT_MAX_TIMEOUT: float = Field(60, gt=0)
+    SANDLOT_MEMORY_LIMIT_MB: int = Field(512, ge=16)
+    SANDLOT_MAX_MEMORY_LIMIT_MB: int = Field(2048, ge=16)
+    SANDLOT_OUTPUT_LIMIT_BYTES: int = Field(4 * 1024 * 1024, ge=1024)
+    SANDLOT_MAX_BODY_BYTES: int = Field(5 * 1024 * 1024, ge=1024)
+    SANDLOT_QUEUE_TIMEOUT: float = Field(30, gt=0)
+    SANDLOT_TMP_SIZE_MB: int = Field(64, ge=1)
+    SANDLOT_TMP_FILES: int = Field(2048, ge=16)
+    SANDLOT_REQUIRE_SECCOMP: bool = True
+    SANDLOT_JAIL: Literal["auto", "full", "reduced"] = "auto"
+    SANDLOT_UID_BASE: int = Field(1_500_000_000, ge=65536, le=4_000_000_000)
+    SANDLOT_ZYGOTE_MAX_FORKS: int = Field(2000, ge=10)
+
+    @field_validator("ALLOWED_SYSCALLS", "SANDLOT_PYTHON_PRELOAD", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("ALLOWED_SYSCALLS")
+    @classmethod
+    def _syscalls_stay_closed(cls, value: list[int]) -> list[int]:
+        from runtimes.jail.seccomp_policy import check_extra_syscalls
+
+        check_extra_syscalls(value)
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ):
+        config_path = os.environ.get("SANDLOT_CONFIG", "conf/config.yaml")
+        return (init_settings, env_settings, _DifyYamlSource(settings_cls, config_path))
+
+    def runtime_config(self, python_layer: str = "") -> RuntimeConfig:
+        proxies = {}
+        if self.HTTP_PROXY:
+            proxies["HTTP_PROXY"] = proxies["http_proxy"] = self.HTTP_PROXY
+        if self.HTTPS_PROXY:
+            proxies["HTTPS_PROXY"] = proxies["https_proxy"] = self.HTTPS_PROXY
+        if self.SOCKS5_PROXY:
+            proxies["ALL_PROXY"] = proxies["all_proxy"] = self.SOCKS5_PROXY
+        return RuntimeConfig(
+            python_path=self.PYTHON_PATH,
+            nodejs_path=self.NODEJS_PATH,
+            data_dir=self.SANDLOT_DATA_DIR,
+            python_layer=python_layer,
+            python_preload=tuple(self.SANDLOT_PYTHON_PRELOAD),
+            workers=self.MAX_WORKERS,
+            default_timeout=self.WORKER_TIMEOUT,
+            max_timeout=max(self.SANDLOT_MAX_TIMEOUT, self.WORKER_TIMEOUT),
+            default_memory_mb=self.SANDLOT_MEMORY_LIMIT_MB,
+            max_memory_mb=max(self.SANDLOT_MAX_MEMORY_LIMIT_MB, self.SANDLOT_MEMORY_LIMIT_MB),
+            output_limit=self.SANDLOT_OUTPUT_LIMIT_BYTES,
+            tmp_size_mb=self.SANDLOT_TMP_SIZE_MB,
+            tmp_files=self.SANDLOT_TMP_FILES,
+            enable_preload=self.ENABLE_PRELOAD,
+            require_seccomp=self.SANDLOT_REQUIRE_SECCOMP,
+            extra_syscalls=tuple(self.ALLOWED_SYSCALLS),
+            jail=self.SANDLOT_JAIL,
+            uid_base=self.SANDLOT_UID_BASE,
+            zygote_max_forks=self.SANDLOT_ZYGOTE_MAX_FORKS,
+            run_env=proxies,
+        )
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from env and file, or SettingsError naming what is wrong."""
+    try:
+        return Settings(**overrides)
+    except _SourceError as exc:
+        raise SettingsError(f"invalid setting: {exc}") from exc
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}" for err in exc.errors()
+        )
+        raise SettingsError(f"invalid setting: {problems}") from exc

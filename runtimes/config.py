@@ -1,0 +1,72 @@
+"""What the runtimes need to know, independent of where the settings came from.
+
+The HTTP service builds it from its settings; a Lambda runtime function builds
+it from its environment. Nothing here reads the environment itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+MIB = 1024 * 1024
+
+
+def default_data_dir() -> str:
+    if os.geteuid() == 0:
+        return "/var/lib/sandlot"
+    return os.path.join(os.path.expanduser("~"), ".cache", "sandlot")
+
+
+def default_python() -> str:
+    """The interpreter itself, not a venv's wrapper around it."""
+    return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+
+
+@dataclass
+class RuntimeConfig:
+    python_path: str = field(default_factory=default_python)
+    nodejs_path: str = "/usr/bin/node"
+    data_dir: str = field(default_factory=default_data_dir)
+    python_layer: str = ""  # built layer directory ("" = none)
+    python_preload: tuple[str, ...] = ("requests", "httpx", "jinja2")
+    workers: int = 4  # children kept ready per runtime
+    default_timeout: float = 15.0
+    max_timeout: float = 60.0
+    default_memory_mb: int = 512
+    max_memory_mb: int = 2048
+    output_limit: int = 4 * MIB
+    tmp_size_mb: int = 64
+    tmp_files: int = 2048
+    max_open_files: int = 256
+    max_threads: int = 64
+    max_file_mb: int = 64
+    enable_preload: bool = False
+    require_seccomp: bool = True
+    extra_syscalls: tuple[int, ...] = ()
+    jail: str = "auto"  # auto | full | reduced
+    uid_base: int = 1_500_000_000
+    uid_count: int = 1024
+    zygote_max_forks: int = 2000
+    run_env: dict[str, str] = field(default_factory=dict)  # proxies handed to user code
+
+    @property
+    def privileged(self) -> bool:
+        if self.jail == "full":
+            return True
+        if self.jail == "reduced":
+            return False
+        return os.geteuid() == 0
+
+    def environment(self) -> dict[str, str]:
+        """The whole environment of a run: nothing of the service's own."""
+        return {"LANG": "C.UTF-8", "HOME": "/tmp", "TMPDIR": "/tmp", **self.run_env}
+
+    def clamp_timeout(self, requested: float | None) -> float:
+        value = self.default_timeout if requested is None else requested
+        return max(0.001, min(float(value), self.max_timeout))
+
+    def clamp_memory(self, requested: int | None) -> int:
+        value = self.default_memory_mb if requested is None else requested
+        return max(16, min(int(value), self.max_memory_mb))

@@ -1,0 +1,226 @@
+"""Children forked and confined ahead of demand, from a zygote that is replaced now and then.
+
+A child serves exactly one run. Its uid and private /tmp go back only once the
+zygote has reaped it. After `max_forks` forks a new zygote is started (fresh
+address-space layout and hash seed) and the old one leaves once its last child
+has ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import tempfile
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+from runtimes.jail.execution import kill
+from runtimes.jail.supervisor import Child, SandboxUnavailable, Zygote
+from runtimes.jail.uids import UidPool, UidPoolExhausted
+
+log = logging.getLogger("sandlot.jail")
+
+READY_TIMEOUT = 30.0
+
+
+class ChildPool:
+    def __init__(
+        self,
+        start_zygote: Callable[[], Awaitable[Zygote]],
+        uids: UidPool | None,
+        tmp_parent: str | None,
+        size: int,
+        max_forks: int,
+    ):
+        self._start_zygote = start_zygote
+        self._uids = uids
+        self._tmp_parent = tmp_parent
+        self.size = size
+        self._max_forks = max_forks
+        self._zygote: Zygote | None = None
+        self._owner: dict[int, Zygote] = {}  # child pid -> the zygote that forked it
+        self._retired: list[Zygote] = []
+        self._ready: deque[Child] = deque()
+        self._filling = 0
+        self._tasks: set[asyncio.Task] = set()
+        self._restart_lock = asyncio.Lock()
+        self._rotating = False
+        self.generation = 0
+        self.last_error = ""
+
+    async def start(self) -> dict:
+        await self._restart()
+        self._refill()
+        return self._zygote.report if self._zygote else {}
+
+    async def take(self) -> Child:
+        """A confined child for one run: a ready one if any, else a new one."""
+        while self._ready:
+            child = self._ready.popleft()
+            if not child.exited.done():
+                return child
+            self.finish(child)
+        return await self._spawn()
+
+    def finish(self, child: Child) -> None:
+        """The run is over (or abandoned): give back what the child held once it is dead."""
+        if not child.exited.done():
+            kill(child)
+        self._background(self._release(child))
+        self._refill()  # after the run, so that the zygote's forks do not compete with it
+
+    # ---- internals -----------------------------------------------------------
+
+    def _background(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _refill(self) -> None:
+        while len(self._ready) + self._filling < self.size:
+            self._filling += 1
+            self._background(self._fill_one())
+
+    async def _fill_one(self) -> None:
+        try:
+            child = await self._spawn()
+        except Exception as exc:  # noqa: BLE001 - seen by health and by the next take()
+            self.last_error = str(exc)
+            log.warning("could not prepare a child: %s", exc)
+            return
+        finally:
+            self._filling -= 1
+        self._ready.append(child)
+
+    async def _current_zygote(self) -> Zygote:
+        if self._zygote is None or not self._zygote.alive:
+            await self._restart()
+        assert self._zygote is not None
+        if self._zygote.forks >= self._max_forks and not self._rotating:
+            self._rotating = True
+            self._background(self._rotate())
+        return self._zygote
+
+    async def _restart(self) -> None:
+        async with self._restart_lock:
+            if self._zygote is not None and self._zygote.alive:
+                return
+            if self._zygote is not None:
+                await self._zygote.stop()
+            try:
+                self._zygote = await self._start_zygote()
+            except SandboxUnavailable as exc:
+                self.last_error = str(exc)
+                raise
+            self.generation += 1
+            self.last_error = ""
+
+    async def _rotate(self) -> None:
+        try:
+            fresh = await self._start_zygote()
+        except SandboxUnavailable as exc:
+            log.warning("could not replace the zygote: %s", exc)
+            return
+        finally:
+            self._rotating = False
+        old, self._zygote = self._zygote, fresh
+        self.generation += 1
+        if old is not None:
+            self._retired.append(old)
+            await self._stop_retired()
+
+    async def _stop_retired(self) -> None:
+        for zygote in [z for z in self._retired if z.live_children == 0]:
+            self._retired.remove(zygote)
+            await zygote.stop()
+
+    async def _spawn(self) -> Child:
+        zygote = await self._current_zygote()
+        try:
+            uid = self._uids.acquire() if self._uids is not None else os.getuid()
+        except UidPoolExhausted as exc:
+            raise SandboxUnavailable(str(exc)) from exc
+        tmpdir = tempfile.mkdtemp(prefix="run-", dir=self._tmp_parent) if self._tmp_parent else ""
+        try:
+            child = await zygote.fork(uid, tmpdir)
+        except BaseException:
+            self._give_back(uid, tmpdir)
+            raise
+        self._owner[child.pid] = zygote
+        if not await _confined(child):
+            reason = _read_available(child.stderr).decode(errors="replace").strip()
+            self.finish(child)
+            raise SandboxUnavailable(f"could not confine a run: {reason or 'the child exited'}")
+        return child
+
+    async def _release(self, child: Child) -> None:
+        await child.exited
+        child.close()
+        self._give_back(child.uid, child.tmpdir)
+        owner = self._owner.pop(child.pid, None)
+        if owner in self._retired:
+            await self._stop_retired()
+
+    def _give_back(self, uid: int, tmpdir: str) -> None:
+        if self._uids is not None:
+            self._uids.release(uid)
+        if tmpdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)  # fd-based: never follows a planted link
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        while self._ready:
+            child = self._ready.popleft()
+            kill(child)
+            self.finish(child)
+        zygotes = [z for z in [self._zygote, *self._retired] if z is not None]
+        self._zygote, self._retired = None, []
+        for zygote in zygotes:
+            await zygote.stop()  # its children are dead once it has exited
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def status(self) -> dict:
+        return {
+            "zygote": "running" if self._zygote is not None and self._zygote.alive else "down",
+            "zygote_generation": self.generation,
+            "zygote_forks": self._zygote.forks if self._zygote else 0,
+            "ready_children": len(self._ready),
+            "uids_in_use": self._uids.in_use if self._uids is not None else None,
+            "last_error": self.last_error,
+        }
+
+
+async def _confined(child: Child) -> bool:
+    """Wait for the child's one byte that says it is confined; EOF means it failed."""
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future = loop.create_future()
+
+    def on_ready() -> None:
+        try:
+            data = os.read(child.ready, 1)
+        except OSError:
+            data = b""
+        if not answer.done():
+            answer.set_result(data == b"1")
+
+    loop.add_reader(child.ready, on_ready)
+    try:
+        return await asyncio.wait_for(answer, READY_TIMEOUT)
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(child.ready)
+        os.close(child.ready)
+        child.ready = -1
+
+
+def _read_available(fd: int) -> bytes:
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 65536)
+    except OSError:
+        return b""

@@ -1,0 +1,155 @@
+"""A language runtime behind the jail: a zygote, a pool of ready children, and runs.
+
+Subclasses say what the tree holds, which runner the zygote loads, and how a
+run request is put on the child's stdin.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+
+import pyseccomp
+
+import runtimes
+from runtimes.config import MIB, RuntimeConfig
+from runtimes.jail.execution import execute
+from runtimes.jail.pool import ChildPool
+from runtimes.jail.supervisor import SandboxUnavailable, Zygote
+from runtimes.jail.tree import TreeSpec
+from runtimes.jail.uids import UidPool
+from runtimes.payload import RunRequest
+
+log = logging.getLogger("sandlot.runtime")
+
+
+class JailedRuntime:
+    language = ""
+    runner = ""
+
+    def __init__(self, config: RuntimeConfig):
+        self.config = config
+        self.pool: ChildPool | None = None
+        self.report: dict = {}
+        self.error = ""
+        self._uids: UidPool | None = None
+        self._tmp_parent: tempfile.TemporaryDirectory | None = None
+
+    # ---- for subclasses --------------------------------------------------------
+
+    def interpreter(self) -> str:
+        raise NotImplementedError
+
+    def tree(self) -> TreeSpec:
+        raise NotImplementedError
+
+    def runner_config(self) -> dict:
+        return {"require_seccomp": self.config.require_seccomp, "extra_syscalls": list(self.config.extra_syscalls)}
+
+    def encode(self, request: RunRequest) -> bytes:
+        raise NotImplementedError
+
+    # ---- life cycle -----------------------------------------------------------
+
+    async def start(self) -> None:
+        config = self.config
+        try:
+            if config.privileged:
+                self._uids = UidPool(config.uid_base, config.uid_count, "/run/sandlot")
+                tmp_parent = None
+            else:
+                self._tmp_parent = tempfile.TemporaryDirectory(prefix=f"sandlot-{self.language}-")
+                tmp_parent = self._tmp_parent.name
+            tree_root = tempfile.mkdtemp(prefix=f"sandlot-root-{self.language}-")
+            zygote_config = {
+                "import_paths": _import_paths(),
+                "runner": self.runner,
+                "runner_config": self.runner_config(),
+                "tree": self.tree().to_dict() if config.privileged else None,
+                "tree_root": tree_root,
+                "plan": {
+                    "privileged": config.privileged,
+                    "tmp_size_bytes": config.tmp_size_mb * MIB,
+                    "tmp_files": config.tmp_files,
+                    "max_open_files": config.max_open_files,
+                    "max_threads": config.max_threads,
+                    "max_file_bytes": config.max_file_mb * MIB,
+                },
+            }
+            interpreter = self.interpreter()
+            env = config.environment()
+
+            async def start_zygote() -> Zygote:
+                zygote = Zygote(interpreter, zygote_config, env)
+                await zygote.start()
+                return zygote
+
+            self.pool = ChildPool(start_zygote, self._uids, tmp_parent, config.workers, config.zygote_max_forks)
+            self.report = await self.pool.start()
+        except (SandboxUnavailable, OSError, RuntimeError) as exc:
+            self.error = str(exc)
+            log.error("%s runtime unavailable: %s", self.language, exc)
+            return
+        if not self.report.get("seccomp") and config.require_seccomp:
+            self.error = f"the seccomp filter cannot be installed here: {self.report.get('seccomp_error')}"
+            log.error("%s runs refused: %s", self.language, self.error)
+
+    async def stop(self) -> None:
+        if self.pool is not None:
+            await self.pool.stop()
+        if self._uids is not None:
+            self._uids.close()
+        if self._tmp_parent is not None:
+            self._tmp_parent.cleanup()
+
+    @property
+    def ready(self) -> bool:
+        return self.pool is not None and not self.error
+
+    def status(self) -> dict:
+        return {
+            "ready": self.ready,
+            "error": self.error,
+            "protections": self.protections(),
+            "preloaded": self.report.get("preloaded", []),
+            "preload_failed": self.report.get("preload_failed", {}),
+            **(self.pool.status() if self.pool else {}),
+        }
+
+    def protections(self) -> dict:
+        privileged = self.config.privileged
+        return {
+            "fresh_process": True,
+            "seccomp": bool(self.report.get("seccomp")),
+            "chroot": privileged,
+            "own_uid": privileged,
+            "private_tmp": "tmpfs" if privileged else "directory",
+            "rlimits": True,
+            "scrubbed_environment": True,
+        }
+
+    # ---- runs -----------------------------------------------------------------
+
+    async def run(self, request: RunRequest) -> dict:
+        if self.error:
+            raise SandboxUnavailable(self.error)
+        if self.pool is None:
+            raise SandboxUnavailable(f"the {self.language} runtime is not started")
+        child = await self.pool.take()
+        try:
+            outcome = await execute(
+                child, self.encode(request), self.config.clamp_timeout(request.timeout), self.config.output_limit
+            )
+        finally:
+            self.pool.finish(child)
+        return outcome.to_result()
+
+
+def _import_paths() -> list[str]:
+    """Where the zygote finds this package and pyseccomp before it confines itself."""
+    paths = [os.path.dirname(os.path.dirname(os.path.abspath(runtimes.__file__)))]
+    seccomp_dir = os.path.dirname(os.path.abspath(pyseccomp.__file__))
+    if seccomp_dir not in paths:
+        paths.append(seccomp_dir)
+    return paths

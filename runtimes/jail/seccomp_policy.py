@@ -1,0 +1,323 @@
+"""The seccomp allow-lists, built with libseccomp through pyseccomp.
+
+A filter is built per language and network mode. Anything not listed fails with
+EPERM, so user code sees "Operation not permitted" instead of dying silently.
+Process creation is refused: fork and vfork fail with EPERM, clone only passes
+with CLONE_THREAD (threads keep working), clone3 answers ENOSYS so that glibc
+falls back to clone. execve is only admitted where a runtime must exec its own
+interpreter (Node), and then only until the interpreter stacks its own filter.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pyseccomp
+
+from runtimes.jail.linux import SeccompProgram
+
+CLONE_THREAD = 0x00010000
+AF_UNIX = 1
+AF_INET = 2
+AF_INET6 = 10
+AF_NETLINK = 16
+
+# What any interpreter needs to run code that computes, reads its tree and
+# writes to its pipes and its own /tmp.
+BASE_SYSCALLS = (
+    # files and descriptors
+    "read",
+    "write",
+    "readv",
+    "writev",
+    "pread64",
+    "pwrite64",
+    "preadv",
+    "pwritev",
+    "preadv2",
+    "pwritev2",
+    "lseek",
+    "close",
+    "close_range",
+    "open",
+    "openat",
+    "openat2",
+    "stat",
+    "fstat",
+    "lstat",
+    "newfstatat",
+    "statx",
+    "statfs",
+    "fstatfs",
+    "access",
+    "faccessat",
+    "faccessat2",
+    "readlink",
+    "readlinkat",
+    "getdents",
+    "getdents64",
+    "getcwd",
+    "chdir",
+    "fchdir",
+    "mkdir",
+    "mkdirat",
+    "rmdir",
+    "unlink",
+    "unlinkat",
+    "rename",
+    "renameat",
+    "renameat2",
+    "link",
+    "linkat",
+    "symlink",
+    "symlinkat",
+    "chmod",
+    "fchmod",
+    "fchmodat",
+    "umask",
+    "utimensat",
+    "utime",
+    "utimes",
+    "futimesat",
+    "truncate",
+    "ftruncate",
+    "fsync",
+    "fdatasync",
+    "fallocate",
+    "flock",
+    "fcntl",
+    "dup",
+    "dup2",
+    "dup3",
+    "pipe",
+    "pipe2",
+    "ioctl",
+    "sendfile",
+    "copy_file_range",
+    "fadvise64",
+    "getxattr",
+    "lgetxattr",
+    "fgetxattr",
+    # memory
+    "mmap",
+    "munmap",
+    "mprotect",
+    "mremap",
+    "madvise",
+    "brk",
+    "mincore",
+    "msync",
+    "membarrier",
+    # signals and time
+    "rt_sigaction",
+    "rt_sigprocmask",
+    "rt_sigreturn",
+    "rt_sigpending",
+    "rt_sigtimedwait",
+    "rt_sigsuspend",
+    "sigaltstack",
+    "kill",
+    "tgkill",
+    "tkill",
+    "pause",
+    "alarm",
+    "setitimer",
+    "getitimer",
+    "timer_create",
+    "timer_settime",
+    "timer_gettime",
+    "timer_getoverrun",
+    "timer_delete",
+    "nanosleep",
+    "clock_nanosleep",
+    "clock_gettime",
+    "clock_getres",
+    "gettimeofday",
+    "time",
+    "times",
+    # identity and limits (read-only views)
+    "getpid",
+    "getppid",
+    "gettid",
+    "getuid",
+    "geteuid",
+    "getgid",
+    "getegid",
+    "getresuid",
+    "getresgid",
+    "getgroups",
+    "getpgrp",
+    "getpgid",
+    "getsid",
+    "getrlimit",
+    "prlimit64",
+    "getrusage",
+    "getpriority",
+    "uname",
+    "sysinfo",
+    "sched_yield",
+    "sched_getaffinity",
+    "sched_getparam",
+    "sched_getscheduler",
+    "sched_get_priority_max",
+    "sched_get_priority_min",
+    # threads
+    "futex",
+    "set_robust_list",
+    "get_robust_list",
+    "set_tid_address",
+    "rseq",
+    "arch_prctl",
+    "exit",
+    "exit_group",
+    "wait4",
+    "waitid",
+    # waiting on descriptors
+    "select",
+    "pselect6",
+    "poll",
+    "ppoll",
+    "epoll_create",
+    "epoll_create1",
+    "epoll_ctl",
+    "epoll_wait",
+    "epoll_pwait",
+    "epoll_pwait2",
+    "eventfd",
+    "eventfd2",
+    "timerfd_create",
+    "timerfd_settime",
+    "timerfd_gettime",
+    "signalfd",
+    "signalfd4",
+    "getrandom",
+    # I/O on sockets that already exist (socketpair; network sockets when allowed)
+    "sendto",
+    "recvfrom",
+    "sendmsg",
+    "recvmsg",
+    "sendmmsg",
+    "recvmmsg",
+    "shutdown",
+    "getsockopt",
+    "setsockopt",
+    "getsockname",
+    "getpeername",
+)
+
+NETWORK_SYSCALLS = ("connect", "bind", "listen", "accept", "accept4")
+NETWORK_FAMILIES = (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK)
+
+# ALLOWED_SYSCALLS may add to the list, never these: process creation, exec,
+# tracing, mounts, namespaces and the like stay closed whatever the operator says.
+NEVER_ALLOWED = frozenset(
+    {
+        "fork",
+        "vfork",
+        "clone",
+        "clone3",
+        "execve",
+        "execveat",
+        "ptrace",
+        "process_vm_readv",
+        "process_vm_writev",
+        "mount",
+        "umount2",
+        "pivot_root",
+        "chroot",
+        "unshare",
+        "setns",
+        "move_mount",
+        "open_tree",
+        "fsopen",
+        "fsmount",
+        "fsconfig",
+        "fspick",
+        "mount_setattr",
+        "kexec_load",
+        "kexec_file_load",
+        "init_module",
+        "finit_module",
+        "delete_module",
+        "bpf",
+        "perf_event_open",
+        "userfaultfd",
+        "seccomp",
+        "setuid",
+        "setgid",
+        "setreuid",
+        "setregid",
+        "setresuid",
+        "setresgid",
+        "setgroups",
+        "setfsuid",
+        "setfsgid",
+        "capset",
+        "reboot",
+        "swapon",
+        "swapoff",
+        "keyctl",
+        "add_key",
+        "request_key",
+        "pidfd_open",
+        "pidfd_getfd",
+        "kcmp",
+    }
+)
+
+
+def syscall_name(number: int) -> str:
+    """The name libseccomp gives a system call number on this machine."""
+    name = pyseccomp.resolve_syscall(pyseccomp.system_arch(), number)
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def check_extra_syscalls(numbers: list[int]) -> None:
+    """Refuse an operator's ALLOWED_SYSCALLS that would reopen what must stay closed."""
+    for number in numbers:
+        try:
+            name = syscall_name(number)
+        except Exception as exc:  # libseccomp does not know it
+            raise ValueError(f"ALLOWED_SYSCALLS: {number} is not a system call on this machine") from exc
+        if name in NEVER_ALLOWED:
+            raise ValueError(f"ALLOWED_SYSCALLS: {number} ({name}) may not be allowed")
+
+
+def _allow(flt: pyseccomp.SyscallFilter, name: str, *args: pyseccomp.Arg) -> None:
+    try:
+        flt.add_rule(pyseccomp.ALLOW, name, *args)
+    except (ValueError, OSError):
+        pass  # not a system call on this architecture (e.g. "open" on arm64)
+
+
+def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) -> pyseccomp.SyscallFilter:
+    """The allow-list for one run. Build once per process, load in each child."""
+    flt = pyseccomp.SyscallFilter(pyseccomp.ERRNO(errno.EPERM))
+    for name in BASE_SYSCALLS:
+        _allow(flt, name)
+    for number in extra:
+        flt.add_rule(pyseccomp.ALLOW, number)
+    _allow(flt, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, CLONE_THREAD, CLONE_THREAD))
+    flt.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
+    _allow(flt, "socketpair", pyseccomp.Arg(0, pyseccomp.EQ, AF_UNIX))
+    if network:
+        for family in NETWORK_FAMILIES:
+            _allow(flt, "socket", pyseccomp.Arg(0, pyseccomp.EQ, family))
+        for name in NETWORK_SYSCALLS:
+            _allow(flt, name)
+    if allow_exec:
+        _allow(flt, "execve")
+    return flt
+
+
+def compile_program(flt: pyseccomp.SyscallFilter) -> SeccompProgram:
+    """libseccomp's BPF for the filter, ready to load in a child with one call."""
+    fd = os.memfd_create("sandlot-seccomp", os.MFD_CLOEXEC)
+    try:
+        with os.fdopen(os.dup(fd), "wb") as sink:
+            flt.export_bpf(sink)
+        size = os.lseek(fd, 0, os.SEEK_END)
+        return SeccompProgram(os.pread(fd, size, 0))
+    finally:
+        os.close(fd)

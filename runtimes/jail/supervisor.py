@@ -1,0 +1,194 @@
+"""The service's side of one zygote process: start it, ask it for children, learn how they end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import subprocess
+from collections import deque
+from dataclasses import dataclass, field
+
+from runtimes.jail import protocol, zygote
+
+log = logging.getLogger("sandlot.jail")
+
+
+class SandboxUnavailable(RuntimeError):
+    """The jail cannot be built or is down: not the user's fault, a -500 envelope."""
+
+
+@dataclass
+class Child:
+    """A forked, confined child waiting for its run. The fds are the service's ends."""
+
+    pid: int
+    pidfd: int
+    uid: int
+    tmpdir: str
+    stdin: int
+    stdout: int
+    stderr: int
+    ready: int
+    exited: asyncio.Future = field(repr=False)
+
+    def close(self) -> None:
+        for fd in (self.pidfd, self.stdin, self.stdout, self.stderr, self.ready):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.pidfd = self.stdin = self.stdout = self.stderr = self.ready = -1
+
+
+class Zygote:
+    def __init__(self, python: str, config: dict, env: dict[str, str]):
+        self._python = python
+        self._config = config
+        self._env = env
+        self._process: subprocess.Popen | None = None
+        self._control: socket.socket | None = None
+        self._ready: asyncio.Future | None = None
+        self._pending: deque[asyncio.Future] = deque()
+        self._exits: dict[int, asyncio.Future] = {}
+        self.report: dict = {}
+        self.forks = 0
+        self.alive = False
+
+    async def start(self) -> dict:
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        config = dict(self._config, control_fd=theirs.fileno())
+        self._process = subprocess.Popen(
+            zygote.command(self._python, config),
+            env=self._env,
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            pass_fds=[theirs.fileno()],
+            close_fds=True,
+        )
+        theirs.close()
+        ours.setblocking(False)
+        self._control = ours
+        self._ready = loop.create_future()
+        self.alive = True
+        loop.add_reader(ours.fileno(), self._on_message)
+        try:
+            self.report = await asyncio.wait_for(self._ready, timeout=60)
+        except (TimeoutError, EOFError) as exc:
+            await self.stop()
+            raise SandboxUnavailable(f"the zygote did not start: {exc or 'timeout'}") from exc
+        if "error" in self.report:
+            await self.stop()
+            raise SandboxUnavailable(f"the zygote could not build the jail: {self.report['error']}")
+        return self.report
+
+    async def fork(self, uid: int, tmpdir: str) -> Child:
+        if not self.alive or self._control is None:
+            raise SandboxUnavailable("the zygote is not running")
+        loop = asyncio.get_running_loop()
+        stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+        stdout_r, stdout_w = os.pipe2(os.O_CLOEXEC)
+        stderr_r, stderr_w = os.pipe2(os.O_CLOEXEC)
+        ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+        theirs = [stdin_r, stdout_w, stderr_w, ready_w]
+        reply: asyncio.Future = loop.create_future()
+        self._pending.append(reply)
+        try:
+            socket.send_fds(self._control, [protocol.fork_request(uid, tmpdir)], theirs)
+        except OSError as exc:
+            self._pending.remove(reply)
+            for fd in (stdin_w, stdout_r, stderr_r, ready_r):
+                os.close(fd)
+            raise SandboxUnavailable(f"the zygote is not answering: {exc}") from exc
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        self.forks += 1
+        try:
+            pid, pidfd = await reply
+        except BaseException:
+            for fd in (stdin_w, stdout_r, stderr_r, ready_r):
+                os.close(fd)
+            raise
+        return Child(pid, pidfd, uid, tmpdir, stdin_w, stdout_r, stderr_r, ready_r, self._exits[pid])
+
+    @property
+    def live_children(self) -> int:
+        return len(self._exits)
+
+    def _on_message(self) -> None:
+        assert self._control is not None
+        while True:
+            try:
+                message, fds, _flags, _addr = socket.recv_fds(
+                    self._control, protocol.MAX_MESSAGE, 1, socket.MSG_CMSG_CLOEXEC
+                )
+            except BlockingIOError:
+                return
+            except OSError:
+                message, fds = b"", []
+            if not message:
+                self._on_eof()
+                return
+            kind, body = message[:1], message[1:]
+            if kind == protocol.FORKED:
+                pid = protocol.parse_pid(body)
+                self._exits[pid] = asyncio.get_running_loop().create_future()
+                self._resolve_pending(result=(pid, fds[0]))
+            elif kind == protocol.EXITED:
+                pid, signaled, value = protocol.parse_exited(body)
+                future = self._exits.pop(pid, None)
+                if future is not None and not future.done():
+                    future.set_result((signaled, value))
+            elif kind == protocol.FORK_FAILED:
+                self._resolve_pending(error=SandboxUnavailable(f"fork failed: {body.decode(errors='replace')}"))
+            elif kind == protocol.READY and self._ready and not self._ready.done():
+                self._ready.set_result(json.loads(body))
+
+    def _resolve_pending(self, result=None, error=None) -> None:
+        if not self._pending:
+            return
+        future = self._pending.popleft()
+        if future.done():  # the caller went away; the child still gets reaped
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def _on_eof(self) -> None:
+        """The zygote is gone; its children died with it (parent-death signal)."""
+        self.alive = False
+        if self._control is not None:
+            asyncio.get_running_loop().remove_reader(self._control.fileno())
+        if self._ready and not self._ready.done():
+            self._ready.set_exception(EOFError("the zygote exited during start-up"))
+        while self._pending:
+            self._resolve_pending(error=SandboxUnavailable("the zygote exited"))
+        for future in self._exits.values():
+            if not future.done():
+                future.set_result((True, 9))
+        self._exits.clear()
+
+    async def stop(self) -> None:
+        """Close the channel: the zygote kills what is left of its children and exits."""
+        if self._control is not None:
+            if self.alive:
+                asyncio.get_running_loop().remove_reader(self._control.fileno())
+            self._control.close()
+            self._control = None
+        self.alive = False
+        if self._process is not None:
+            try:
+                await asyncio.to_thread(self._process.wait, 10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                await asyncio.to_thread(self._process.wait)
+        for future in self._exits.values():
+            if not future.done():
+                future.set_result((True, 9))
+        self._exits.clear()

@@ -1,0 +1,119 @@
+"""The read-only root a run sees.
+
+Service side, `TreeSpec` lists what the tree holds: host paths bound read-only at
+the same place (so that modules a zygote imported before it confined itself keep
+their paths), paths hidden behind an empty directory, and the device nodes.
+Zygote side, `build_and_enter` mounts it in a private mount namespace and
+pivots into it; the namespace, and with it every mount, dies with the zygote.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import asdict, dataclass, field
+
+from runtimes.jail import linux
+
+DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
+SYSTEM_FILES = (
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/usr/lib/ssl/cert.pem",
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/usr/share/zoneinfo",
+)
+
+
+@dataclass
+class TreeSpec:
+    binds: list[str] = field(default_factory=list)
+    hidden: list[str] = field(default_factory=list)
+    devices: list[str] = field(default_factory=lambda: list(DEVICES))
+
+    def add(self, *paths: str) -> None:
+        for path in paths:
+            if os.path.lexists(path) and path not in self.binds:
+                self.binds.append(path)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_LDD_PATH = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x")
+
+
+def shared_libraries(elf_files: list[str]) -> list[str]:
+    """Every shared library the given ELF files load, as ldd resolves them."""
+    if not elf_files:
+        return []
+    out = subprocess.run(["ldd", *elf_files], capture_output=True, text=True, check=False).stdout
+    found: list[str] = []
+    for line in out.splitlines():
+        match = _LDD_PATH.search(line)
+        if match and match.group(1) not in found:
+            found.append(match.group(1))
+    return found
+
+
+def elf_files_under(directory: str) -> list[str]:
+    result = []
+    for dirpath, _dirs, files in os.walk(directory):
+        result.extend(os.path.join(dirpath, f) for f in files if ".so" in f)
+    return sorted(result)
+
+
+# ---- zygote side -----------------------------------------------------------
+
+
+def _mirror(root: str, path: str) -> str:
+    """Recreate path's parents inside root (symlinks as symlinks); return the real path."""
+    parts = path.strip("/").split("/")
+    current = ""
+    for index, part in enumerate(parts):
+        current = f"{current}/{part}"
+        inside = root + current
+        if os.path.islink(current):
+            if not os.path.lexists(inside):
+                os.symlink(os.readlink(current), inside)
+            rest = "/".join(parts[index + 1 :])
+            real = os.path.realpath(current)
+            return _mirror(root, f"{real}/{rest}" if rest else real)
+        if index < len(parts) - 1:
+            os.makedirs(inside, exist_ok=True)
+    return path
+
+
+def _bind(root: str, path: str, flags: int) -> None:
+    real = _mirror(root, path)
+    target = root + real
+    if os.path.isdir(real):
+        os.makedirs(target, exist_ok=True)
+    elif not os.path.exists(target):
+        open(target, "w").close()  # noqa: SIM115 - an empty file to mount over
+    linux.mount(real, target, None, linux.MS_BIND | linux.MS_REC)
+    linux.mount(None, target, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY | flags)
+
+
+def build_and_enter(spec: dict, root: str) -> None:
+    """Mount the tree at root in a new mount namespace and make it this process's /."""
+    linux.unshare(linux.CLONE_NEWNS)
+    linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
+    linux.mount("sandlot-root", root, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "size=1m,mode=755")
+    for path in spec["binds"]:
+        _bind(root, path, linux.MS_NOSUID | linux.MS_NODEV)
+    for path in spec["hidden"]:
+        target = root + _mirror(root, path)
+        if os.path.isdir(target):
+            linux.mount("sandlot-hidden", target, "tmpfs", linux.MS_RDONLY, "size=4k,mode=555")
+    for path in spec["devices"]:
+        _bind(root, path, linux.MS_NOSUID)
+    os.makedirs(root + "/tmp", exist_ok=True)
+    os.makedirs(root + "/.old", exist_ok=True)
+    linux.pivot_root(root, root + "/.old")
+    os.chdir("/")
+    linux.umount2("/.old", linux.MNT_DETACH)
+    os.rmdir("/.old")
+    linux.mount(None, "/", None, linux.MS_REMOUNT | linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV)

@@ -1,0 +1,170 @@
+"""The zygote: a single-threaded process that forks jailed children on request.
+
+It is exec'ed by the service with a clean environment (no secret ever reaches
+it), optionally builds the read-only tree and pivots into it, lets the language
+runner warm up (imports of the dependency layer), and then only forks. It never
+receives user code: code goes from the service straight to the child's pipe.
+
+Each child is confined (see child.py), tells the service it is ready on a pipe
+of its own that it closes before it reads anything, and then hands over to the
+runner. The zygote reaps every child through a pidfd and reports how it ended;
+when the service goes away it kills what is left and exits.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import traceback
+
+from runtimes.jail import protocol, tree
+from runtimes.jail.child import ChildPlan, confine
+
+CHILD_SETUP_FAILED = 125
+
+
+class Zygote:
+    def __init__(self, config: dict):
+        self.control = socket.socket(fileno=config["control_fd"])
+        self.plan = ChildPlan.from_dict(config["plan"])
+        self.runner = importlib.import_module(config["runner"])
+        self.children: dict[int, int] = {}  # pidfd -> pid
+        self.poller = select.poll()
+        self.vm_size = _VmSize()
+        self.state = self.runner.prepare(config["runner_config"])
+        self.report: dict = {"privileged": self.plan.privileged, **self.state.report}
+
+    def confine_tree(self, config: dict) -> None:
+        if self.plan.privileged:
+            tree.build_and_enter(config["tree"], config["tree_root"])
+        for path in config["import_paths"]:
+            while path in sys.path:
+                sys.path.remove(path)
+        sys.path_importer_cache.clear()
+
+    def serve(self) -> None:
+        self.report.update(self.runner.warm(self.state))
+        gc.collect()
+        gc.freeze()  # children then share the warm heap instead of copying it
+        self.control.send(protocol.ready(self.report))
+        self.poller.register(self.control, select.POLLIN)
+        while True:
+            for fd, _events in self.poller.poll():
+                if fd == self.control.fileno():
+                    if not self._on_control():
+                        self._shutdown()
+                        return
+                else:
+                    self._reap(fd)
+
+    def _on_control(self) -> bool:
+        try:
+            message, fds, _flags, _addr = socket.recv_fds(
+                self.control, protocol.MAX_MESSAGE, 4, socket.MSG_CMSG_CLOEXEC
+            )
+        except OSError:  # the service went away
+            return False
+        if not message:
+            return False
+        if message[:1] == protocol.FORK and len(fds) == 4:
+            uid, tmpdir = protocol.parse_fork_request(message[1:])
+            self._fork(uid, tmpdir, fds)
+        else:
+            for fd in fds:
+                os.close(fd)
+        return True
+
+    def _fork(self, uid: int, tmpdir: str, fds: list[int]) -> None:
+        address_space = self.vm_size.read()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            self.control.send(protocol.FORK_FAILED + str(exc).encode())
+            for fd in fds:
+                os.close(fd)
+            return
+        if pid == 0:
+            self._become_child(uid, tmpdir, fds, address_space)
+        pidfd = os.pidfd_open(pid)
+        for fd in fds:
+            os.close(fd)
+        socket.send_fds(self.control, [protocol.forked(pid)], [pidfd])
+        self.children[pidfd] = pid
+        self.poller.register(pidfd, select.POLLIN)
+
+    def _become_child(self, uid: int, tmpdir: str, fds: list[int], address_space: int) -> None:
+        try:
+            confine(self.plan, uid, tmpdir, tuple(fds))  # stdin, stdout, stderr, ready
+            os.write(3, b"1")
+            os.close(3)
+            self.runner.run(self.state, address_space)
+        except BaseException:
+            try:
+                os.write(2, b"sandbox: could not prepare the run\n" + traceback.format_exc().encode())
+            finally:
+                os._exit(CHILD_SETUP_FAILED)
+        os._exit(CHILD_SETUP_FAILED)
+
+    def _reap(self, pidfd: int) -> None:
+        result = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+        pid = self.children.pop(pidfd)
+        self.poller.unregister(pidfd)
+        os.close(pidfd)
+        signaled = result.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+        self.control.send(protocol.exited(pid, signaled, result.si_status))
+
+    def _shutdown(self) -> None:
+        for pidfd in self.children:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        for pidfd in list(self.children):
+            os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+            os.close(pidfd)
+        self.children.clear()
+
+
+class _VmSize:
+    """The zygote's own address-space size; a child's memory limit is counted on top of it."""
+
+    def __init__(self) -> None:
+        try:
+            self.fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self.fd = -1
+        self.page = os.sysconf("SC_PAGE_SIZE")
+
+    def read(self) -> int:
+        if self.fd < 0:
+            return 0
+        return int(os.pread(self.fd, 64, 0).split()[0]) * self.page
+
+
+def main(config: dict) -> None:
+    try:
+        zygote = Zygote(config)
+        zygote.confine_tree(config)
+    except BaseException as exc:
+        report = {"error": f"{type(exc).__name__}: {exc}"}
+        traceback.print_exc()
+        socket.socket(fileno=config["control_fd"]).send(protocol.ready(report))
+        sys.exit(1)
+    zygote.serve()
+
+
+BOOTSTRAP = (
+    "import json, sys\n"
+    "config = json.loads(sys.argv[1])\n"
+    "sys.path[:0] = config['import_paths']\n"
+    "from runtimes.jail.zygote import main\n"
+    "main(config)\n"
+)
+
+
+def command(python: str, config: dict) -> list[str]:
+    """The argv that starts a zygote: isolated mode, no site, UTF-8."""
+    return [python, "-I", "-S", "-X", "utf8", "-c", BOOTSTRAP, json.dumps(config)]

@@ -1,0 +1,197 @@
+"""Runs inside the Python zygote and its children.
+
+prepare(): in the zygote, before it confines itself: build the seccomp filters
+and check that one can be loaded here.
+warm():    in the zygote, inside its tree: import the dependency layer.
+run():     in a confined child: read the run from stdin, set the run's limits,
+           load the filter, run the code as __main__, exit with its status.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import io
+import json
+import linecache
+import os
+import struct
+import sys
+import traceback
+from dataclasses import dataclass, field
+
+from runtimes.jail import child, seccomp_policy
+
+MIB = 1024 * 1024
+SETUP_FAILED = 125
+_HEADER = struct.Struct("<I")
+
+
+@dataclass
+class State:
+    filters: dict  # by network flag; empty when this platform refuses seccomp
+    required: bool  # refuse to run without a filter
+    preload_modules: list[str]
+    layer_path: str
+    report: dict = field(default_factory=dict)
+
+
+def prepare(config: dict) -> State:
+    extra = tuple(config.get("extra_syscalls", ()))
+    filters = {
+        network: seccomp_policy.compile_program(seccomp_policy.build(network, extra)) for network in (False, True)
+    }
+    seccomp_error = _probe(filters[False])
+    seccomp = seccomp_error is None
+    state = State(
+        filters=filters if seccomp else {},
+        required=config.get("require_seccomp", True),
+        preload_modules=list(config.get("preload", ())),
+        layer_path=config.get("layer_path", ""),
+    )
+    state.report = {"seccomp": seccomp, "seccomp_error": seccomp_error}
+    return state
+
+
+def _probe(flt) -> str | None:
+    """Load the filter in a throwaway child: some platforms refuse seccomp()."""
+    from runtimes.jail import linux
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        try:
+            linux.set_no_new_privs()
+            flt.load()
+            message = b""
+        except BaseException as exc:  # noqa: BLE001 - reported to the service
+            message = f"{type(exc).__name__}: {exc}".encode()
+        os.write(write_end, message)
+        os._exit(0)
+    os.close(write_end)
+    message = b""
+    while chunk := os.read(read_end, 4096):
+        message += chunk
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    return message.decode() or None
+
+
+def warm(state: State) -> dict:
+    if state.layer_path:
+        sys.path.insert(0, state.layer_path)
+    loaded, failed = [], {}
+    for name in state.preload_modules:
+        try:
+            importlib.import_module(name)
+            loaded.append(name)
+        except BaseException as exc:  # noqa: BLE001 - a broken package must not stop start-up
+            failed[name] = f"{type(exc).__name__}: {exc}"
+    for name in ("traceback", "linecache", "json", "base64", "datetime", "zoneinfo", "logging"):
+        importlib.import_module(name)
+    return {"preloaded": loaded, "preload_failed": failed}
+
+
+def _read_exact(fd: int, size: int) -> bytes:
+    chunks, remaining = [], size
+    while remaining:
+        chunk = os.read(fd, min(remaining, 1 << 20))
+        if not chunk:
+            raise EOFError("the run request was cut short")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def _rehearse() -> None:
+    """Touch, before the run arrives, what every run touches (the child's memory is
+    copy-on-write: the first write to a page costs a copy, better paid while idle)."""
+    json.loads('{"code": "print(1)", "timeout": 1.0, "enable_network": false}')
+    sink = io.StringIO()
+    exec(
+        compile("print('warm', 1)", "<warm>", "exec"),
+        {"__builtins__": builtins, "print": lambda *a: sink.write(str(a))},
+    )
+    _HEADER.unpack(_HEADER.pack(1))
+
+
+def run(state: State, address_space: int) -> None:
+    _fresh_stdio()
+    _rehearse()
+    (size,) = _HEADER.unpack(_read_exact(0, _HEADER.size))
+    request = json.loads(_read_exact(0, size))
+    child.limit_run(address_space + request["memory_limit_mb"] * MIB, int(request["timeout"]) + 1)
+    if state.filters:
+        state.filters[bool(request["enable_network"])].load()
+    elif state.required:
+        os.write(2, b"sandbox: seccomp filter unavailable\n")
+        os._exit(SETUP_FAILED)
+    os._exit(execute(request["code"], request.get("preload", "")))
+
+
+def _fresh_stdio() -> None:
+    """Streams of the child's own, not the zygote's (which may hold buffered bytes)."""
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(
+        io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8", errors="surrogateescape"
+    )
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+        io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8", errors="surrogateescape"
+    )
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+        io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+        encoding="utf-8",
+        errors="backslashreplace",
+        line_buffering=True,
+    )
+
+
+def execute(code: str, preload: str) -> int:
+    """Run code as a script would run; return the exit status a script would have."""
+    namespace = {"__name__": "__main__", "__builtins__": builtins, "__doc__": None}
+    sys.argv = [""]
+    status = 0
+    try:
+        if preload:
+            exec(_compile(preload, "<preload>"), namespace)
+        exec(_compile(code, "<string>"), namespace)
+    except SystemExit as exc:
+        status = _exit_status(exc)
+    except BaseException as exc:  # noqa: BLE001 - printed like the interpreter would
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+        status = 1
+    return _finish(status)
+
+
+def _compile(source: str, filename: str):
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    return compile(source, filename, "exec")
+
+
+def _exit_status(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _finish(status: int) -> int:
+    """What the interpreter does at exit: join threads, run atexit, flush."""
+    try:
+        threading = sys.modules.get("threading")
+        if threading is not None:
+            threading._shutdown()
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+        status = status or 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001 - a closed pipe loses nothing we could report
+            pass
+    return status

@@ -1,0 +1,74 @@
+"""The Python runtime: a warm zygote that has imported the dependency layer forks each run."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import struct
+import subprocess
+
+from runtimes.jail import tree
+from runtimes.jail.runtime import JailedRuntime
+from runtimes.payload import RunRequest
+
+_HEADER = struct.Struct("<I")
+
+
+@functools.lru_cache(maxsize=8)
+def interpreter_paths(python: str) -> dict:
+    """Where that interpreter keeps its standard library, asked of the interpreter itself."""
+    script = (
+        "import json, sys, sysconfig\n"
+        "p = sysconfig.get_paths()\n"
+        "print(json.dumps({'stdlib': p['stdlib'], 'platstdlib': p['platstdlib'],"
+        " 'purelib': p['purelib'], 'platlib': p['platlib'],"
+        " 'dynload': next((d for d in sys.path if d.endswith('lib-dynload')), '')}))\n"
+    )
+    out = subprocess.run([python, "-I", "-S", "-c", script], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+class PythonRuntime(JailedRuntime):
+    language = "python3"
+    runner = "runtimes.python.runner"
+
+    def interpreter(self) -> str:
+        return self.config.python_path
+
+    def tree(self) -> tree.TreeSpec:
+        python = os.path.realpath(self.config.python_path)
+        paths = interpreter_paths(python)
+        spec = tree.TreeSpec()
+        spec.add(python, paths["stdlib"], paths["platstdlib"])
+        layer = self.config.python_layer
+        elf = [python, *tree.elf_files_under(paths["dynload"])]
+        if layer:
+            spec.add(layer)
+            elf += tree.elf_files_under(layer)
+        spec.add(*tree.shared_libraries(elf))
+        spec.add(*tree.SYSTEM_FILES)
+        for site in {paths["purelib"], paths["platlib"]}:  # the interpreter's own packages stay out
+            if os.path.isdir(site):
+                spec.hidden.append(site)
+        return spec
+
+    def runner_config(self) -> dict:
+        return {
+            **super().runner_config(),
+            "preload": list(self.config.python_preload) if self.config.python_layer else [],
+            "layer_path": self.config.python_layer,
+        }
+
+    def encode(self, request: RunRequest) -> bytes:
+        config = self.config
+        options = json.dumps(
+            {
+                "code": request.code,
+                "preload": request.preload if config.enable_preload else "",
+                "enable_network": request.enable_network,
+                "timeout": config.clamp_timeout(request.timeout),
+                "memory_limit_mb": config.clamp_memory(request.memory_limit_mb),
+            }
+        ).encode()
+        return _HEADER.pack(len(options)) + options + request.stdin.encode()
