@@ -47,13 +47,23 @@ class ChildPool:
         self._tasks: set[asyncio.Task] = set()
         self._restart_lock = asyncio.Lock()
         self._rotating = False
+        self._stopping = False
         self.generation = 0
         self.last_error = ""
 
     async def start(self) -> dict:
-        await self._restart()
+        """Start the first zygote; if it cannot start, keep trying in the background."""
+        try:
+            await self._restart()
+        except SandboxUnavailable:
+            self._background(self._recover())
+            raise
         self._refill()
         return self._zygote.report if self._zygote else {}
+
+    @property
+    def running(self) -> bool:
+        return self._zygote is not None and self._zygote.alive
 
     async def take(self) -> Child:
         """A confined child for one run: a ready one if any, else a new one."""
@@ -114,12 +124,32 @@ class ChildPool:
             except SandboxUnavailable as exc:
                 self.last_error = str(exc)
                 raise
+            self._zygote.on_exit.append(self._on_zygote_exit)
             self.generation += 1
             self.last_error = ""
+
+    def _on_zygote_exit(self, zygote: Zygote) -> None:
+        if zygote is self._zygote and not self._stopping:
+            log.warning("the zygote exited; starting a new one")
+            self._background(self._recover())
+
+    async def _recover(self) -> None:
+        delay = 0.1
+        while not self._stopping:
+            try:
+                await self._restart()
+            except SandboxUnavailable as exc:
+                log.warning("could not restart the zygote: %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            self._refill()
+            return
 
     async def _rotate(self) -> None:
         try:
             fresh = await self._start_zygote()
+            fresh.on_exit.append(self._on_zygote_exit)
         except SandboxUnavailable as exc:
             log.warning("could not replace the zygote: %s", exc)
             return
@@ -129,6 +159,10 @@ class ChildPool:
         self.generation += 1
         if old is not None:
             self._retired.append(old)
+            stale = [c for c in self._ready if self._owner.get(c.pid) is old]
+            for child in stale:  # not worth keeping the old layout alive for
+                self._ready.remove(child)
+                self.finish(child)
             await self._stop_retired()
 
     async def _stop_retired(self) -> None:
@@ -170,6 +204,7 @@ class ChildPool:
             shutil.rmtree(tmpdir, ignore_errors=True)  # fd-based: never follows a planted link
 
     async def stop(self) -> None:
+        self._stopping = True
         for task in list(self._tasks):
             task.cancel()
         while self._ready:
@@ -185,11 +220,12 @@ class ChildPool:
 
     def status(self) -> dict:
         return {
-            "zygote": "running" if self._zygote is not None and self._zygote.alive else "down",
+            "zygote": "running" if self.running else "down",
             "zygote_generation": self.generation,
             "zygote_forks": self._zygote.forks if self._zygote else 0,
             "ready_children": len(self._ready),
             "uids_in_use": self._uids.in_use if self._uids is not None else None,
+            "uid_range": [self._uids.first, self._uids.first + self._uids.size - 1] if self._uids else None,
             "last_error": self.last_error,
         }
 

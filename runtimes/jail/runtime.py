@@ -32,9 +32,11 @@ class JailedRuntime:
         self.config = config
         self.pool: ChildPool | None = None
         self.report: dict = {}
-        self.error = ""
+        self.refused = ""  # a reason runs are refused for good (no seccomp, no jail)
+        self.started = False
         self._uids: UidPool | None = None
         self._tmp_parent: tempfile.TemporaryDirectory | None = None
+        self._tree_root = ""
 
     # ---- for subclasses --------------------------------------------------------
 
@@ -61,7 +63,7 @@ class JailedRuntime:
             else:
                 self._tmp_parent = tempfile.TemporaryDirectory(prefix=f"sandlot-{self.language}-")
                 tmp_parent = self._tmp_parent.name
-            tree_root = tempfile.mkdtemp(prefix=f"sandlot-root-{self.language}-")
+            self._tree_root = tree_root = tempfile.mkdtemp(prefix=f"sandlot-root-{self.language}-")
             zygote_config = {
                 "import_paths": _import_paths(),
                 "runner": self.runner,
@@ -88,12 +90,15 @@ class JailedRuntime:
             self.pool = ChildPool(start_zygote, self._uids, tmp_parent, config.workers, config.zygote_max_forks)
             self.report = await self.pool.start()
         except (SandboxUnavailable, OSError, RuntimeError) as exc:
-            self.error = str(exc)
             log.error("%s runtime unavailable: %s", self.language, exc)
+            if self.pool is None:
+                self.refused = str(exc)  # nothing to retry with
+            self.started = True  # the pool keeps trying to start a zygote
             return
         if not self.report.get("seccomp") and config.require_seccomp:
-            self.error = f"the seccomp filter cannot be installed here: {self.report.get('seccomp_error')}"
-            log.error("%s runs refused: %s", self.language, self.error)
+            self.refused = f"the seccomp filter cannot be installed here: {self.report.get('seccomp_error')}"
+            log.error("%s runs refused: %s", self.language, self.refused)
+        self.started = True
 
     async def stop(self) -> None:
         if self.pool is not None:
@@ -102,10 +107,20 @@ class JailedRuntime:
             self._uids.close()
         if self._tmp_parent is not None:
             self._tmp_parent.cleanup()
+        if self._tree_root:
+            os.rmdir(self._tree_root)  # only ever a mount point, in the zygotes' own namespaces
 
     @property
     def ready(self) -> bool:
-        return self.pool is not None and not self.error
+        return self.started and self.pool is not None and self.pool.running and not self.refused
+
+    @property
+    def error(self) -> str:
+        if self.refused:
+            return self.refused
+        if self.pool is None or not self.started:
+            return "starting"
+        return "" if self.pool.running else self.pool.last_error or "the zygote is down"
 
     def status(self) -> dict:
         return {
@@ -132,10 +147,10 @@ class JailedRuntime:
     # ---- runs -----------------------------------------------------------------
 
     async def run(self, request: RunRequest) -> dict:
-        if self.error:
-            raise SandboxUnavailable(self.error)
-        if self.pool is None:
-            raise SandboxUnavailable(f"the {self.language} runtime is not started")
+        if self.refused:
+            raise SandboxUnavailable(self.refused)
+        if self.pool is None or not self.started:
+            raise SandboxUnavailable(f"the {self.language} runtime is starting")
         child = await self.pool.take()
         try:
             outcome = await execute(

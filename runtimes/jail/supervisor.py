@@ -46,6 +46,7 @@ class Child:
 
 class Zygote:
     def __init__(self, python: str, config: dict, env: dict[str, str]):
+        self.on_exit: list = []  # called once if the zygote dies on its own
         self._python = python
         self._config = config
         self._env = env
@@ -173,6 +174,8 @@ class Zygote:
             if not future.done():
                 future.set_result((True, 9))
         self._exits.clear()
+        for callback in self.on_exit:
+            callback(self)
 
     async def stop(self) -> None:
         """Close the channel: the zygote kills what is left of its children and exits."""

@@ -23,7 +23,7 @@ import socket
 import sys
 import traceback
 
-from runtimes.jail import protocol, tree
+from runtimes.jail import linux, protocol, tree
 from runtimes.jail.child import ChildPlan, confine
 
 CHILD_SETUP_FAILED = 125
@@ -146,6 +146,8 @@ class _VmSize:
 
 def main(config: dict) -> None:
     try:
+        linux.set_dumpable(False)
+        os.umask(0o022)
         zygote = Zygote(config)
         zygote.confine_tree(config)
     except BaseException as exc:

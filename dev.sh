@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Sets up Sandlot in ./.venv (idempotent), then serves or tests.
+#   ./dev.sh serve [sandlot serve options]   start the service (local backend, port 8194)
+#   ./dev.sh test  [pytest options]          lint and run the test suite
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+
+setup() {
+    if ! "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null; then
+        echo "dev.sh: needs Python 3.11 or newer as '$PYTHON' (set PYTHON=...)" >&2
+        exit 1
+    fi
+    if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || ! ldconfig -p 2>/dev/null | grep -q libseccomp.so.2; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+            apt-get update -qq && apt-get install -y -qq python3-venv libseccomp2 >/dev/null
+        else
+            echo "dev.sh: install python3-venv and libseccomp2 first (apt-get install python3-venv libseccomp2)" >&2
+            exit 1
+        fi
+    fi
+    [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]"
+}
+
+command=${1:-}
+shift || true
+case "$command" in
+    serve)
+        setup
+        exec "$VENV/bin/sandlot" serve "$@"
+        ;;
+    test)
+        setup
+        "$VENV/bin/ruff" check .
+        "$VENV/bin/sandlot" layers build >/dev/null
+        exec "$VENV/bin/python" -m pytest "$@"
+        ;;
+    *)
+        echo "usage: ./dev.sh serve|test [options]" >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,132 @@
+"""A real Sandlot service process on a free port, for tests that go through HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+API_KEY = "test-key-" + os.urandom(6).hex()
+IS_ROOT = os.geteuid() == 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Service:
+    def __init__(self, **env: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "API_KEY": API_KEY,
+            "SANDLOT_HOST": "127.0.0.1",
+            "SANDBOX_PORT": str(self.port),
+            "SANDLOT_CONFIG": "/nonexistent/config.yaml",
+            **env,
+        }
+        self.process: subprocess.Popen | None = None
+        self.log_path = f"/tmp/sandlot-test-{self.port}.log"
+
+    def start(self, wait: bool = True) -> Service:
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "handler.cli", "serve"],
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        if wait:
+            self.wait_healthy()
+        return self
+
+    def wait_healthy(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"service exited with {self.process.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"service not healthy in {timeout}s:\n{self.output()}")
+
+    def output(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def client(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"X-Api-Key": API_KEY}, timeout=60, **kwargs)
+
+    def run(self, code: str, language: str = "python3", **fields) -> dict:
+        """POST a run; return the whole envelope."""
+        with self.client() as client:
+            response = client.post("/v1/sandbox/run", json={"language": language, "code": code, **fields})
+        return response.json()
+
+    def detail(self) -> dict:
+        with self.client() as client:
+            return client.get("/v1/sandbox/health").json()["data"]
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below pid, found through /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def processes_with_uid_in(first: int, last: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/status") as f:
+                    for line in f:
+                        if line.startswith("Uid:"):
+                            if first <= int(line.split()[1]) <= last:
+                                found.append(int(entry))
+                            break
+            except OSError:
+                continue
+    return found
+
+
+def uid_of(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    raise LookupError(pid)

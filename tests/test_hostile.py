@@ -1,0 +1,210 @@
+"""Hostile code gets a clear result and hurts nobody."""
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from conftest import needs_root
+from service import descendants, uid_of
+
+
+def run(service, code, **fields):
+    envelope = service.run(code, **fields)
+    assert envelope["code"] == 0, envelope
+    return envelope["data"]
+
+
+def still_serving(service):
+    assert run(service, "print('alive')")["stdout"] == "alive\n"
+
+
+def test_memory_bomb_bytearray(service):
+    data = run(service, "x = bytearray(8 * 1024**3)\nprint('allocated')")
+    assert "allocated" not in data["stdout"]
+    assert "MemoryError" in data["error"]
+    still_serving(service)
+
+
+def test_memory_bomb_growing_list(service):
+    started = time.monotonic()
+    data = run(service, "x = []\nwhile True:\n    x.append(bytearray(1024 * 1024))", timeout=10)
+    assert "MemoryError" in data["error"] or "memory" in data["error"].lower()
+    assert time.monotonic() - started < 10
+    still_serving(service)
+
+
+def test_memory_limit_extension_is_honoured(service):
+    code = "x = bytearray(200 * 1024 * 1024)\nprint('ok')"
+    assert run(service, code, memory_limit_mb=400)["stdout"] == "ok\n"
+    assert "MemoryError" in run(service, code, memory_limit_mb=100)["error"]
+
+
+def test_process_creation_fails(service):
+    attempts = {
+        "os.fork": "import os\nos.fork()",
+        "os.execv": "import os\nos.execv('/bin/sh', ['sh', '-c', 'echo PWNED'])",
+        "subprocess": "import subprocess\nsubprocess.run(['echo', 'PWNED'])",
+        "posix_spawn": "import os\nos.posix_spawn('/bin/echo', ['echo', 'PWNED'], {})",
+        "ctypes fork": (
+            "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "pid = libc.fork()\n"
+            "if pid == 0:\n    print('PWNED child')\n    libc._exit(0)\n"
+            "raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))"
+        ),
+        "raw clone syscall": (
+            "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "r = libc.syscall(56, 17, 0, 0, 0, 0)\n"  # clone(SIGCHLD): a process
+            "if r == 0:\n    libc._exit(0)\n"
+            "raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))"
+        ),
+    }
+    for name, code in attempts.items():
+        data = run(service, code)
+        assert data["exit_code"] != 0, name
+        assert "operation not permitted" in data["error"].lower(), (name, data["error"])
+        assert "PWNED" not in data["stdout"], name
+
+
+def test_os_system_command_never_runs(service):
+    data = run(service, "import os\nr = os.system('echo PWNED')\nprint('rc', r)")
+    assert "PWNED" not in data["stdout"]
+    assert "rc" in data["stdout"] and "rc 0" not in data["stdout"]
+
+
+def test_threads_keep_working(service):
+    code = (
+        "import threading, concurrent.futures\n"
+        "with concurrent.futures.ThreadPoolExecutor(4) as pool:\n"
+        "    print(sum(pool.map(lambda x: x * x, range(100))))\n"
+        "import asyncio\n"
+        "async def main():\n    await asyncio.sleep(0.01)\n    return 'async ok'\n"
+        "print(asyncio.run(main()))\n"
+    )
+    data = run(service, code)
+    assert data["stdout"] == "328350\nasync ok\n", data
+
+
+def test_output_flood_stops_at_the_cap(service):
+    data = run(service, "while True:\n    print('x' * 1000)", timeout=20)
+    assert "error: output limit exceeded" in data["error"]
+    assert len(data["stdout"].encode()) + len(data["stderr"].encode()) <= 4 * 1024 * 1024
+    assert data["truncated"] is True
+    still_serving(service)
+
+
+def test_sigterm_ignoring_code_dies_at_its_timeout(service):
+    code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    time.sleep(0.01)"
+    started = time.monotonic()
+    data = run(service, code, timeout=1)
+    elapsed = time.monotonic() - started
+    assert data["exit_code"] == -1 and "error: timeout" in data["error"]
+    assert elapsed < 3, elapsed
+
+
+def test_cpu_time_does_not_pre_empt_the_wall_clock(service):
+    data = run(service, "while True:\n    pass", timeout=2)
+    assert data["exit_code"] == -1 and "error: timeout" in data["error"]
+
+
+def test_no_signals_or_ptrace_to_the_service(service):
+    # the service and its zygotes (not the ready children: one of them runs this very code)
+    zygotes = [p for p in descendants(service.process.pid) if uid_of(p) == uid_of(service.process.pid)]
+    pids = [service.process.pid, *zygotes]
+    assert len(pids) >= 2
+    code = (
+        "import os, signal, ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"for pid in {pids!r}:\n"
+        "    try:\n        os.kill(pid, signal.SIGKILL)\n        print('killed', pid)\n"
+        "    except PermissionError:\n        print('kill denied')\n"
+        "    r = libc.ptrace(16, pid, 0, 0)\n"  # PTRACE_ATTACH
+        "    print('ptrace', r, ctypes.get_errno())\n"
+    )
+    data = run(service, code)
+    assert "killed" not in data["stdout"]
+    assert data["stdout"].count("kill denied") == len(pids)
+    assert data["stdout"].count("ptrace -1 1") == len(pids)
+    assert service.process.poll() is None
+    still_serving(service)
+
+
+def test_tmp_is_private_to_each_run(service):
+    first = run(service, "open('/tmp/left-behind', 'w').write('secret')\nimport os\nprint(os.listdir('/tmp'))")
+    assert "left-behind" in first["stdout"]
+    second = run(service, "import os\nprint(os.path.exists('/tmp/left-behind'), os.listdir('/tmp'))")
+    assert second["stdout"] == "False []\n"
+
+
+def test_environment_holds_no_secret(service):
+    data = run(service, "import os\nprint(sorted(os.environ))")
+    assert data["stdout"] == "['HOME', 'LANG', 'TMPDIR']\n"
+
+
+def test_only_stdio_descriptors_are_open(service):
+    data = run(service, "import os\nopen_fds = []\nfor fd in range(1024):\n    try:\n        os.fstat(fd)\n"
+               "        open_fds.append(fd)\n    except OSError:\n        pass\nprint(open_fds)")
+    assert data["stdout"] == "[0, 1, 2]\n"
+
+
+@needs_root
+def test_root_jail_shape(service):
+    code = (
+        "import os\n"
+        "print(os.getuid() != 0, os.getgid() != 0, os.getgroups())\n"
+        "print(sorted(os.listdir('/')))\n"
+        "print(os.path.exists('/proc/self'), os.path.exists('/etc/passwd'), os.path.exists('/bin/sh'))\n"
+        "try:\n    open('/usr/evil', 'w')\nexcept OSError as e:\n    print('ro', e.errno)\n"
+        "open('/tmp/x.sh', 'w').write('#!/bin/sh')\nos.chmod('/tmp/x.sh', 0o755)\n"
+        "print(os.stat('/tmp').st_uid == os.getuid())\n"
+    )
+    data = run(service, code)
+    lines = data["stdout"].splitlines()
+    assert lines[0] == "True True []"
+    assert "proc" not in lines[1] and "home" not in lines[1]
+    assert lines[2] == "False False False"
+    assert lines[3] in ("ro 30", "ro 13")  # read-only file system / permission denied
+    assert lines[4] == "True"
+
+
+@needs_root
+def test_runs_get_different_uids(service):
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: run(service, "import os, time\ntime.sleep(0.2)\nprint(os.getuid())"),
+                                range(4)))
+    uids = {r["stdout"] for r in results}
+    assert len(uids) == 4
+
+
+def test_zygote_environment_is_clean(service):
+    zygotes = [p for p in descendants(service.process.pid) if b"runtimes.jail.zygote" in _cmdline(p)]
+    assert zygotes
+    for pid in zygotes:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            names = sorted(item.split(b"=")[0].decode() for item in f.read().split(b"\0") if item)
+        assert names == ["HOME", "LANG", "TMPDIR"]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def test_service_survives_a_burst_of_hostile_runs(service):
+    codes = [
+        "import os\nos.fork()",
+        "while True:\n    print('x' * 10000)",
+        "x = bytearray(8 * 1024**3)",
+        "raise SystemExit('bye')",
+        "import os\nos.kill(os.getpid(), 9)",
+        "import ctypes\nctypes.string_at(0)",
+    ]
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda c: service.run(c, timeout=5), codes * 3))
+    assert all(r["code"] == 0 for r in results)
+    assert all(r["data"]["exit_code"] == 137 for r in results[4::6])  # 128 + SIGKILL
+    assert all("segmentation fault" in r["data"]["error"] for r in results[5::6])
+    assert all("output limit exceeded" in r["data"]["error"] for r in results[1::6])
+    still_serving(service)

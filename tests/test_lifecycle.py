@@ -1,0 +1,185 @@
+"""What the service leaves behind: nothing, after many runs and after it stops."""
+
+import glob
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import needs_root
+from service import IS_ROOT, Service, descendants, processes_with_uid_in
+
+SECCOMP_REFUSED = """
+import errno, os, sys, pyseccomp
+f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+f.add_rule(pyseccomp.ERRNO(errno.EPERM), "seccomp")
+f.add_rule(pyseccomp.ERRNO(errno.EPERM), "prctl", pyseccomp.Arg(0, pyseccomp.EQ, 22))
+f.load()
+os.execv(sys.executable, [sys.executable, "-m", "handler.cli", "serve"])
+"""
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_a_thousand_runs_leave_nothing_behind():
+    svc = Service(MAX_WORKERS="4").start()
+    roots_before = set(glob.glob("/tmp/sandlot-root-*"))
+    try:
+        codes = ["print(1)", "open('/tmp/f', 'w').write('x' * 1000)", "import os\nos.fork()", "while True: pass"]
+
+        def one(i):
+            code = codes[i % 4]
+            return svc.run(code, timeout=0.2 if "while" in code else 5)
+
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(one, range(1000)))
+        assert all(r["code"] == 0 for r in results)
+        assert sum(r["data"]["exit_code"] == -1 for r in results) == 250
+        python = svc.detail()["runtimes"]["python3"]
+        assert wait_for(lambda: svc.detail()["runtimes"]["python3"]["uids_in_use"] in (None, 4))
+        python = svc.detail()["runtimes"]["python3"]
+        assert python["ready_children"] == 4
+        if IS_ROOT:
+            uid_range = python["uid_range"]
+            alive = processes_with_uid_in(*uid_range)
+            assert len(alive) == 4, alive  # exactly the ready children
+        below = descendants(svc.process.pid)
+        assert len(below) == 1 + 4  # the zygote and its ready children
+        assert python["zygote_forks"] + 2000 * (python["zygote_generation"] - 1) >= 1000
+    finally:
+        svc.stop()
+    assert descendants(svc.process.pid) == []
+    if IS_ROOT:
+        assert wait_for(lambda: not processes_with_uid_in(*uid_range))
+    assert set(glob.glob("/tmp/sandlot-root-*")) <= roots_before
+
+
+def test_zygote_is_replaced_and_runs_go_on():
+    svc = Service(SANDLOT_ZYGOTE_MAX_FORKS="20", MAX_WORKERS="2").start()
+    try:
+        seeds = set()
+        for _ in range(60):
+            data = svc.run("import sys\nprint(hash('sandlot'))")["data"]
+            assert data["exit_code"] == 0
+            seeds.add(data["stdout"])
+        python = svc.detail()["runtimes"]["python3"]
+        assert python["zygote_generation"] >= 2
+        assert len(seeds) >= 2  # a new zygote, a new hash seed
+        assert wait_for(lambda: len(descendants(svc.process.pid)) == 1 + 2)  # old zygotes have left
+    finally:
+        svc.stop()
+
+
+def test_stop_leaves_no_process():
+    svc = Service().start()
+    svc.run("print(1)")
+    below = descendants(svc.process.pid)
+    assert below
+    svc.stop()
+    assert svc.process.returncode in (0, -15)  # uvicorn re-raises SIGTERM after a clean shutdown
+    assert "Application shutdown complete" in svc.output()
+    assert wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in below))
+
+
+def test_killed_zygote_is_restarted():
+    svc = Service(MAX_WORKERS="2").start()
+    try:
+        zygote = min(descendants(svc.process.pid))
+        os.kill(zygote, 9)
+        assert wait_for(lambda: svc.run("print('back')").get("data", {}) or False, 10)
+        data = svc.run("print('back')")
+        assert data["data"]["stdout"] == "back\n", data
+    finally:
+        svc.stop()
+
+
+def test_runs_are_refused_when_seccomp_cannot_be_installed():
+    svc = Service()
+    svc.process = None
+    import subprocess
+
+    svc.log = open(svc.log_path, "wb")  # noqa: SIM115
+    svc.process = subprocess.Popen([sys.executable, "-c", SECCOMP_REFUSED], env=svc.env, stdout=svc.log,
+                                   stderr=subprocess.STDOUT)
+    try:
+        assert wait_for(lambda: _safe_detail(svc) is not None, 60)
+        assert wait_for(lambda: "seccomp" in _safe_detail(svc)["runtimes"]["python3"]["error"], 60)
+        envelope = svc.run("print(1)")
+        assert envelope["code"] == -500 and envelope["data"] is None
+        assert "seccomp" in envelope["message"]
+        import httpx
+
+        assert httpx.get(svc.url + "/health").status_code == 503
+    finally:
+        svc.stop()
+
+
+def test_operator_may_opt_out_of_seccomp_explicitly():
+    svc = Service(SANDLOT_REQUIRE_SECCOMP="false")
+    import subprocess
+
+    svc.log = open(svc.log_path, "wb")  # noqa: SIM115
+    svc.process = subprocess.Popen([sys.executable, "-c", SECCOMP_REFUSED], env=svc.env, stdout=svc.log,
+                                   stderr=subprocess.STDOUT)
+    try:
+        svc.wait_healthy()
+        assert svc.run("print('unfiltered')")["data"]["stdout"] == "unfiltered\n"
+        assert svc.detail()["runtimes"]["python3"]["protections"]["seccomp"] is False
+    finally:
+        svc.stop()
+
+
+def _safe_detail(svc):
+    try:
+        return svc.detail()
+    except Exception:  # noqa: BLE001 - not up yet
+        return None
+
+
+@pytest.fixture(scope="module")
+def reduced():
+    svc = Service(SANDLOT_JAIL="reduced").start()
+    yield svc
+    svc.stop()
+
+
+def test_reduced_jail_still_confines(reduced):
+    protections = reduced.detail()["runtimes"]["python3"]["protections"]
+    assert protections == {**protections, "chroot": False, "own_uid": False, "seccomp": True,
+                           "private_tmp": "directory"}
+    data = reduced.run("import os\nprint(sorted(os.environ))\nprint(os.getcwd() == os.environ['TMPDIR'])\n"
+                       "open('mine', 'w').write('x')\nprint(os.getcwd())")["data"]
+    lines = data["stdout"].splitlines()
+    assert lines[0] == "['HOME', 'LANG', 'TMPDIR']" and lines[1] == "True"
+    tmpdir = lines[2]
+    assert wait_for(lambda: not os.path.exists(tmpdir))  # removed after the run
+    forked = reduced.run("import os\nos.fork()")["data"]
+    assert "operation not permitted" in forked["error"].lower()
+    assert "MemoryError" in reduced.run("x = bytearray(8 * 1024**3)")["data"]["error"]
+    assert "error: timeout" in reduced.run("while True: pass", timeout=0.5)["data"]["error"]
+
+
+@pytest.mark.skipif(IS_ROOT, reason="as root a reduced-jail run is root and /proc protections do not apply")
+def test_reduced_jail_cannot_read_the_service(reduced):
+    code = f"print(open('/proc/{reduced.process.pid}/environ').read())"
+    data = reduced.run(code)["data"]
+    assert "API_KEY" not in data["stdout"] and "PermissionError" in data["error"]
+
+
+@needs_root
+def test_other_instances_get_other_uids(service):
+    other = Service().start()
+    try:
+        mine = service.run("import os, time\nprint(os.getuid())")["data"]["stdout"]
+        theirs = other.run("import os\nprint(os.getuid())")["data"]["stdout"]
+        assert int(mine) // 1024 != int(theirs) // 1024
+    finally:
+        other.stop()

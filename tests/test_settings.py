@@ -1,0 +1,116 @@
+"""Configuration: dify-sandbox's names, env over conf/config.yaml over defaults, bad values stop start-up."""
+
+import subprocess
+import sys
+
+import pytest
+from service import Service
+
+from handler.settings import SettingsError, load_settings
+
+DIFY_YAML = """
+app:
+  port: 8200
+  key: from-file
+max_workers: 2
+max_requests: 7
+worker_timeout: 9
+enable_network: false
+allowed_syscalls: [39]
+proxy:
+  http: http://proxy.example:3128
+"""
+
+
+def test_file_in_dify_shape_and_env_wins(tmp_path, monkeypatch):
+    config = tmp_path / "config.yaml"
+    config.write_text(DIFY_YAML)
+    monkeypatch.setenv("SANDLOT_CONFIG", str(config))
+    monkeypatch.delenv("API_KEY", raising=False)
+    monkeypatch.setenv("MAX_REQUESTS", "11")
+    settings = load_settings()
+    assert settings.SANDBOX_PORT == 8200 and settings.API_KEY == "from-file"
+    assert settings.MAX_WORKERS == 2 and settings.WORKER_TIMEOUT == 9
+    assert settings.MAX_REQUESTS == 11  # environment over file
+    assert settings.ENABLE_NETWORK is False and settings.ALLOWED_SYSCALLS == [39]
+    assert settings.runtime_config().run_env["HTTP_PROXY"] == "http://proxy.example:3128"
+
+
+def test_defaults(monkeypatch):
+    monkeypatch.setenv("SANDLOT_CONFIG", "/nonexistent.yaml")
+    for name in ("API_KEY", "ENABLE_NETWORK", "MAX_WORKERS", "SANDBOX_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    settings = load_settings()
+    assert settings.ENABLE_NETWORK is True and settings.SANDBOX_PORT == 8194 and settings.API_KEY == ""
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("MAX_WORKERS", "many"), ("SANDBOX_PORT", "70000"), ("ALLOWED_SYSCALLS", "59"), ("ALLOWED_SYSCALLS", "101"),
+     ("ENABLE_NETWORK", "perhaps"), ("SANDLOT_JAIL", "paper")],
+)
+def test_bad_value_names_the_setting(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    assert name in str(info.value)
+
+
+def test_bad_value_stops_start_up_with_a_message():
+    svc = Service(ALLOWED_SYSCALLS="57")  # fork
+    result = subprocess.run([sys.executable, "-m", "handler.cli", "serve"], env=svc.env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2
+    assert "ALLOWED_SYSCALLS" in result.stderr and "fork" in result.stderr
+
+
+def test_without_api_key_a_random_one_is_generated_and_printed_once():
+    svc = Service(API_KEY="")
+    svc.env.pop("API_KEY")
+    svc.start()
+    try:
+        lines = [line for line in svc.output().splitlines() if "API_KEY" in line]
+        assert len(lines) == 1
+        key = lines[0].rsplit(" ", 1)[1]
+        assert len(key) >= 32
+        import httpx
+
+        assert httpx.get(svc.url + "/v1/sandbox/health", headers={"X-Api-Key": key}).status_code == 200
+        assert httpx.get(svc.url + "/v1/sandbox/health", headers={"X-Api-Key": "dify-sandbox"}).status_code == 401
+    finally:
+        svc.stop()
+
+
+@pytest.fixture(scope="module")
+def no_network():
+    svc = Service(ENABLE_NETWORK="false", ENABLE_PRELOAD="true").start()
+    yield svc
+    svc.stop()
+
+
+def test_network_request_while_disabled(no_network):
+    envelope = no_network.run("print(1)", enable_network=True)
+    assert envelope == {"code": -400, "message": "network is disabled, please enable it in the configuration",
+                        "data": None}
+    assert no_network.run("print(1)", enable_network=False)["data"]["stdout"] == "1\n"
+
+
+def test_preload_runs_inside_the_jail_when_enabled(no_network):
+    preload = "import os\nPRELOADED_UID = os.getuid()\n"
+    data = no_network.run("import os\nprint(PRELOADED_UID == os.getuid())\nos.fork()", preload=preload)["data"]
+    assert data["stdout"] == "True\n"
+    assert "operation not permitted" in data["error"].lower()
+
+
+def test_preload_is_ignored_when_disabled(service):
+    data = service.run("print(globals().get('MARK', 'absent'))", preload="MARK = 'present'")["data"]
+    assert data["stdout"] == "absent\n"
+
+
+def test_network_calls_only_with_network(service):
+    code = "import socket\ns = socket.socket()\ns.close()\nprint('socket ok')"
+    assert service.run(code, enable_network=True)["data"]["stdout"] == "socket ok\n"
+    denied = service.run(code, enable_network=False)["data"]
+    assert "operation not permitted" in denied["error"].lower()
+    pair = "import socket\na, b = socket.socketpair()\na.send(b'x')\nprint(b.recv(1))"
+    assert service.run(pair, enable_network=False)["data"]["stdout"] == "b'x'\n"
