@@ -116,8 +116,11 @@ def test_stdin_extension(client):
 
 def test_wrong_or_missing_key_is_401_with_empty_body(service):
     for headers in ({}, {"X-Api-Key": "wrong"}, {"X-Api-Key": API_KEY + "x"}):
-        for method, path in (("POST", "/v1/sandbox/run"), ("GET", "/v1/sandbox/health"),
-                             ("GET", "/v1/sandbox/dependencies")):
+        for method, path in (
+            ("POST", "/v1/sandbox/run"),
+            ("GET", "/v1/sandbox/health"),
+            ("GET", "/v1/sandbox/dependencies"),
+        ):
             response = httpx.request(method, service.url + path, headers=headers, json={"language": "python3"})
             assert response.status_code == 401, (headers, path)
             assert response.content == b""
@@ -162,8 +165,13 @@ def test_ten_megabyte_body_is_refused_and_service_keeps_serving(client):
 
 
 def test_dependencies_field_is_accepted_and_installs_nothing(client):
-    body = {"language": "python3", "code": "print(1)", "preload": "", "enable_network": True,
-            "dependencies": [{"name": "left-pad", "version": "1.0"}]}
+    body = {
+        "language": "python3",
+        "code": "print(1)",
+        "preload": "",
+        "enable_network": True,
+        "dependencies": [{"name": "left-pad", "version": "1.0"}],
+    }
     envelope = client.post("/v1/sandbox/run", json=body).json()
     assert envelope["data"]["stdout"] == "1\n"
     names = [d["name"] for d in client.get("/v1/sandbox/dependencies").json()["data"]["dependencies"]]
@@ -181,7 +189,10 @@ def test_dependencies_list_real_versions(client):
 
 def test_dependency_update_and_refresh_answer(client):
     assert client.post("/v1/sandbox/dependencies/update", json={"language": "python3"}).json() == {
-        "code": 0, "message": "success", "data": {}}
+        "code": 0,
+        "message": "success",
+        "data": {},
+    }
     refreshed = client.get("/v1/sandbox/dependencies/refresh", params={"language": "python3"}).json()
     assert refreshed["code"] == 0 and refreshed["data"]["dependencies"]
     assert client.get("/v1/sandbox/dependencies", params={"language": "cobol"}).status_code == 400

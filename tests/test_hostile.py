@@ -1,6 +1,5 @@
 """Hostile code gets a clear result and hurts nobody."""
 
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -141,8 +140,11 @@ def test_environment_holds_no_secret(service):
 
 
 def test_only_stdio_descriptors_are_open(service):
-    data = run(service, "import os\nopen_fds = []\nfor fd in range(1024):\n    try:\n        os.fstat(fd)\n"
-               "        open_fds.append(fd)\n    except OSError:\n        pass\nprint(open_fds)")
+    data = run(
+        service,
+        "import os\nopen_fds = []\nfor fd in range(1024):\n    try:\n        os.fstat(fd)\n"
+        "        open_fds.append(fd)\n    except OSError:\n        pass\nprint(open_fds)",
+    )
     assert data["stdout"] == "[0, 1, 2]\n"
 
 
@@ -169,8 +171,9 @@ def test_root_jail_shape(service):
 @needs_root
 def test_runs_get_different_uids(service):
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda _: run(service, "import os, time\ntime.sleep(0.2)\nprint(os.getuid())"),
-                                range(4)))
+        results = list(
+            pool.map(lambda _: run(service, "import os, time\ntime.sleep(0.2)\nprint(os.getuid())"), range(4))
+        )
     uids = {r["stdout"] for r in results}
     assert len(uids) == 4
 

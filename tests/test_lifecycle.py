@@ -107,8 +107,9 @@ def test_runs_are_refused_when_seccomp_cannot_be_installed():
     import subprocess
 
     svc.log = open(svc.log_path, "wb")  # noqa: SIM115
-    svc.process = subprocess.Popen([sys.executable, "-c", SECCOMP_REFUSED], env=svc.env, stdout=svc.log,
-                                   stderr=subprocess.STDOUT)
+    svc.process = subprocess.Popen(
+        [sys.executable, "-c", SECCOMP_REFUSED], env=svc.env, stdout=svc.log, stderr=subprocess.STDOUT
+    )
     try:
         assert wait_for(lambda: _safe_detail(svc) is not None, 60)
         assert wait_for(lambda: "seccomp" in _safe_detail(svc)["runtimes"]["python3"]["error"], 60)
@@ -127,8 +128,9 @@ def test_operator_may_opt_out_of_seccomp_explicitly():
     import subprocess
 
     svc.log = open(svc.log_path, "wb")  # noqa: SIM115
-    svc.process = subprocess.Popen([sys.executable, "-c", SECCOMP_REFUSED], env=svc.env, stdout=svc.log,
-                                   stderr=subprocess.STDOUT)
+    svc.process = subprocess.Popen(
+        [sys.executable, "-c", SECCOMP_REFUSED], env=svc.env, stdout=svc.log, stderr=subprocess.STDOUT
+    )
     try:
         svc.wait_healthy()
         assert svc.run("print('unfiltered')")["data"]["stdout"] == "unfiltered\n"
@@ -153,10 +155,17 @@ def reduced():
 
 def test_reduced_jail_still_confines(reduced):
     protections = reduced.detail()["runtimes"]["python3"]["protections"]
-    assert protections == {**protections, "chroot": False, "own_uid": False, "seccomp": True,
-                           "private_tmp": "directory"}
-    data = reduced.run("import os\nprint(sorted(os.environ))\nprint(os.getcwd() == os.environ['TMPDIR'])\n"
-                       "open('mine', 'w').write('x')\nprint(os.getcwd())")["data"]
+    assert protections == {
+        **protections,
+        "chroot": False,
+        "own_uid": False,
+        "seccomp": True,
+        "private_tmp": "directory",
+    }
+    data = reduced.run(
+        "import os\nprint(sorted(os.environ))\nprint(os.getcwd() == os.environ['TMPDIR'])\n"
+        "open('mine', 'w').write('x')\nprint(os.getcwd())"
+    )["data"]
     lines = data["stdout"].splitlines()
     assert lines[0] == "['HOME', 'LANG', 'TMPDIR']" and lines[1] == "True"
     tmpdir = lines[2]

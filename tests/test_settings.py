@@ -46,8 +46,14 @@ def test_defaults(monkeypatch):
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("MAX_WORKERS", "many"), ("SANDBOX_PORT", "70000"), ("ALLOWED_SYSCALLS", "59"), ("ALLOWED_SYSCALLS", "101"),
-     ("ENABLE_NETWORK", "perhaps"), ("SANDLOT_JAIL", "paper")],
+    [
+        ("MAX_WORKERS", "many"),
+        ("SANDBOX_PORT", "70000"),
+        ("ALLOWED_SYSCALLS", "59"),
+        ("ALLOWED_SYSCALLS", "101"),
+        ("ENABLE_NETWORK", "perhaps"),
+        ("SANDLOT_JAIL", "paper"),
+    ],
 )
 def test_bad_value_names_the_setting(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
@@ -58,8 +64,9 @@ def test_bad_value_names_the_setting(monkeypatch, name, value):
 
 def test_bad_value_stops_start_up_with_a_message():
     svc = Service(ALLOWED_SYSCALLS="57")  # fork
-    result = subprocess.run([sys.executable, "-m", "handler.cli", "serve"], env=svc.env, capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "handler.cli", "serve"], env=svc.env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2
     assert "ALLOWED_SYSCALLS" in result.stderr and "fork" in result.stderr
 
@@ -90,8 +97,11 @@ def no_network():
 
 def test_network_request_while_disabled(no_network):
     envelope = no_network.run("print(1)", enable_network=True)
-    assert envelope == {"code": -400, "message": "network is disabled, please enable it in the configuration",
-                        "data": None}
+    assert envelope == {
+        "code": -400,
+        "message": "network is disabled, please enable it in the configuration",
+        "data": None,
+    }
     assert no_network.run("print(1)", enable_network=False)["data"]["stdout"] == "1\n"
 
 
