@@ -1,0 +1,122 @@
+"""Sandlot benchmark: latency and throughput of runs over HTTP, next to the cost of a cold interpreter.
+
+Starts its own service on a free port, prints one table. Not run by CI: machines are shared and
+noisy, so read the ratios within one run, not absolute numbers across runs.
+
+    python bench/bench.py [--requests 400] [--clients 1,4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import http.client
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+from service import API_KEY, Service  # noqa: E402
+
+from runtimes.config import default_python  # noqa: E402
+
+DIFY_WRAPPER = """
+def main(arg1: str, arg2: str) -> dict:
+    return {"result": arg1 + arg2}
+
+import json
+from base64 import b64decode
+
+inputs_obj = json.loads(b64decode('%s').decode('utf-8'))
+output_obj = main(**inputs_obj)
+output_json = json.dumps(output_obj, indent=4)
+result = f'''<<RESULT>>{output_json}<<RESULT>>'''
+print(result)
+""" % base64.b64encode(json.dumps({"arg1": "Hello", "arg2": "World"}).encode()).decode()
+
+WORKLOADS = {
+    "python hello": 'print("hi")',
+    "python dify wrapper": DIFY_WRAPPER,
+    "python import requests,httpx,jinja2": "import requests, httpx, jinja2\nprint('ok')",
+}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def spawn_p50(argv: list[str], count: int = 60) -> float:
+    times = []
+    for _ in range(count):
+        started = time.perf_counter()
+        subprocess.run(argv, env={}, check=True)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def drive(port: int, code: str, clients: int, total: int) -> tuple[list[float], float]:
+    body = json.dumps({"language": "python3", "code": code, "preload": "", "enable_network": True}).encode()
+    headers = {"X-Api-Key": API_KEY, "Content-Type": "application/json"}
+    latencies: list[float] = []
+    lock = threading.Lock()
+    per_client = total // clients
+    failures = []
+
+    def client() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port)
+        mine = []
+        for _ in range(per_client):
+            started = time.perf_counter()
+            conn.request("POST", "/v1/sandbox/run", body, headers)
+            answer = json.loads(conn.getresponse().read())
+            mine.append(time.perf_counter() - started)
+            if answer["code"] != 0 or answer["data"]["exit_code"] != 0:
+                failures.append(answer)
+        conn.close()
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    if failures:
+        raise SystemExit(f"runs failed: {failures[:2]}")
+    return latencies, len(latencies) / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--clients", default="1,4")
+    args = parser.parse_args()
+    client_counts = [int(c) for c in args.clients.split(",")]
+
+    python = default_python()
+    service = Service(MAX_WORKERS="4", MAX_REQUESTS="100").start()
+    try:
+        drive(service.port, 'print("warm")', 4, 100)  # warm-up
+        spawn = spawn_p50([python, "-I", "-S", "-c", "pass"])
+        print(f"reference: spawn of `{python} -I -S -c pass`: p50 {spawn * 1000:.2f} ms")
+        print(f"{'workload':40} {'clients':>7} {'p50 ms':>8} {'p99 ms':>8} {'runs/s':>8} {'p50/spawn':>9}")
+        for name, code in WORKLOADS.items():
+            for clients in client_counts:
+                latencies, rate = drive(service.port, code, clients, args.requests)
+                p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
+                print(f"{name:40} {clients:7d} {p50 * 1000:8.2f} {p99 * 1000:8.2f} {rate:8.1f} {p50 / spawn:9.2f}")
+        print(f"target: 4-client hello >= 2 runs per spawn-time = {2 / spawn:.0f} runs/s on {os.cpu_count()} cores")
+    finally:
+        service.stop()
+
+
+if __name__ == "__main__":
+    main()
