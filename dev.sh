@@ -13,11 +13,17 @@ setup() {
         echo "dev.sh: needs Python 3.11 or newer as '$PYTHON' (set PYTHON=...)" >&2
         exit 1
     fi
-    if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || ! ldconfig -p 2>/dev/null | grep -q libseccomp.so.2; then
+    local missing=()
+    "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+    ldconfig -p 2>/dev/null | grep -q libseccomp.so.2 || missing+=(libseccomp2)
+    if [ "$(id -u)" = 0 ]; then
+        command -v nft >/dev/null || missing+=(nftables)  # egress rules for runs with network
+    fi
+    if [ ${#missing[@]} -gt 0 ]; then
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-            apt-get update -qq && apt-get install -y -qq python3-venv libseccomp2 >/dev/null
+            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
         else
-            echo "dev.sh: install python3-venv and libseccomp2 first (apt-get install python3-venv libseccomp2)" >&2
+            echo "dev.sh: install ${missing[*]} first (apt-get install ${missing[*]})" >&2
             exit 1
         fi
     fi

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, IPvAnyNetwork, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError as _SourceError
 
@@ -111,8 +111,9 @@ class Settings(BaseSettings):
     SANDLOT_JAIL: Literal["auto", "full", "reduced"] = "auto"
     SANDLOT_UID_BASE: int = Field(1_500_000_000, ge=65536, le=4_000_000_000)
     SANDLOT_ZYGOTE_MAX_FORKS: int = Field(2000, ge=10)
+    SANDLOT_EGRESS_ALLOW: Annotated[list[IPvAnyNetwork], NoDecode] = []
 
-    @field_validator("ALLOWED_SYSCALLS", "SANDLOT_PYTHON_PRELOAD", mode="before")
+    @field_validator("ALLOWED_SYSCALLS", "SANDLOT_PYTHON_PRELOAD", "SANDLOT_EGRESS_ALLOW", mode="before")
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -163,6 +164,7 @@ class Settings(BaseSettings):
             uid_base=self.SANDLOT_UID_BASE,
             zygote_max_forks=self.SANDLOT_ZYGOTE_MAX_FORKS,
             run_env=proxies,
+            egress_allow=tuple(str(n) for n in self.SANDLOT_EGRESS_ALLOW),
         )
 
 

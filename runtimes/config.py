@@ -50,6 +50,7 @@ class RuntimeConfig:
     uid_count: int = 1024
     zygote_max_forks: int = 2000
     run_env: dict[str, str] = field(default_factory=dict)  # proxies handed to user code
+    egress_allow: tuple[str, ...] = ()  # networks runs may reach although private
 
     @property
     def privileged(self) -> bool:

@@ -1,5 +1,6 @@
 """Configuration: dify-sandbox's names, env over conf/config.yaml over defaults, bad values stop start-up."""
 
+import os
 import subprocess
 import sys
 
@@ -124,3 +125,15 @@ def test_network_calls_only_with_network(service):
     assert "operation not permitted" in denied["error"].lower()
     pair = "import socket\na, b = socket.socketpair()\na.send(b'x')\nprint(b.recv(1))"
     assert service.run(pair, enable_network=False)["data"]["stdout"] == "b'x'\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: egress rules match the runs' own uids")
+def test_egress_allow_names_reachable_ranges(service):
+    allowed = Service(SANDLOT_EGRESS_ALLOW="127.0.0.1/32").start()
+    try:
+        code = f"import socket\nsocket.create_connection(('127.0.0.1', {service.port}), timeout=2).close()\nprint('ok')"
+        assert allowed.run(code, enable_network=True)["data"]["stdout"] == "ok\n"
+    finally:
+        allowed.stop()
+    assert "connected" not in service.run(code, enable_network=True)["data"]["stdout"]
+    assert service.run(code, enable_network=True)["data"]["stdout"] == ""

@@ -14,6 +14,7 @@ import pyseccomp
 
 import runtimes
 from runtimes.config import MIB, RuntimeConfig
+from runtimes.jail.egress import EgressFilter
 from runtimes.jail.execution import execute
 from runtimes.jail.pool import ChildPool
 from runtimes.jail.supervisor import SandboxUnavailable, Zygote
@@ -37,6 +38,7 @@ class JailedRuntime:
         self._uids: UidPool | None = None
         self._tmp_parent: tempfile.TemporaryDirectory | None = None
         self._tree_root = ""
+        self._egress: EgressFilter | None = None
 
     # ---- for subclasses --------------------------------------------------------
 
@@ -59,6 +61,13 @@ class JailedRuntime:
         try:
             if config.privileged:
                 self._uids = UidPool(config.uid_base, config.uid_count, "/run/sandlot")
+                self._egress = EgressFilter(
+                    self._uids.first,
+                    self._uids.first + self._uids.size - 1,
+                    allow=config.egress_allow,
+                    proxies=tuple(v for k, v in config.run_env.items() if k.isupper()),
+                )
+                self._egress.install()
                 tmp_parent = None
             else:
                 self._tmp_parent = tempfile.TemporaryDirectory(prefix=f"sandlot-{self.language}-")
@@ -103,6 +112,8 @@ class JailedRuntime:
     async def stop(self) -> None:
         if self.pool is not None:
             await self.pool.stop()
+        if self._egress is not None:
+            self._egress.remove()
         if self._uids is not None:
             self._uids.close()
         if self._tmp_parent is not None:
@@ -142,6 +153,7 @@ class JailedRuntime:
             "private_tmp": "tmpfs" if privileged else "directory",
             "rlimits": True,
             "scrubbed_environment": True,
+            "egress_filter": bool(self._egress and self._egress.installed),
         }
 
     # ---- runs -----------------------------------------------------------------

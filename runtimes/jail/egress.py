@@ -1,0 +1,102 @@
+"""Egress rules for runs with network: no loopback, link-local (cloud metadata) or private ranges.
+
+An nftables table per uid block matches the socket owner's uid, so it applies
+to the runs of this instance and nothing else. The resolvers of resolv.conf
+(port 53) and the configured proxies stay reachable; operators can allow more
+ranges. Without nft (or without root) the rules are not in force, and the
+health detail says so.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import shutil
+import socket
+import subprocess
+from urllib.parse import urlsplit
+
+log = logging.getLogger("sandlot.jail")
+
+DENIED_V4 = ("0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+             "192.168.0.0/16", "224.0.0.0/4", "240.0.0.0/4")
+DENIED_V6 = ("::1/128", "::/128", "::ffff:0:0/96", "fc00::/7", "fe80::/10", "ff00::/8")
+
+
+def resolvers(path: str = "/etc/resolv.conf") -> list[str]:
+    found = []
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 2 and parts[0] == "nameserver":
+                    found.append(parts[1])
+    except OSError:
+        pass
+    return found
+
+
+def proxy_endpoints(urls: list[str]) -> list[tuple[str, int]]:
+    endpoints = []
+    for url in urls:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        if not parts.hostname:
+            continue
+        port = parts.port or (1080 if parts.scheme.startswith("socks") else 80)
+        try:
+            for info in socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP):
+                endpoints.append((info[4][0], port))
+        except OSError:
+            log.warning("egress: cannot resolve proxy %s", parts.hostname)
+    return endpoints
+
+
+def _family(address: str) -> str:
+    return "ip" if ipaddress.ip_network(address, strict=False).version == 4 else "ip6"
+
+
+class EgressFilter:
+    def __init__(self, first_uid: int, last_uid: int, allow: tuple[str, ...] = (), proxies: tuple[str, ...] = ()):
+        self.table = f"sandlot_{first_uid}"
+        self.uids = f"{first_uid}-{last_uid}"
+        self.allow = [str(ipaddress.ip_network(a, strict=False)) for a in allow]
+        self.proxies = list(proxies)
+        self.installed = False
+
+    def ruleset(self) -> str:
+        owner = f"meta skuid {self.uids}"
+        rules = [f"{owner} ct state established,related accept"]
+        for server in resolvers():
+            fam = _family(server)
+            rules.append(f"{owner} {fam} daddr {server} udp dport 53 accept")
+            rules.append(f"{owner} {fam} daddr {server} tcp dport 53 accept")
+        for address, port in proxy_endpoints(self.proxies):
+            rules.append(f"{owner} {_family(address)} daddr {address} tcp dport {port} accept")
+        for network in self.allow:
+            rules.append(f"{owner} {_family(network)} daddr {network} accept")
+        rules.append(f"{owner} ip daddr {{ {', '.join(DENIED_V4)} }} reject")
+        rules.append(f"{owner} ip6 daddr {{ {', '.join(DENIED_V6)} }} reject")
+        body = "\n".join(f"    {rule}" for rule in rules)
+        return (
+            f"table inet {self.table} {{\n  chain output {{\n"
+            f"    type filter hook output priority 0; policy accept;\n{body}\n  }}\n}}\n"
+        )
+
+    def install(self) -> bool:
+        nft = shutil.which("nft")
+        if nft is None:
+            log.warning("egress filter not in force: nft is not installed")
+            return False
+        self.remove(quiet=True)  # a crashed instance of this uid block may have left it
+        result = subprocess.run([nft, "-f", "-"], input=self.ruleset(), capture_output=True, text=True)
+        if result.returncode != 0:
+            log.warning("egress filter not in force: %s", result.stderr.strip())
+            return False
+        self.installed = True
+        return True
+
+    def remove(self, quiet: bool = False) -> None:
+        nft = shutil.which("nft")
+        if nft and (self.installed or quiet):
+            subprocess.run([nft, "delete", "table", "inet", self.table], capture_output=True)
+        self.installed = False
