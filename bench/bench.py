@@ -39,10 +39,25 @@ result = f'''<<RESULT>>{output_json}<<RESULT>>'''
 print(result)
 """ % base64.b64encode(json.dumps({"arg1": "Hello", "arg2": "World"}).encode()).decode()
 
-WORKLOADS = {
+DIFY_JS_WRAPPER = """
+function main({arg1, arg2}) {
+    return {result: arg1 + arg2}
+}
+var inputs_obj = JSON.parse(Buffer.from('%s', 'base64').toString('utf-8'))
+var output_obj = main(inputs_obj)
+var output_json = JSON.stringify(output_obj)
+var result = `<<RESULT>>${output_json}<<RESULT>>`
+console.log(result)
+""" % base64.b64encode(json.dumps({"arg1": "Hello", "arg2": "World"}).encode()).decode()
+
+PYTHON_WORKLOADS = {
     "python hello": 'print("hi")',
     "python dify wrapper": DIFY_WRAPPER,
     "python import requests,httpx,jinja2": "import requests, httpx, jinja2\nprint('ok')",
+}
+NODE_WORKLOADS = {
+    "node hello": 'console.log("hi")',
+    "node dify wrapper": DIFY_JS_WRAPPER,
 }
 
 
@@ -60,8 +75,11 @@ def spawn_p50(argv: list[str], count: int = 60) -> float:
     return statistics.median(times)
 
 
-def drive(port: int, code: str, clients: int, total: int) -> tuple[list[float], float]:
-    body = json.dumps({"language": "python3", "code": code, "preload": "", "enable_network": True}).encode()
+def drive(
+    port: int, code: str, clients: int, total: int, language: str = "python3", rate: float | None = None
+) -> tuple[list[float], float]:
+    """total runs from `clients` connections; with `rate`, each client paces itself to rate/clients per second."""
+    body = json.dumps({"language": language, "code": code, "preload": "", "enable_network": True}).encode()
     headers = {"X-Api-Key": API_KEY, "Content-Type": "application/json"}
     latencies: list[float] = []
     lock = threading.Lock()
@@ -71,7 +89,12 @@ def drive(port: int, code: str, clients: int, total: int) -> tuple[list[float], 
     def client() -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port)
         mine = []
+        interval = clients / rate if rate else 0.0
+        next_at = time.perf_counter()
         for _ in range(per_client):
+            if interval:
+                time.sleep(max(0.0, next_at - time.perf_counter()))
+                next_at += interval
             started = time.perf_counter()
             conn.request("POST", "/v1/sandbox/run", body, headers)
             answer = json.loads(conn.getresponse().read())
@@ -102,18 +125,35 @@ def main() -> None:
     client_counts = [int(c) for c in args.clients.split(",")]
 
     python = default_python()
+    node = os.environ.get("NODEJS_PATH", "/usr/bin/node")
     service = Service(MAX_WORKERS="4", MAX_REQUESTS="100").start()
+    header = f"{'workload':40} {'clients':>7} {'pacing':>8} {'p50 ms':>8} {'p99 ms':>8} {'runs/s':>8} {'p50/spawn':>9}"
+
+    def row(name, language, code, clients, total, spawn, rate=None):
+        latencies, achieved = drive(service.port, code, clients, total, language, rate)
+        p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
+        pacing = f"{rate:.0f}/s" if rate else "none"
+        timings = f"{p50 * 1000:8.2f} {p99 * 1000:8.2f} {achieved:8.1f} {p50 / spawn:9.2f}"
+        print(f"{name:40} {clients:7d} {pacing:>8} {timings}")
+
     try:
         drive(service.port, 'print("warm")', 4, 100)  # warm-up
         spawn = spawn_p50([python, "-I", "-S", "-c", "pass"])
+        node_spawn = spawn_p50([node, "-e", ""], count=40)
+        cores = os.cpu_count()
         print(f"reference: spawn of `{python} -I -S -c pass`: p50 {spawn * 1000:.2f} ms")
-        print(f"{'workload':40} {'clients':>7} {'p50 ms':>8} {'p99 ms':>8} {'runs/s':>8} {'p50/spawn':>9}")
-        for name, code in WORKLOADS.items():
+        print(f"reference: spawn of `{node} -e ''` (empty environment): p50 {node_spawn * 1000:.2f} ms")
+        print(header)
+        for name, code in PYTHON_WORKLOADS.items():
             for clients in client_counts:
-                latencies, rate = drive(service.port, code, clients, args.requests)
-                p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
-                print(f"{name:40} {clients:7d} {p50 * 1000:8.2f} {p99 * 1000:8.2f} {rate:8.1f} {p50 / spawn:9.2f}")
-        print(f"target: 4-client hello >= 2 runs per spawn-time = {2 / spawn:.0f} runs/s on {os.cpu_count()} cores")
+                row(name, "python3", code, clients, args.requests, spawn)
+        drive(service.port, 'console.log("warm")', 1, 20, "nodejs", rate=10)
+        for name, code in NODE_WORKLOADS.items():
+            row(name, "nodejs", code, 1, 50, node_spawn, rate=10)
+            row(name, "nodejs", code, 4, args.requests // 2, node_spawn)
+        print(f"targets: python hello p50 < 0.5 x spawn; 4-client python hello >= {2 / spawn:.0f} runs/s;")
+        node_target = 0.7 * cores / node_spawn
+        print(f"         node hello paced p50 < 0.3 x node spawn; 4-client node >= {node_target:.0f} runs/s")
     finally:
         service.stop()
 

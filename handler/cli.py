@@ -21,12 +21,13 @@ def build_app(settings: Settings, python_layer: str):
     """The app with the invoker the settings ask for."""
     from handler.app import create_app
     from handler.invoker import LocalInvoker
+    from runtimes.nodejs.runtime import NodeRuntime
     from runtimes.python.runtime import PythonRuntime
 
     if settings.SANDLOT_BACKEND != "local":
         raise SettingsError("SANDLOT_BACKEND: only 'local' is available in this version")
     config = settings.runtime_config(python_layer=python_layer)
-    invoker = LocalInvoker({"python3": PythonRuntime(config)})
+    invoker = LocalInvoker({"python3": PythonRuntime(config), "nodejs": NodeRuntime(config)})
     return create_app(settings, invoker, python_layer)
 
 

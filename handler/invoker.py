@@ -48,7 +48,9 @@ class LocalInvoker:
         return await runtime.run(request)
 
     def ready(self) -> bool:
-        return bool(self.runtimes) and all(r.ready for r in self.runtimes.values())
+        """Every runtime this machine can have is serving (a missing node only refuses nodejs runs)."""
+        installed = [r for r in self.runtimes.values() if not r.missing()]
+        return bool(installed) and all(r.ready for r in installed)
 
     def status(self) -> dict:
         return {language: runtime.status() for language, runtime in self.runtimes.items()}

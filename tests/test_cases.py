@@ -10,7 +10,7 @@ from service import IS_ROOT
 with open(os.path.join(os.path.dirname(__file__), "cases", "run_cases.json")) as f:
     CASES = json.load(f)["cases"]
 
-SERVED = {"python3"}
+SERVED = {"python3", "nodejs"}
 
 
 def check(expect: dict, data: dict) -> None:

@@ -1,6 +1,8 @@
 """Children forked and confined ahead of demand, from a zygote that is replaced now and then.
 
-A child serves exactly one run. Its uid and private /tmp go back only once the
+A child serves exactly one run. Children come in variants (what a runner must
+know before the run arrives, e.g. Node's network filter): each variant has its
+own number of children kept ready; others are forked on demand. Its uid and private /tmp go back only once the
 zygote has reaped it. After `max_forks` forks a new zygote is started (fresh
 address-space layout and hash seed) and the old one leaves once its last child
 has ended.
@@ -24,6 +26,8 @@ log = logging.getLogger("sandlot.jail")
 
 READY_TIMEOUT = 30.0
 
+Variant = tuple  # ((name, value), ...): hashable, and dict() of it is what the runner gets
+
 
 class ChildPool:
     def __init__(
@@ -31,19 +35,19 @@ class ChildPool:
         start_zygote: Callable[[], Awaitable[Zygote]],
         uids: UidPool | None,
         tmp_parent: str | None,
-        size: int,
+        targets: dict[Variant, int],
         max_forks: int,
     ):
         self._start_zygote = start_zygote
         self._uids = uids
         self._tmp_parent = tmp_parent
-        self.size = size
+        self.targets = targets
         self._max_forks = max_forks
         self._zygote: Zygote | None = None
         self._owner: dict[int, Zygote] = {}  # child pid -> the zygote that forked it
         self._retired: list[Zygote] = []
-        self._ready: deque[Child] = deque()
-        self._filling = 0
+        self._ready: dict[Variant, deque[Child]] = {v: deque() for v in targets}
+        self._filling: dict[Variant, int] = dict.fromkeys(targets, 0)
         self._tasks: set[asyncio.Task] = set()
         self._restart_lock = asyncio.Lock()
         self._rotating = False
@@ -65,14 +69,15 @@ class ChildPool:
     def running(self) -> bool:
         return self._zygote is not None and self._zygote.alive
 
-    async def take(self) -> Child:
+    async def take(self, variant: Variant = ()) -> Child:
         """A confined child for one run: a ready one if any, else a new one."""
-        while self._ready:
-            child = self._ready.popleft()
+        ready = self._ready.get(variant)
+        while ready:
+            child = ready.popleft()
             if not child.exited.done():
                 return child
             self.finish(child)
-        return await self._spawn()
+        return await self._spawn(variant)
 
     def finish(self, child: Child) -> None:
         """The run is over (or abandoned): give back what the child held once it is dead."""
@@ -89,20 +94,21 @@ class ChildPool:
         task.add_done_callback(self._tasks.discard)
 
     def _refill(self) -> None:
-        while len(self._ready) + self._filling < self.size:
-            self._filling += 1
-            self._background(self._fill_one())
+        for variant, target in self.targets.items():
+            while len(self._ready[variant]) + self._filling[variant] < target:
+                self._filling[variant] += 1
+                self._background(self._fill_one(variant))
 
-    async def _fill_one(self) -> None:
+    async def _fill_one(self, variant: Variant) -> None:
         try:
-            child = await self._spawn()
+            child = await self._spawn(variant)
         except Exception as exc:  # noqa: BLE001 - seen by health and by the next take()
             self.last_error = str(exc)
             log.warning("could not prepare a child: %s", exc)
             return
         finally:
-            self._filling -= 1
-        self._ready.append(child)
+            self._filling[variant] -= 1
+        self._ready[variant].append(child)
 
     async def _current_zygote(self) -> Zygote:
         if self._zygote is None or not self._zygote.alive:
@@ -159,10 +165,11 @@ class ChildPool:
         self.generation += 1
         if old is not None:
             self._retired.append(old)
-            stale = [c for c in self._ready if self._owner.get(c.pid) is old]
-            for child in stale:  # not worth keeping the old layout alive for
-                self._ready.remove(child)
-                self.finish(child)
+            for ready in self._ready.values():
+                stale = [c for c in ready if self._owner.get(c.pid) is old]
+                for child in stale:  # not worth keeping the old layout alive for
+                    ready.remove(child)
+                    self.finish(child)
             await self._stop_retired()
 
     async def _stop_retired(self) -> None:
@@ -170,7 +177,7 @@ class ChildPool:
             self._retired.remove(zygote)
             await zygote.stop()
 
-    async def _spawn(self) -> Child:
+    async def _spawn(self, variant: Variant) -> Child:
         zygote = await self._current_zygote()
         try:
             uid = self._uids.acquire() if self._uids is not None else os.getuid()
@@ -178,7 +185,7 @@ class ChildPool:
             raise SandboxUnavailable(str(exc)) from exc
         tmpdir = tempfile.mkdtemp(prefix="run-", dir=self._tmp_parent) if self._tmp_parent else ""
         try:
-            child = await zygote.fork(uid, tmpdir)
+            child = await zygote.fork(uid, tmpdir, dict(variant))
         except BaseException:
             self._give_back(uid, tmpdir)
             raise
@@ -207,10 +214,11 @@ class ChildPool:
         self._stopping = True
         for task in list(self._tasks):
             task.cancel()
-        while self._ready:
-            child = self._ready.popleft()
-            kill(child)
-            self.finish(child)
+        for ready in self._ready.values():
+            while ready:
+                child = ready.popleft()
+                kill(child)
+                self.finish(child)
         zygotes = [z for z in [self._zygote, *self._retired] if z is not None]
         self._zygote, self._retired = None, []
         for zygote in zygotes:
@@ -223,7 +231,7 @@ class ChildPool:
             "zygote": "running" if self.running else "down",
             "zygote_generation": self.generation,
             "zygote_forks": self._zygote.forks if self._zygote else 0,
-            "ready_children": len(self._ready),
+            "ready_children": sum(len(r) for r in self._ready.values()),
             "uids_in_use": self._uids.in_use if self._uids is not None else None,
             "uid_range": [self._uids.first, self._uids.first + self._uids.size - 1] if self._uids else None,
             "last_error": self.last_error,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import struct
 
-FORK = b"F"  # service -> zygote: uid, tmpdir; fds: stdin_r, stdout_w, stderr_w
+FORK = b"F"  # service -> zygote: JSON {uid, tmpdir, variant}; fds: stdin_r, stdout_w, stderr_w, ready_w
 FORKED = b"C"  # zygote -> service: pid; fds: pidfd
 FORK_FAILED = b"E"  # zygote -> service: reason
 EXITED = b"X"  # zygote -> service: pid, killed-by-signal flag, code or signal number
@@ -17,20 +17,21 @@ READY = b"R"  # zygote -> service: JSON report of the protections in force
 
 MAX_MESSAGE = 65536
 _PID_STATUS = struct.Struct("<iii")
-_UID = struct.Struct("<i")
+_PID = struct.Struct("<i")
 
 
-def fork_request(uid: int, tmpdir: str) -> bytes:
-    return FORK + _UID.pack(uid) + tmpdir.encode()
+def fork_request(uid: int, tmpdir: str, variant: dict) -> bytes:
+    """variant: what a runner must know before the run arrives (e.g. Node's network filter)."""
+    return FORK + json.dumps({"uid": uid, "tmpdir": tmpdir, "variant": variant}).encode()
 
 
-def parse_fork_request(body: bytes) -> tuple[int, str]:
-    (uid,) = _UID.unpack_from(body)
-    return uid, body[_UID.size :].decode()
+def parse_fork_request(body: bytes) -> tuple[int, str, dict]:
+    request = json.loads(body)
+    return int(request["uid"]), str(request["tmpdir"]), dict(request["variant"])
 
 
 def forked(pid: int) -> bytes:
-    return FORKED + _UID.pack(pid)
+    return FORKED + _PID.pack(pid)
 
 
 def exited(pid: int, signaled: bool, value: int) -> bytes:
@@ -43,7 +44,7 @@ def parse_exited(body: bytes) -> tuple[int, bool, int]:
 
 
 def parse_pid(body: bytes) -> int:
-    return _UID.unpack(body)[0]
+    return _PID.unpack(body)[0]
 
 
 def ready(report: dict) -> bytes:

@@ -45,6 +45,10 @@ class JailedRuntime:
     def interpreter(self) -> str:
         raise NotImplementedError
 
+    def missing(self) -> str:
+        """Why this runtime cannot exist on this machine (e.g. no node), or ""."""
+        return ""
+
     def tree(self) -> TreeSpec:
         raise NotImplementedError
 
@@ -54,10 +58,23 @@ class JailedRuntime:
     def encode(self, request: RunRequest) -> bytes:
         raise NotImplementedError
 
+    def variant(self, request: RunRequest) -> tuple:
+        """Which kind of child a run needs (the runner learns the rest from stdin)."""
+        return ()
+
+    def ready_targets(self) -> dict[tuple, int]:
+        """How many children of each variant to keep ready."""
+        return {(): self.config.workers}
+
     # ---- life cycle -----------------------------------------------------------
 
     async def start(self) -> None:
         config = self.config
+        if self.missing():
+            self.refused = self.missing()
+            self.started = True
+            log.warning("%s runs refused: %s", self.language, self.refused)
+            return
         try:
             if config.privileged:
                 self._uids = UidPool(config.uid_base, config.uid_count, "/run/sandlot")
@@ -96,7 +113,7 @@ class JailedRuntime:
                 await zygote.start()
                 return zygote
 
-            self.pool = ChildPool(start_zygote, self._uids, tmp_parent, config.workers, config.zygote_max_forks)
+            self.pool = ChildPool(start_zygote, self._uids, tmp_parent, self.ready_targets(), config.zygote_max_forks)
             self.report = await self.pool.start()
         except (SandboxUnavailable, OSError, RuntimeError) as exc:
             log.error("%s runtime unavailable: %s", self.language, exc)
@@ -136,6 +153,7 @@ class JailedRuntime:
     def status(self) -> dict:
         return {
             "ready": self.ready,
+            "installed": not self.missing(),
             "error": self.error,
             "protections": self.protections(),
             "preloaded": self.report.get("preloaded", []),
@@ -163,7 +181,7 @@ class JailedRuntime:
             raise SandboxUnavailable(self.refused)
         if self.pool is None or not self.started:
             raise SandboxUnavailable(f"the {self.language} runtime is starting")
-        child = await self.pool.take()
+        child = await self.pool.take(self.variant(request))
         try:
             outcome = await execute(
                 child, self.encode(request), self.config.clamp_timeout(request.timeout), self.config.output_limit

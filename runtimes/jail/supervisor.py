@@ -87,7 +87,7 @@ class Zygote:
             raise SandboxUnavailable(f"the zygote could not build the jail: {self.report['error']}")
         return self.report
 
-    async def fork(self, uid: int, tmpdir: str) -> Child:
+    async def fork(self, uid: int, tmpdir: str, variant: dict) -> Child:
         if not self.alive or self._control is None:
             raise SandboxUnavailable("the zygote is not running")
         loop = asyncio.get_running_loop()
@@ -99,7 +99,7 @@ class Zygote:
         reply: asyncio.Future = loop.create_future()
         self._pending.append(reply)
         try:
-            socket.send_fds(self._control, [protocol.fork_request(uid, tmpdir)], theirs)
+            socket.send_fds(self._control, [protocol.fork_request(uid, tmpdir, variant)], theirs)
         except OSError as exc:
             self._pending.remove(reply)
             for fd in (stdin_w, stdout_r, stderr_r, ready_r):

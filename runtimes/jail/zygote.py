@@ -73,14 +73,14 @@ class Zygote:
         if not message:
             return False
         if message[:1] == protocol.FORK and len(fds) == 4:
-            uid, tmpdir = protocol.parse_fork_request(message[1:])
-            self._fork(uid, tmpdir, fds)
+            uid, tmpdir, variant = protocol.parse_fork_request(message[1:])
+            self._fork(uid, tmpdir, variant, fds)
         else:
             for fd in fds:
                 os.close(fd)
         return True
 
-    def _fork(self, uid: int, tmpdir: str, fds: list[int]) -> None:
+    def _fork(self, uid: int, tmpdir: str, variant: dict, fds: list[int]) -> None:
         address_space = self.vm_size.read()
         try:
             pid = os.fork()
@@ -90,7 +90,7 @@ class Zygote:
                 os.close(fd)
             return
         if pid == 0:
-            self._become_child(uid, tmpdir, fds, address_space)
+            self._become_child(uid, tmpdir, variant, fds, address_space)
         pidfd = os.pidfd_open(pid)
         for fd in fds:
             os.close(fd)
@@ -98,12 +98,12 @@ class Zygote:
         self.children[pidfd] = pid
         self.poller.register(pidfd, select.POLLIN)
 
-    def _become_child(self, uid: int, tmpdir: str, fds: list[int], address_space: int) -> None:
+    def _become_child(self, uid: int, tmpdir: str, variant: dict, fds: list[int], address_space: int) -> None:
         try:
             confine(self.plan, uid, tmpdir, tuple(fds))  # stdin, stdout, stderr, ready
             os.write(3, b"1")
             os.close(3)
-            self.runner.run(self.state, address_space)
+            self.runner.run(self.state, address_space, variant)
         except BaseException:
             try:
                 os.write(2, b"sandbox: could not prepare the run\n" + traceback.format_exc().encode())

@@ -116,7 +116,7 @@ def _rehearse() -> None:
     _HEADER.unpack(_HEADER.pack(1))
 
 
-def run(state: State, address_space: int) -> None:
+def run(state: State, address_space: int, variant: dict) -> None:
     _fresh_stdio()
     _rehearse()
     (size,) = _HEADER.unpack(_read_exact(0, _HEADER.size))

@@ -1,0 +1,81 @@
+"""Runs inside the Node.js zygote (a Python process) and its children.
+
+A child confines itself like any other, limits its data segment (V8 reserves
+far more address space than it uses, so RLIMIT_AS would not do), loads the
+seccomp filter for its variant (network or not; the one filter that admits
+execve, for node itself), and execs node on the wrapper. The tree holds no
+other binary and /tmp is noexec, so exec is of no use to user code. node then
+warms up and waits on stdin for the run.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import dataclass, field
+
+from runtimes.jail import linux, seccomp_policy
+
+MIB = 1024 * 1024
+SETUP_FAILED = 125
+
+
+@dataclass
+class State:
+    filters: dict
+    required: bool
+    node: str
+    wrapper: str
+    cpu_seconds: int
+    data_overhead_mb: int
+    report: dict = field(default_factory=dict)
+
+
+def prepare(config: dict) -> State:
+    extra = tuple(config.get("extra_syscalls", ()))
+    filters = {
+        network: seccomp_policy.compile_program(seccomp_policy.build(network, extra, allow_exec=True))
+        for network in (False, True)
+    }
+    error = _probe(filters[False])
+    state = State(
+        filters=filters if error is None else {},
+        required=config.get("require_seccomp", True),
+        node=config["node"],
+        wrapper=config["wrapper"],
+        cpu_seconds=int(config["cpu_seconds"]),
+        data_overhead_mb=int(config.get("data_overhead_mb", 256)),
+    )
+    state.report = {"seccomp": error is None, "seccomp_error": error}
+    return state
+
+
+def _probe(program) -> str | None:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            linux.set_no_new_privs()
+            program.load()
+        except BaseException:  # noqa: BLE001
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return None if os.waitstatus_to_exitcode(status) == 0 else "seccomp() refused on this platform"
+
+
+def warm(state: State) -> dict:
+    return {}
+
+
+def run(state: State, address_space: int, variant: dict) -> None:
+    memory_mb = int(variant["memory_mb"])
+    data = (memory_mb + state.data_overhead_mb) * MIB
+    resource.setrlimit(resource.RLIMIT_DATA, (data, data))
+    resource.setrlimit(resource.RLIMIT_CPU, (state.cpu_seconds, state.cpu_seconds + 1))
+    if state.filters:
+        state.filters[bool(variant["network"])].load()
+    elif state.required:
+        os.write(2, b"sandbox: seccomp filter unavailable\n")
+        os._exit(SETUP_FAILED)
+    argv = [state.node, f"--max-old-space-size={memory_mb}", state.wrapper]
+    os.execve(state.node, argv, dict(os.environ))

@@ -1,0 +1,59 @@
+"""The Node.js runtime: jailed node processes spawned ahead of demand, each used for one run."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+
+from runtimes.jail import tree
+from runtimes.jail.runtime import JailedRuntime
+from runtimes.payload import RunRequest
+
+_HEADER = struct.Struct("<I")
+WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wrapper.js")
+
+
+class NodeRuntime(JailedRuntime):
+    language = "nodejs"
+    runner = "runtimes.nodejs.runner"
+
+    @property
+    def node(self) -> str:
+        return os.path.realpath(self.config.nodejs_path)
+
+    def missing(self) -> str:
+        if not os.access(self.node, os.X_OK):
+            return f"node is not installed at {self.config.nodejs_path} (NODEJS_PATH)"
+        return ""
+
+    def interpreter(self) -> str:
+        return self.config.python_path  # the zygote is Python; its children exec node
+
+    def tree(self) -> tree.TreeSpec:
+        spec = tree.TreeSpec()
+        spec.add(self.node, WRAPPER)
+        spec.add(*tree.shared_libraries([self.node]))
+        spec.add(*tree.SYSTEM_FILES)
+        return spec
+
+    def runner_config(self) -> dict:
+        return {
+            **super().runner_config(),
+            "node": self.node,
+            "wrapper": WRAPPER,
+            "cpu_seconds": math.ceil(self.config.max_timeout) + 1,
+        }
+
+    def variant(self, request: RunRequest) -> tuple:
+        return (("memory_mb", self.config.clamp_memory(request.memory_limit_mb)), ("network", request.enable_network))
+
+    def ready_targets(self) -> dict[tuple, int]:
+        # Dify asks for network on every run: most ready nodes are of that kind
+        memory = ("memory_mb", self.config.default_memory_mb)
+        return {(memory, ("network", True)): self.config.workers, (memory, ("network", False)): 1}
+
+    def encode(self, request: RunRequest) -> bytes:
+        options = json.dumps({"code": request.code}).encode()
+        return _HEADER.pack(len(options)) + options + request.stdin.encode()

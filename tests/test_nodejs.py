@@ -1,0 +1,218 @@
+"""Node.js runs: Dify's wrapper, hostile JS, and a wrapper that cannot be hijacked."""
+
+import base64
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from conftest import needs_root
+from service import Service, descendants
+
+DIFY_JS_WRAPPER = """
+// declare main function
+function main({a, b}) {
+    return {sum: a + b, text: "héllo"}
+}
+
+// decode and prepare input object
+var inputs_obj = JSON.parse(Buffer.from('%s', 'base64').toString('utf-8'))
+
+// execute main function
+var output_obj = main(inputs_obj)
+
+// convert output to json and print
+var output_json = JSON.stringify(output_obj)
+var result = `<<RESULT>>${output_json}<<RESULT>>`
+console.log(result)
+"""
+
+
+def run(service, code, **fields):
+    envelope = service.run(code, language="nodejs", **fields)
+    assert envelope["code"] == 0, envelope
+    return envelope["data"]
+
+
+def test_dify_js_wrapper(service):
+    inputs = base64.b64encode(json.dumps({"a": 2, "b": 40}).encode()).decode()
+    data = run(service, DIFY_JS_WRAPPER % inputs, enable_network=True)
+    assert data["stdout"] == '<<RESULT>>{"sum":42,"text":"héllo"}<<RESULT>>\n'
+    assert data["error"] == "" and data["exit_code"] == 0
+
+
+def test_sloppy_mode_script(service):
+    data = run(service, "obj = {a: 1}\nundeclared = 2\nconsole.log(obj.a + undeclared, typeof require)")
+    assert data["stdout"] == "3 function\n"
+
+
+def test_exit_codes_and_stdin(service):
+    assert run(service, "process.exitCode = 3")["exit_code"] == 3
+    assert run(service, "process.exit(4)")["exit_code"] == 4
+    data = run(service, "console.log(require('fs').readFileSync(0, 'utf8').toUpperCase())", stdin="abc")
+    assert data["stdout"] == "ABC\n"
+
+
+def test_environment_is_scrubbed(service):
+    data = run(service, "console.log(JSON.stringify(Object.keys(process.env).sort()))")
+    assert data["stdout"] == '["HOME","LANG","TMPDIR"]\n'
+
+
+def test_child_process_in_every_form_fails(service):
+    cp = "const report = e => console.log('failed', e && e.code); const cp = require('child_process');\n"
+    attempts = {
+        "spawn": "try { cp.spawn('ls').on('error', report) } catch (e) { report(e) }",
+        "exec": "try { cp.exec('ls', report) } catch (e) { report(e) }",
+        "execSync": "try { cp.execSync('ls') } catch (e) { report(e) }",
+        "fork": "try { cp.fork('/tmp/x.js').on('error', report) } catch (e) { report(e) }",
+        "execFileSync": "try { cp.execFileSync('/usr/bin/node', ['-v']) } catch (e) { report(e) }",
+    }
+    for name, code in attempts.items():
+        data = run(service, cp + code)
+        assert data["stdout"].startswith("failed EPERM"), (name, data)
+
+
+def test_internal_bindings_cannot_spawn(service):
+    code = (
+        "const b = process.binding('spawn_sync');\n"
+        "const pipe = {type: 'pipe', readable: true, writable: true};\n"
+        "const r = b.spawn({file: '/usr/bin/node', args: ['node', '-e', 'console.log(\"PWNED\")'], envPairs: [],"
+        " stdio: [pipe, pipe, pipe]});\n"
+        "console.log('spawn error', r.error);\n"
+    )
+    data = run(service, code)
+    assert "PWNED" not in data["stdout"]
+    assert "spawn error -1" in data["stdout"] or data["exit_code"] != 0  # EPERM, or node's own assertion
+
+
+@needs_root
+def test_tmp_is_noexec_so_planted_code_cannot_load(service):
+    # a real shared object from the tree, copied to /tmp: loads from the tree, not from /tmp
+    code = (
+        "const fs = require('fs');\n"
+        "const dir = ['/lib/x86_64-linux-gnu', '/lib/aarch64-linux-gnu'].find(d => fs.existsSync(d));\n"
+        "const lib = fs.readdirSync(dir).find(f => f.startsWith('libdl.so') || f.startsWith('libgcc_s.so'));\n"
+        "fs.copyFileSync(dir + '/' + lib, '/tmp/evil.node');\n"
+        "for (const path of [dir + '/' + lib, '/tmp/evil.node']) {\n"
+        "  try { process.dlopen({exports: {}}, path) } catch (e) { console.log(path, e.message) } }\n"
+    )
+    lines = run(service, code)["stdout"].splitlines()
+    assert not lines[0].startswith("/tmp") and "Module did not self-register" in lines[0]  # it loaded
+    assert lines[1].startswith("/tmp/evil.node") and "failed to map segment" in lines[1]
+
+
+def test_worker_threads_run_but_cannot_spawn(service):
+    code = (
+        "const { Worker } = require('worker_threads');\n"
+        "const w = new Worker(`const cp = require('child_process');"
+        " try { cp.execSync('ls'); require('worker_threads').parentPort.postMessage('ran') }"
+        " catch (e) { require('worker_threads').parentPort.postMessage('worker ' + e.code) }`, {eval: true});\n"
+        "w.on('message', m => console.log(m));\n"
+    )
+    assert run(service, code)["stdout"] == "worker EPERM\n"
+
+
+def test_no_network_without_network(service):
+    code = (
+        "const net = require('net');\n"
+        "const s = net.connect(80, '127.0.0.1');\n"
+        "s.on('error', e => console.log('net', e.code));\n"
+        "require('http').get('http://127.0.0.1:%d/health', () => console.log('http ok'))"
+        ".on('error', e => console.log('http', e.code));\n"
+        "require('dns').resolve4('example.com', (e) => console.log('dns', e ? 'failed' : 'ok'));\n" % service.port
+    )
+    data = run(service, code, enable_network=False)
+    assert "net EPERM" in data["stdout"] and "http EPERM" in data["stdout"]
+    assert "dns failed" in data["stdout"] and "ok" not in data["stdout"]
+
+
+@needs_root
+def test_filesystem_is_the_tree_and_tmp(service):
+    code = (
+        "const fs = require('fs');\n"
+        "for (const p of ['/etc/passwd', '/root', '/proc/self/environ']) {\n"
+        "  try { fs.readFileSync(p); console.log('read', p) } catch (e) { console.log(e.code) } }\n"
+        "try { fs.writeFileSync('/usr/x', 'x'); console.log('wrote') } catch (e) { console.log(e.code) }\n"
+        "fs.writeFileSync('/tmp/ok', 'x'); console.log(fs.readFileSync('/tmp/ok', 'utf8'));\n"
+        "console.log(fs.readdirSync('/usr/bin').join(','));\n"
+    )
+    lines = run(service, code)["stdout"].splitlines()
+    assert lines[:3] == ["ENOENT", "ENOENT", "ENOENT"]
+    assert lines[3] in ("EROFS", "EACCES")
+    assert lines[4] == "x"
+    assert lines[5] == "node"  # no binary in the tree but node: exec is of no use
+
+
+def test_wrapper_cannot_be_hijacked(service):
+    attack = (
+        "function parseInt() { return 42 }\n"
+        "JSON.parse = () => ({code: 'console.log(\"hijacked\")'});\n"
+        "JSON.stringify = () => 'forged';\n"
+        "Buffer.from = () => { throw new Error('no buffers') };\n"
+        "Function.prototype.call = function () { return 'forged' };\n"
+        "Function.prototype.apply = function () { return 'forged' };\n"
+        "process.exit = () => console.log('exit ignored');\n"
+        "require = () => { throw new Error('no require') };\n"
+        "console.log('attacker output');\n"
+        "console.log = () => {};\n"
+        "process.exitCode = 9;\n"
+    )
+    data = run(service, attack)
+    assert data["stdout"] == "attacker output\n"
+    assert data["exit_code"] == 9  # what the process really did, not what it pretends
+    after = run(service, "console.log(parseInt('7'), JSON.stringify({a: 1}), typeof require)")
+    assert after["stdout"] == '7 {"a":1} function\n'
+
+
+def test_runs_cannot_see_each_other(service):
+    run(service, "globalThis.secret = 'run A'; require('fs').writeFileSync('/tmp/secret', 'run A')")
+    data = run(service, "console.log(typeof secret, require('fs').existsSync('/tmp/secret'))")
+    assert data["stdout"] == "undefined false\n"
+
+
+def test_infinite_loop_times_out(service):
+    started = time.monotonic()
+    data = run(service, "while (true) {}", timeout=1)
+    assert data["exit_code"] == -1 and "error: timeout" in data["error"]
+    assert time.monotonic() - started < 3
+
+
+def test_output_flood_stops_at_the_cap(service):
+    data = run(service, "const s = 'x'.repeat(1000); while (true) { process.stdout.write(s) }", timeout=20)
+    assert "error: output limit exceeded" in data["error"]
+    assert len(data["stdout"]) <= 4 * 1024 * 1024
+
+
+def test_memory_bomb_names_the_heap(service):
+    data = run(service, "const a = []; while (true) { a.push(new Array(1e6).fill(1)) }", timeout=20)
+    assert data["exit_code"] != 0
+    assert "heap" in data["error"].lower() or "memory" in data["error"].lower()
+    buffers = run(service, "const a = []; while (true) { a.push(Buffer.alloc(64 * 1024 * 1024)) }", timeout=20)
+    assert buffers["exit_code"] != 0
+    assert "memory" in buffers["error"].lower() or "allocation failed" in buffers["error"].lower()
+
+
+def test_hostile_js_leaves_nothing_behind(service):
+    codes = ["while (true) {}", "require('child_process').execSync('ls')", "const a = []; while (true) a.push([1])",
+             "process.kill(process.pid, 'SIGKILL')"]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda c: service.run(c, language="nodejs", timeout=2), codes * 2))
+    assert all(r["code"] == 0 and r["data"]["exit_code"] != 0 for r in results)
+    assert run(service, "console.log('alive')")["stdout"] == "alive\n"
+    status = service.detail()["runtimes"]["nodejs"]
+    assert status["ready"] is True
+    # only zygotes and ready children remain below the service
+    below = descendants(service.process.pid)
+    ready = sum(rt["ready_children"] for rt in service.detail()["runtimes"].values())
+    assert len(below) <= ready + 2
+
+
+def test_without_node_the_service_still_serves_python():
+    svc = Service(NODEJS_PATH="/nonexistent/node").start()
+    try:
+        envelope = svc.run("console.log(1)", language="nodejs")
+        assert envelope["code"] == -500 and "node is not installed" in envelope["message"]
+        assert svc.run("print(1)")["data"]["stdout"] == "1\n"
+        detail = svc.detail()["runtimes"]["nodejs"]
+        assert detail["installed"] is False and "node is not installed" in detail["error"]
+    finally:
+        svc.stop()
