@@ -192,8 +192,12 @@ def test_memory_bomb_names_the_heap(service):
 
 
 def test_hostile_js_leaves_nothing_behind(service):
-    codes = ["while (true) {}", "require('child_process').execSync('ls')", "const a = []; while (true) a.push([1])",
-             "process.kill(process.pid, 'SIGKILL')"]
+    codes = [
+        "while (true) {}",
+        "require('child_process').execSync('ls')",
+        "const a = []; while (true) a.push([1])",
+        "process.kill(process.pid, 'SIGKILL')",
+    ]
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda c: service.run(c, language="nodejs", timeout=2), codes * 2))
     assert all(r["code"] == 0 and r["data"]["exit_code"] != 0 for r in results)
