@@ -16,10 +16,9 @@ from starlette.routing import Route
 
 from handler import envelope
 from handler.admission import Admission, ClientGone, Refused
-from handler.invoker import Invoker, SandboxUnavailable
+from handler.invoker import Invoker, LayerBuildError, SandboxUnavailable
 from handler.models import RunBody, describe
 from handler.settings import Settings
-from layers import build as layers
 from runtimes.payload import LANGUAGES
 
 log = logging.getLogger("sandlot.api")
@@ -50,10 +49,9 @@ async def _until_disconnected(request: Request) -> None:
 class SandboxAPI:
     """Route handlers; state lives here, not in globals."""
 
-    def __init__(self, settings: Settings, invoker: Invoker, python_layer: str = ""):
+    def __init__(self, settings: Settings, invoker: Invoker):
         self.settings = settings
         self.invoker = invoker
-        self.python_layer = python_layer
         self.admission = Admission(settings.MAX_REQUESTS, settings.MAX_WORKERS, settings.SANDLOT_QUEUE_TIMEOUT)
         self._key = settings.API_KEY.encode()
         self._starting: asyncio.Task | None = None
@@ -98,7 +96,6 @@ class SandboxAPI:
                 "ready": self.invoker.ready(),
                 "backend": s.SANDLOT_BACKEND,
                 "runtimes": self.invoker.status(),
-                "layer": {"python3": self.python_layer},
                 "limits": {
                     "max_requests": s.MAX_REQUESTS,
                     "max_workers": s.MAX_WORKERS,
@@ -156,16 +153,13 @@ class SandboxAPI:
     def _language(self, value: object) -> str | None:
         return value if value in LANGUAGES else None
 
-    def _dependencies(self, language: str) -> list[dict]:
-        return layers.installed(self.python_layer) if language == "python3" else []
-
     async def dependencies(self, request: Request):
         if not self.authorized(request):
             return envelope.unauthorized()
         language = self._language(request.query_params.get("language", "python3"))
         if language is None:
             return envelope.bad_request(envelope.UNSUPPORTED_LANGUAGE)
-        return envelope.success({"dependencies": self._dependencies(language)})
+        return envelope.success({"dependencies": self.invoker.dependencies(language)})
 
     async def update_dependencies(self, request: Request):
         if not self.authorized(request):
@@ -174,12 +168,26 @@ class SandboxAPI:
             data = json.loads(await request.body() or b"{}")
         except ValueError:
             return envelope.bad_request("malformed JSON body")
-        if not isinstance(data, dict) or self._language(data.get("language", "python3")) is None:
+        language = self._language(data.get("language", "python3")) if isinstance(data, dict) else None
+        if language is None:
             return envelope.bad_request(envelope.UNSUPPORTED_LANGUAGE)
+        try:
+            await self.invoker.update_dependencies(language)
+        except (LayerBuildError, SandboxUnavailable) as exc:
+            return envelope.unavailable(str(exc))
         return envelope.success({})
 
     async def refresh_dependencies(self, request: Request):
-        return await self.dependencies(request)
+        if not self.authorized(request):
+            return envelope.unauthorized()
+        language = self._language(request.query_params.get("language", "python3"))
+        if language is None:
+            return envelope.bad_request(envelope.UNSUPPORTED_LANGUAGE)
+        try:
+            await self.invoker.update_dependencies(language)
+        except (LayerBuildError, SandboxUnavailable) as exc:
+            return envelope.unavailable(str(exc))
+        return envelope.success({"dependencies": self.invoker.dependencies(language)})
 
     def routes(self) -> list[Route]:
         return [
@@ -192,8 +200,8 @@ class SandboxAPI:
         ]
 
 
-def create_app(settings: Settings, invoker: Invoker, python_layer: str = "") -> Starlette:
-    api = SandboxAPI(settings, invoker, python_layer)
+def create_app(settings: Settings, invoker: Invoker) -> Starlette:
+    api = SandboxAPI(settings, invoker)
     app = Starlette(routes=api.routes(), lifespan=api.lifespan)
     app.state.api = api
     return app

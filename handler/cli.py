@@ -4,20 +4,46 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import secrets
 import sys
+from pathlib import Path
 
 from handler.settings import Settings, SettingsError, load_settings
-from layers import build as layers
+from layers import nodejs as node_layer
+from layers import python as python_layer
+from layers.manager import Layer, LayerManager
+from layers.store import LayerBuildError, LayerStore
 
 
-def _python_layer(settings: Settings, quiet: bool = False) -> str:
-    requirements = layers.python_requirements(settings.SANDLOT_PYTHON_REQUIREMENTS)
-    target = layers.python_layer_dir(settings.SANDLOT_DATA_DIR, requirements, settings.PYTHON_PATH)
-    return str(layers.build_python_layer(requirements, target, settings.PIP_MIRROR_URL, quiet=quiet))
+def layer_manager(settings: Settings) -> LayerManager:
+    """The Python and Node.js layer stores, as the settings describe them."""
+    data = Path(settings.SANDLOT_DATA_DIR) / "layers"
+    python = os.path.realpath(settings.PYTHON_PATH)
+    node = os.path.realpath(settings.NODEJS_PATH)
+    requirements = lambda: python_layer.requirements_file(settings.SANDLOT_PYTHON_REQUIREMENTS)  # noqa: E731
+    packages = lambda: node_layer.package_files(settings.SANDLOT_NODEJS_PACKAGE)  # noqa: E731
+    python_store = LayerStore(
+        data / "python",
+        sources=lambda: [requirements()],
+        build=lambda scratch: python_layer.build(
+            requirements(), scratch, settings.build_uid, settings.PIP_MIRROR_URL, settings.SANDLOT_PIP_FIND_LINKS
+        ),
+        salt=python,
+    )
+    node_store = LayerStore(
+        data / "nodejs",
+        sources=packages,
+        build=lambda scratch: node_layer.build(packages(), scratch, node, settings.build_uid),
+        salt=node,
+    )
+    layers = {"python3": Layer(python_store, python_layer.installed)}
+    if os.access(node, os.X_OK):
+        layers["nodejs"] = Layer(node_store, node_layer.installed)
+    return LayerManager(layers)
 
 
-def build_app(settings: Settings, python_layer: str):
+def build_app(settings: Settings, layers: LayerManager):
     """The app with the invoker the settings ask for."""
     from handler.app import create_app
     from handler.invoker import LocalInvoker
@@ -26,9 +52,10 @@ def build_app(settings: Settings, python_layer: str):
 
     if settings.SANDLOT_BACKEND != "local":
         raise SettingsError("SANDLOT_BACKEND: only 'local' is available in this version")
-    config = settings.runtime_config(python_layer=python_layer)
-    invoker = LocalInvoker({"python3": PythonRuntime(config), "nodejs": NodeRuntime(config)})
-    return create_app(settings, invoker, python_layer)
+    config = settings.runtime_config(python_layer=layers.current("python3"), nodejs_layer=layers.current("nodejs"))
+    runtimes = {"python3": PythonRuntime(config), "nodejs": NodeRuntime(config)}
+    invoker = LocalInvoker(runtimes, layers, settings.PYTHON_DEPS_UPDATE_INTERVAL)
+    return create_app(settings, invoker)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -46,7 +73,10 @@ def serve(args: argparse.Namespace) -> int:
         settings.API_KEY = secrets.token_urlsafe(32)
         print(f"sandlot: API_KEY is not set; this run's key is {settings.API_KEY}", file=sys.stderr, flush=True)
     linux.set_dumpable(False)  # our /proc entries (environment, memory) belong to root from here on
-    app = build_app(settings, _python_layer(settings))
+    layers = layer_manager(settings)
+    for language in layers.layers:
+        layers.ensure(language)  # builds on first start, showing pip's and npm's progress
+    app = build_app(settings, layers)
     uvicorn.run(
         app,
         host=settings.SANDLOT_HOST,
@@ -60,9 +90,10 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def build_layers(args: argparse.Namespace) -> int:
-    settings = load_settings()
-    if args.language in ("python3", "all"):
-        print(_python_layer(settings))
+    layers = layer_manager(load_settings())
+    for language in layers.layers:
+        if args.language in (language, "all"):
+            print(layers.ensure(language))
     return 0
 
 
@@ -75,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     serve_cmd.set_defaults(func=serve)
     layers_cmd = commands.add_parser("layers", help="dependency layers")
     layer_commands = layers_cmd.add_subparsers(dest="layers_command", required=True)
-    build_cmd = layer_commands.add_parser("build", help="build the dependency layer (shows pip's progress)")
-    build_cmd.add_argument("--language", choices=["python3", "all"], default="all")
+    build_cmd = layer_commands.add_parser("build", help="build the dependency layers (shows pip's and npm's progress)")
+    build_cmd.add_argument("--language", choices=["python3", "nodejs", "all"], default="all")
     build_cmd.set_defaults(func=build_layers)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -85,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"sandlot: {exc}", file=sys.stderr)
         return 2
-    except layers.LayerBuildError as exc:
+    except LayerBuildError as exc:
         print(f"sandlot: could not build the dependency layer: {exc}", file=sys.stderr)
         return 1
 

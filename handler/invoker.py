@@ -1,18 +1,25 @@
 """Invokers: how the API hands a run request to a runtime and gets the run result back.
 
 The LocalInvoker runs the runtimes in this process's care (the embedded
-default). A LambdaInvoker sends the same dict as the payload of the language's
-Lambda function. Nothing above this seam knows which one is in use.
+default) and manages their dependency layers. A LambdaInvoker sends the same
+dict as the payload of the language's Lambda function. Nothing above this seam
+knows which one is in use.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Protocol
 
+from layers.manager import LayerManager, parse_interval
+from layers.store import LayerBuildError
 from runtimes.jail.supervisor import SandboxUnavailable
 from runtimes.payload import RunRequest
 
-__all__ = ["Invoker", "LocalInvoker", "SandboxUnavailable"]
+__all__ = ["Invoker", "LayerBuildError", "LocalInvoker", "SandboxUnavailable"]
+
+log = logging.getLogger("sandlot.invoker")
 
 
 class Invoker(Protocol):
@@ -26,18 +33,31 @@ class Invoker(Protocol):
 
     def status(self) -> dict: ...
 
+    def dependencies(self, language: str) -> list[dict[str, str]]: ...
+
+    async def update_dependencies(self, language: str) -> None: ...
+
 
 class LocalInvoker:
     """Runtimes on this machine, one per language, started with the service."""
 
-    def __init__(self, runtimes: dict):
+    def __init__(self, runtimes: dict, layers: LayerManager | None = None, update_interval: str = ""):
         self.runtimes = runtimes
+        self.layers = layers
+        self._interval = parse_interval(update_interval)
+        self._periodic: asyncio.Task | None = None
 
     async def start(self) -> None:
-        for runtime in self.runtimes.values():
+        for language, runtime in self.runtimes.items():
+            if self.layers is not None and language in self.layers.layers:
+                runtime.on_layer_unused.append(self.layers.retire(language))
             await runtime.start()
+        if self._interval and self.layers is not None:
+            self._periodic = asyncio.create_task(self._refresh_periodically())
 
     async def stop(self) -> None:
+        if self._periodic is not None:
+            self._periodic.cancel()
         for runtime in self.runtimes.values():
             await runtime.stop()
 
@@ -53,4 +73,21 @@ class LocalInvoker:
         return bool(installed) and all(r.ready for r in installed)
 
     def status(self) -> dict:
-        return {language: runtime.status() for language, runtime in self.runtimes.items()}
+        return {language: {**runtime.status(), "layer": runtime.layer()} for language, runtime in self.runtimes.items()}
+
+    def dependencies(self, language: str) -> list[dict[str, str]]:
+        return self.layers.installed(language) if self.layers is not None else []
+
+    async def update_dependencies(self, language: str) -> None:
+        """Rebuild the language's layer and switch to it; LayerBuildError leaves the old one serving."""
+        if self.layers is None or language not in self.layers.layers:
+            raise LayerBuildError(f"no dependency layer for {language} on this service")
+        await self.layers.rebuild(language, self.runtimes[language])
+
+    async def _refresh_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                await self.update_dependencies("python3")
+            except LayerBuildError as exc:
+                log.error("periodic refresh of the python3 layer failed; the old layer keeps serving: %s", exc)

@@ -98,7 +98,10 @@ class Settings(BaseSettings):
     SANDLOT_HOST: str = "0.0.0.0"
     SANDLOT_DATA_DIR: str = Field(default_factory=default_data_dir)
     SANDLOT_PYTHON_REQUIREMENTS: str = ""
-    SANDLOT_PYTHON_PRELOAD: Annotated[list[str], NoDecode] = ["requests", "httpx", "jinja2"]
+    SANDLOT_PYTHON_PRELOAD: Annotated[list[str], NoDecode] = []  # empty: every module the layer provides
+    SANDLOT_PIP_FIND_LINKS: str = ""  # a local wheelhouse: build the Python layer without an index
+    SANDLOT_NODEJS_PACKAGE: str = ""  # package.json of the Node.js layer (its package-lock.json beside it)
+    SANDLOT_BUILD_UID: int = Field(0, ge=0)  # uid layer builds run as (0: SANDLOT_UID_BASE - 1)
     SANDLOT_MAX_TIMEOUT: float = Field(60, gt=0)
     SANDLOT_MEMORY_LIMIT_MB: int = Field(512, ge=16)
     SANDLOT_MAX_MEMORY_LIMIT_MB: int = Field(2048, ge=16)
@@ -120,6 +123,26 @@ class Settings(BaseSettings):
             return [item.strip() for item in value.split(",") if item.strip()]
         return value
 
+    @field_validator("SANDLOT_DATA_DIR")
+    @classmethod
+    def _not_under_tmp(cls, value: str) -> str:
+        resolved = os.path.realpath(value)
+        if resolved == "/tmp" or resolved.startswith("/tmp/"):
+            raise ValueError("must not be under /tmp: every run gets a /tmp of its own, which would hide the layers")
+        return value
+
+    @field_validator("PYTHON_DEPS_UPDATE_INTERVAL")
+    @classmethod
+    def _interval(cls, value: str) -> str:
+        from layers.manager import parse_interval
+
+        parse_interval(value)
+        return value
+
+    @property
+    def build_uid(self) -> int:
+        return self.SANDLOT_BUILD_UID or self.SANDLOT_UID_BASE - 1
+
     @field_validator("ALLOWED_SYSCALLS")
     @classmethod
     def _syscalls_stay_closed(cls, value: list[int]) -> list[int]:
@@ -135,7 +158,7 @@ class Settings(BaseSettings):
         config_path = os.environ.get("SANDLOT_CONFIG", "conf/config.yaml")
         return (init_settings, env_settings, _DifyYamlSource(settings_cls, config_path))
 
-    def runtime_config(self, python_layer: str = "") -> RuntimeConfig:
+    def runtime_config(self, python_layer: str = "", nodejs_layer: str = "") -> RuntimeConfig:
         proxies = {}
         if self.HTTP_PROXY:
             proxies["HTTP_PROXY"] = proxies["http_proxy"] = self.HTTP_PROXY
@@ -148,6 +171,7 @@ class Settings(BaseSettings):
             nodejs_path=self.NODEJS_PATH,
             data_dir=self.SANDLOT_DATA_DIR,
             python_layer=python_layer,
+            nodejs_layer=nodejs_layer,
             python_preload=tuple(self.SANDLOT_PYTHON_PRELOAD),
             workers=self.MAX_WORKERS,
             default_timeout=self.WORKER_TIMEOUT,

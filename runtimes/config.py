@@ -30,7 +30,8 @@ class RuntimeConfig:
     nodejs_path: str = "/usr/bin/node"
     data_dir: str = field(default_factory=default_data_dir)
     python_layer: str = ""  # built layer directory ("" = none)
-    python_preload: tuple[str, ...] = ("requests", "httpx", "jinja2")
+    python_preload: tuple[str, ...] = ()  # modules the zygote imports; () = every one the layer provides
+    nodejs_layer: str = ""  # built layer directory holding node_modules ("" = none)
     workers: int = 4  # children kept ready per runtime
     default_timeout: float = 15.0
     max_timeout: float = 60.0

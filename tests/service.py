@@ -74,6 +74,10 @@ class Service:
             response = client.post("/v1/sandbox/run", json={"language": language, "code": code, **fields})
         return response.json()
 
+    def detail_dependencies(self, language: str = "python3") -> list[dict]:
+        with self.client() as client:
+            return client.get("/v1/sandbox/dependencies", params={"language": language}).json()["data"]["dependencies"]
+
     def detail(self) -> dict:
         with self.client() as client:
             return client.get("/v1/sandbox/health").json()["data"]

@@ -204,6 +204,7 @@ def test_health_detail_names_protections_and_limits(service):
     assert python["ready"] is True
     assert python["protections"]["seccomp"] is True
     assert python["zygote"] == "running"
-    assert set(python["preloaded"]) == {"requests", "httpx", "jinja2"}
+    assert {"requests", "httpx", "jinja2", "certifi", "idna"} <= set(python["preloaded"])  # the whole layer
+    assert python["preload_failed"] == {}
     assert detail["limits"]["output_limit_bytes"] == 4 * 1024 * 1024
-    assert detail["layer"]["python3"]
+    assert python["layer"].startswith("/") and detail["runtimes"]["nodejs"]["layer"].startswith("/")

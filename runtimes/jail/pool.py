@@ -52,6 +52,7 @@ class ChildPool:
         self._restart_lock = asyncio.Lock()
         self._rotating = False
         self._stopping = False
+        self.on_retired: list = []  # called with each retired zygote once it has exited
         self.generation = 0
         self.last_error = ""
 
@@ -154,28 +155,38 @@ class ChildPool:
 
     async def _rotate(self) -> None:
         try:
-            fresh = await self._start_zygote()
-            fresh.on_exit.append(self._on_zygote_exit)
+            await self.replace_zygote()
         except SandboxUnavailable as exc:
             log.warning("could not replace the zygote: %s", exc)
-            return
         finally:
             self._rotating = False
+
+    async def replace_zygote(self) -> dict:
+        """Start a new zygote (from what the factory now says) and retire the current one."""
+        fresh = await self._start_zygote()
+        fresh.on_exit.append(self._on_zygote_exit)
         old, self._zygote = self._zygote, fresh
         self.generation += 1
         if old is not None:
             self._retired.append(old)
             for ready in self._ready.values():
                 stale = [c for c in ready if self._owner.get(c.pid) is old]
-                for child in stale:  # not worth keeping the old layout alive for
+                for child in stale:  # not worth keeping the old zygote alive for
                     ready.remove(child)
                     self.finish(child)
             await self._stop_retired()
+        self._refill()
+        return fresh.report
+
+    def uses_tag(self, tag: str) -> bool:
+        return any(z.tag == tag for z in [self._zygote, *self._retired] if z is not None)
 
     async def _stop_retired(self) -> None:
         for zygote in [z for z in self._retired if z.live_children == 0]:
             self._retired.remove(zygote)
             await zygote.stop()
+            for callback in self.on_retired:
+                callback(zygote)
 
     async def _spawn(self, variant: Variant) -> Child:
         zygote = await self._current_zygote()

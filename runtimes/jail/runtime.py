@@ -39,6 +39,8 @@ class JailedRuntime:
         self._tmp_parent: tempfile.TemporaryDirectory | None = None
         self._tree_root = ""
         self._egress: EgressFilter | None = None
+        self._zygote_config: dict = {}
+        self.on_layer_unused: list = []  # called with a layer path no zygote uses any more
 
     # ---- for subclasses --------------------------------------------------------
 
@@ -76,44 +78,13 @@ class JailedRuntime:
             log.warning("%s runs refused: %s", self.language, self.refused)
             return
         try:
-            if config.privileged:
-                self._uids = UidPool(config.uid_base, config.uid_count, "/run/sandlot")
-                self._egress = EgressFilter(
-                    self._uids.first,
-                    self._uids.first + self._uids.size - 1,
-                    allow=config.egress_allow,
-                    proxies=tuple(v for k, v in config.run_env.items() if k.isupper()),
-                )
-                self._egress.install()
-                tmp_parent = None
-            else:
-                self._tmp_parent = tempfile.TemporaryDirectory(prefix=f"sandlot-{self.language}-")
-                tmp_parent = self._tmp_parent.name
-            self._tree_root = tree_root = tempfile.mkdtemp(prefix=f"sandlot-root-{self.language}-")
-            zygote_config = {
-                "import_paths": _import_paths(),
-                "runner": self.runner,
-                "runner_config": self.runner_config(),
-                "tree": self.tree().to_dict() if config.privileged else None,
-                "tree_root": tree_root,
-                "plan": {
-                    "privileged": config.privileged,
-                    "tmp_size_bytes": config.tmp_size_mb * MIB,
-                    "tmp_files": config.tmp_files,
-                    "max_open_files": config.max_open_files,
-                    "max_threads": config.max_threads,
-                    "max_file_bytes": config.max_file_mb * MIB,
-                },
-            }
-            interpreter = self.interpreter()
-            env = config.environment()
-
-            async def start_zygote() -> Zygote:
-                zygote = Zygote(interpreter, zygote_config, env)
-                await zygote.start()
-                return zygote
-
-            self.pool = ChildPool(start_zygote, self._uids, tmp_parent, self.ready_targets(), config.zygote_max_forks)
+            tmp_parent = self._claim_identities()
+            self._tree_root = tempfile.mkdtemp(prefix=f"sandlot-root-{self.language}-")
+            self._zygote_config = self.zygote_config()
+            self.pool = ChildPool(
+                self._start_zygote, self._uids, tmp_parent, self.ready_targets(), config.zygote_max_forks
+            )
+            self.pool.on_retired.append(self.zygote_retired)
             self.report = await self.pool.start()
         except (SandboxUnavailable, OSError, RuntimeError) as exc:
             log.error("%s runtime unavailable: %s", self.language, exc)
@@ -124,7 +95,83 @@ class JailedRuntime:
         if not self.report.get("seccomp") and config.require_seccomp:
             self.refused = f"the seccomp filter cannot be installed here: {self.report.get('seccomp_error')}"
             log.error("%s runs refused: %s", self.language, self.refused)
+        if self.report.get("preload_failed"):
+            log.warning("%s: left out of the preload: %s", self.language, self.report["preload_failed"])
         self.started = True
+
+    def _claim_identities(self) -> str | None:
+        """As root: a uid block and egress rules for it. Otherwise: a parent for per-run directories."""
+        config = self.config
+        if not config.privileged:
+            self._tmp_parent = tempfile.TemporaryDirectory(prefix=f"sandlot-{self.language}-")
+            return self._tmp_parent.name
+        self._uids = UidPool(config.uid_base, config.uid_count, "/run/sandlot")
+        self._egress = EgressFilter(
+            self._uids.first,
+            self._uids.first + self._uids.size - 1,
+            allow=config.egress_allow,
+            proxies=tuple(v for k, v in config.run_env.items() if k.isupper()),
+        )
+        self._egress.install()
+        return None
+
+    def zygote_config(self) -> dict:
+        """What a new zygote is started with; recomputed when the layer changes."""
+        config = self.config
+        return {
+            "import_paths": _import_paths(),
+            "runner": self.runner,
+            "runner_config": self.runner_config(),
+            "tree": self.tree().to_dict() if config.privileged else None,
+            "tree_root": self._tree_root,
+            "plan": {
+                "privileged": config.privileged,
+                "tmp_size_bytes": config.tmp_size_mb * MIB,
+                "tmp_files": config.tmp_files,
+                "max_open_files": config.max_open_files,
+                "max_threads": config.max_threads,
+                "max_file_bytes": config.max_file_mb * MIB,
+            },
+        }
+
+    async def _start_zygote(self) -> Zygote:
+        zygote = Zygote(self.interpreter(), self._zygote_config, self.config.environment())
+        zygote.tag = self.layer()
+        await zygote.start()
+        return zygote
+
+    # ---- dependency layers ------------------------------------------------------
+
+    def layer(self) -> str:
+        """The dependency layer this runtime's zygotes are started on ("" for none)."""
+        return ""
+
+    def set_layer(self, path: str) -> None:
+        raise NotImplementedError
+
+    async def switch_layer(self, path: str) -> None:
+        """Start a zygote on the new layer and retire the old one: runs in flight finish on
+        the old layer, runs after the switch see the new one. Raises if the new one cannot start."""
+        if self.pool is None:
+            raise SandboxUnavailable(f"the {self.language} runtime is not running")
+        old_layer, old_config = self.layer(), self._zygote_config
+        self.set_layer(path)
+        self._zygote_config = self.zygote_config()
+        try:
+            report = await self.pool.replace_zygote()
+        except SandboxUnavailable:
+            self.set_layer(old_layer)
+            self._zygote_config = old_config
+            raise
+        self.report = report
+        if report.get("preload_failed"):
+            log.warning("%s: left out of the preload: %s", self.language, report["preload_failed"])
+
+    def zygote_retired(self, zygote: Zygote) -> None:
+        """A zygote and all its children are gone: its layer may be unused now."""
+        for callback in self.on_layer_unused:
+            if zygote.tag and zygote.tag != self.layer() and not self.pool.uses_tag(zygote.tag):
+                callback(zygote.tag)
 
     async def stop(self) -> None:
         if self.pool is not None:

@@ -47,6 +47,7 @@ class Child:
 class Zygote:
     def __init__(self, python: str, config: dict, env: dict[str, str]):
         self.on_exit: list = []  # called once if the zygote dies on its own
+        self.tag = ""  # what the owner wants to know it by (the layer it was started on)
         self._python = python
         self._config = config
         self._env = env

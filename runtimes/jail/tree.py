@@ -86,7 +86,8 @@ def _mirror(root: str, path: str) -> str:
     return path
 
 
-def _bind(root: str, path: str, flags: int) -> None:
+def bind(root: str, path: str, flags: int, writable: bool = False) -> None:
+    """Make host path appear at the same place under root, read-only unless asked otherwise."""
     real = _mirror(root, path)
     target = root + real
     if os.path.isdir(real):
@@ -94,23 +95,32 @@ def _bind(root: str, path: str, flags: int) -> None:
     elif not os.path.exists(target):
         open(target, "w").close()  # noqa: SIM115 - an empty file to mount over
     linux.mount(real, target, None, linux.MS_BIND | linux.MS_REC)
-    linux.mount(None, target, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY | flags)
+    readonly = 0 if writable else linux.MS_RDONLY
+    linux.mount(None, target, None, linux.MS_REMOUNT | linux.MS_BIND | readonly | flags)
 
 
-def build_and_enter(spec: dict, root: str) -> None:
-    """Mount the tree at root in a new mount namespace and make it this process's /."""
+def build_and_enter(spec: dict, root: str, writable: tuple[str, ...] = (), tmp_options: str = "") -> None:
+    """Mount the tree at root in a new mount namespace and make it this process's /.
+
+    writable: host directories bound read-write; tmp_options: a tmpfs of this
+    process's own on /tmp (else /tmp is only a mount point for children's own).
+    """
     linux.unshare(linux.CLONE_NEWNS)
     linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
     linux.mount("sandlot-root", root, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "size=1m,mode=755")
+    os.makedirs(root + "/tmp", exist_ok=True)
+    if tmp_options:  # first: binds below /tmp then land inside it
+        linux.mount("sandlot-tmp", root + "/tmp", "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, tmp_options)
     for path in spec["binds"]:
-        _bind(root, path, linux.MS_NOSUID | linux.MS_NODEV)
+        bind(root, path, linux.MS_NOSUID | linux.MS_NODEV)
     for path in spec["hidden"]:
         target = root + _mirror(root, path)
         if os.path.isdir(target):
             linux.mount("sandlot-hidden", target, "tmpfs", linux.MS_RDONLY, "size=4k,mode=555")
     for path in spec["devices"]:
-        _bind(root, path, linux.MS_NOSUID)
-    os.makedirs(root + "/tmp", exist_ok=True)
+        bind(root, path, linux.MS_NOSUID)
+    for path in writable:
+        bind(root, path, linux.MS_NOSUID | linux.MS_NODEV, writable=True)
     os.makedirs(root + "/.old", exist_ok=True)
     linux.pivot_root(root, root + "/.old")
     os.chdir("/")

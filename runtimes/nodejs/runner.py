@@ -28,6 +28,7 @@ class State:
     wrapper: str
     cpu_seconds: int
     data_overhead_mb: int
+    node_path: str
     report: dict = field(default_factory=dict)
 
 
@@ -45,6 +46,7 @@ def prepare(config: dict) -> State:
         wrapper=config["wrapper"],
         cpu_seconds=int(config["cpu_seconds"]),
         data_overhead_mb=int(config.get("data_overhead_mb", 256)),
+        node_path=config.get("node_path", ""),
     )
     state.report = {"seccomp": error is None, "seccomp_error": error}
     return state
@@ -78,4 +80,6 @@ def run(state: State, address_space: int, variant: dict) -> None:
         os.write(2, b"sandbox: seccomp filter unavailable\n")
         os._exit(SETUP_FAILED)
     argv = [state.node, f"--max-old-space-size={memory_mb}", state.wrapper]
+    if state.node_path:
+        argv.append(state.node_path)  # the layer's node_modules, where require() looks last
     os.execve(state.node, argv, dict(os.environ))

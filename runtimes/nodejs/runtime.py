@@ -34,6 +34,8 @@ class NodeRuntime(JailedRuntime):
     def tree(self) -> tree.TreeSpec:
         spec = tree.TreeSpec()
         spec.add(self.node, WRAPPER)
+        if self.config.nodejs_layer:
+            spec.add(self.config.nodejs_layer)
         spec.add(*tree.shared_libraries([self.node]))
         spec.add(*tree.SYSTEM_FILES)
         return spec
@@ -44,7 +46,14 @@ class NodeRuntime(JailedRuntime):
             "node": self.node,
             "wrapper": WRAPPER,
             "cpu_seconds": math.ceil(self.config.max_timeout) + 1,
+            "node_path": os.path.join(self.config.nodejs_layer, "node_modules") if self.config.nodejs_layer else "",
         }
+
+    def layer(self) -> str:
+        return self.config.nodejs_layer
+
+    def set_layer(self, path: str) -> None:
+        self.config.nodejs_layer = path
 
     def variant(self, request: RunRequest) -> tuple:
         return (("memory_mb", self.config.clamp_memory(request.memory_limit_mb)), ("network", request.enable_network))

@@ -14,6 +14,9 @@
 const fs = require('fs');
 const vm = require('vm');
 
+const layerModules = process.argv[2]; // the dependency layer's node_modules, if any
+if (layerModules) module.paths.push(layerModules); // what user code's require() searches
+
 function readExact(size) {
   const buffer = Buffer.allocUnsafe(size);
   let offset = 0;

@@ -78,16 +78,47 @@ def _probe(flt) -> str | None:
     return message.decode() or None
 
 
+def layer_modules(layer: str) -> list[str]:
+    """Every top-level module the layer's distributions provide: the default preload list."""
+    import importlib.metadata
+
+    names: set[str] = set()
+    for dist in importlib.metadata.distributions(path=[layer]):
+        top = dist.read_text("top_level.txt")
+        if top:
+            names.update(line.strip() for line in top.splitlines())
+            continue
+        for file in dist.files or []:
+            first = file.parts[0]
+            if not first.endswith((".dist-info", ".data", ".pth")) and first not in ("..", "bin", "__pycache__"):
+                names.add(first.removesuffix(".py"))
+    return sorted(n for n in names if n.isidentifier() and not n.startswith("_") and n not in ("test", "tests"))
+
+
 def warm(state: State) -> dict:
     if state.layer_path:
         sys.path.insert(0, state.layer_path)
+    if not state.preload_modules and state.layer_path:
+        state.preload_modules = layer_modules(state.layer_path)
     loaded, failed = [], {}
-    for name in state.preload_modules:
-        try:
-            importlib.import_module(name)
-            loaded.append(name)
-        except BaseException as exc:  # noqa: BLE001 - a broken package must not stop start-up
-            failed[name] = f"{type(exc).__name__}: {exc}"
+    # Native libraries that start thread pools at load (OpenBLAS under numpy) must not:
+    # the zygote forks, and stays single-threaded. Runs do not inherit these variables.
+    single = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    saved = {k: os.environ.get(k) for k in single}
+    os.environ.update(single)
+    try:
+        for name in state.preload_modules:
+            try:
+                importlib.import_module(name)
+                loaded.append(name)
+            except BaseException as exc:  # noqa: BLE001 - a broken package must not stop start-up
+                failed[name] = f"{type(exc).__name__}: {exc}"
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     for name in ("traceback", "linecache", "json", "base64", "datetime", "zoneinfo", "logging"):
         importlib.import_module(name)
     return {"preloaded": loaded, "preload_failed": failed}

@@ -60,6 +60,12 @@ class PythonRuntime(JailedRuntime):
             "layer_path": self.config.python_layer,
         }
 
+    def layer(self) -> str:
+        return self.config.python_layer
+
+    def set_layer(self, path: str) -> None:
+        self.config.python_layer = path
+
     def encode(self, request: RunRequest) -> bytes:
         config = self.config
         options = json.dumps(

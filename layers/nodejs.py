@@ -1,0 +1,97 @@
+"""The Node.js layer: `npm install` from a package.json (and its lock) into node_modules."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from layers import isolation
+from layers.store import LayerBuildError
+
+DEFAULT_PACKAGE = Path(__file__).parent / "nodejs" / "package.json"
+
+
+def package_files(configured: str = "") -> list[Path]:
+    package = Path(configured).resolve() if configured else DEFAULT_PACKAGE
+    lock = package.with_name("package-lock.json")
+    return [package, lock] if lock.is_file() else [package]
+
+
+def build(files: list[Path], scratch: Path, node: str, build_uid: int) -> None:
+    """npm ci (with a lock) or npm install into scratch/node_modules; packages' scripts never run."""
+    npm_cli = _npm_cli(node)
+    for file in files:
+        shutil.copy(file, scratch / file.name)
+    verb = "ci" if (scratch / "package-lock.json").is_file() else "install"
+    argv = [node, npm_cli, verb, "--omit=dev", "--ignore-scripts", "--no-audit", "--no-fund", "--no-update-notifier"]
+    readable = [node, os.path.dirname(os.path.dirname(npm_cli)), *(str(f.parent) for f in files)]
+    readable += local_sources(files[0])
+    readable += isolation.configured_paths([node, npm_cli, "config", "list"])
+    env = {k: v for k, v in os.environ.items() if k.startswith("npm_config_") or k.lower().endswith("_proxy")}
+    env.update({"HOME": str(scratch), "LANG": "C.UTF-8", "PATH": os.path.dirname(node)})
+    result = isolation.run(argv, str(scratch), readable, env, build_uid)
+    if result.returncode != 0:
+        raise LayerBuildError(
+            f"npm failed with code {result.returncode}: {result.stdout.decode(errors='replace')[-4000:]}"
+        )
+    (scratch / "node_modules").mkdir(exist_ok=True)
+
+
+def local_sources(package: Path) -> list[str]:
+    """Paths that `file:` dependencies name: the build must be able to read them."""
+    try:
+        meta = json.loads(package.read_text())
+    except (OSError, ValueError) as exc:
+        raise LayerBuildError(f"{package}: {exc}") from exc
+    found = []
+    for section in ("dependencies", "optionalDependencies"):
+        for spec in (meta.get(section) or {}).values():
+            if isinstance(spec, str) and spec.startswith("file:"):
+                path = (package.parent / spec.removeprefix("file:")).resolve()
+                if path.exists():
+                    found.append(str(path))
+    return found
+
+
+def _npm_cli(node: str) -> str:
+    for candidate in (
+        os.path.join(os.path.dirname(os.path.dirname(node)), "lib", "node_modules", "npm", "bin", "npm-cli.js"),
+        "/usr/lib/node_modules/npm/bin/npm-cli.js",
+        "/usr/share/nodejs/npm/bin/npm-cli.js",
+    ):
+        if os.path.isfile(candidate):
+            return candidate
+    which = shutil.which("npm")
+    if which:
+        return os.path.realpath(which)
+    raise LayerBuildError("npm is not installed next to node")
+
+
+def modules_dir(layer: str) -> str:
+    return os.path.join(layer, "node_modules") if layer else ""
+
+
+def installed(layer: str) -> list[dict[str, str]]:
+    """Top-level packages in the layer's node_modules, with their package.json versions."""
+    root = modules_dir(layer)
+    if not root or not os.path.isdir(root):
+        return []
+    found = []
+    for entry in sorted(os.listdir(root)):
+        if entry.startswith("."):
+            continue
+        paths = (
+            [os.path.join(root, entry, e) for e in sorted(os.listdir(os.path.join(root, entry)))]
+            if entry.startswith("@")
+            else [os.path.join(root, entry)]
+        )
+        for path in paths:
+            try:
+                with open(os.path.join(path, "package.json")) as f:
+                    meta = json.load(f)
+            except (OSError, ValueError):
+                continue
+            found.append({"name": meta.get("name", os.path.basename(path)), "version": meta.get("version", "")})
+    return found

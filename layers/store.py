@@ -1,0 +1,95 @@
+"""Where layers live, and their life: build into a scratch directory, rename into place, retire.
+
+A layer directory is `<data>/layers/<language>/<key>-<serial>`: the key is a hash
+of what it was built from (requirements or package.json, and the interpreter),
+the serial tells rebuilds apart. A finished layer is never written again; a new
+build goes next to it and the runtime switches over. Builds are serialized.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger("sandlot.layers")
+
+
+class LayerBuildError(RuntimeError):
+    pass
+
+
+class LayerStore:
+    def __init__(self, root: Path, sources: Callable[[], list[Path]], build: Callable[[Path], None], salt: str = ""):
+        """sources(): the files the layer is built from; build(scratch): fills scratch or raises LayerBuildError."""
+        self.root = root
+        self._sources = sources
+        self._build = build
+        self._salt = salt
+        self._lock = threading.Lock()  # builds run in threads; one at a time
+        self.current = ""
+
+    def key(self) -> str:
+        digest = hashlib.sha256(self._salt.encode())
+        for path in self._sources():
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        return digest.hexdigest()[:16]
+
+    def existing(self) -> Path | None:
+        """The newest finished layer built from the current sources, if any."""
+        key = self.key()
+        if not self.root.is_dir():
+            return None
+        candidates = [p for p in self.root.iterdir() if p.name.startswith(key + "-") and ".build" not in p.name]
+        return max(candidates, key=lambda p: p.stat().st_mtime, default=None)
+
+    def ensure(self) -> str:
+        """A layer for the current sources: an existing one, or a new build."""
+        found = self.existing()
+        self.current = str(found) if found else self.rebuild()
+        return self.current
+
+    def rebuild(self) -> str:
+        """Build a new layer directory from the sources; the old one stays until retired."""
+        with self._lock:
+            self.root.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.root, 0o755)
+            target = self.root / f"{self.key()}-{time.time_ns()}"
+            scratch = target.with_name(target.name + ".build")
+            shutil.rmtree(scratch, ignore_errors=True)
+            scratch.mkdir(mode=0o755)
+            try:
+                self._build(scratch)
+                make_readable(scratch)
+                os.rename(scratch, target)
+            except BaseException:
+                shutil.rmtree(scratch, ignore_errors=True)
+                raise
+            return str(target)
+
+    def retire(self, path: str) -> None:
+        """Remove a layer no zygote uses any more (never the current one)."""
+        if path and path != self.current and Path(path).parent == self.root:
+            shutil.rmtree(path, ignore_errors=True)
+            log.info("removed unused layer %s", path)
+
+
+def make_readable(root: Path) -> None:
+    """Runs use other uids: world-readable, owned by root, nothing writable but by root."""
+    for dirpath, _dirnames, filenames in os.walk(root):
+        _settle(dirpath, 0o755)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                _settle(path, 0o755 if os.stat(path).st_mode & 0o111 else 0o644)
+
+
+def _settle(path: str, mode: int) -> None:
+    if os.geteuid() == 0:
+        os.chown(path, 0, 0, follow_symlinks=False)
+    os.chmod(path, mode)

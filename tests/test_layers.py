@@ -1,0 +1,272 @@
+"""Dependency layers: real versions, updates without restart, failed builds, imports for free."""
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import needs_root
+from service import IS_ROOT, Service, descendants, uid_of
+
+from layers import isolation
+
+
+def make_wheel(wheelhouse: Path, name: str, version: str, modules: dict[str, str]) -> Path:
+    """A pure-Python wheel, written by hand: no index, no build backend."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    path = wheelhouse / f"{dist}-py3-none-any.whl"
+    files = dict(modules)
+    files[f"{dist}.dist-info/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    files[f"{dist}.dist-info/WHEEL"] = (
+        "Wheel-Version: 1.0\nGenerator: sandlot-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    record = []
+    for file, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{file},sha256={digest},{len(text.encode())}")
+    record.append(f"{dist}.dist-info/RECORD,,")
+    files[f"{dist}.dist-info/RECORD"] = "\n".join(record) + "\n"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for file, text in files.items():
+            wheel.writestr(file, text)
+    return path
+
+
+def readable(path: Path) -> None:
+    """Builds run as an unprivileged uid: what they read must be world-readable."""
+    for p in [path, *path.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory):
+    house = tmp_path_factory.mktemp("wheelhouse")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(house), "requests", "httpx", "jinja2"],
+        check=True,
+    )
+    make_wheel(
+        house,
+        "sandlot-probe",
+        "1.2.3",
+        {"sandlot_probe.py": "VALUE = 'probe-ok'\n", "sandlot_broken.py": "raise ImportError('broken on purpose')\n"},
+    )
+    readable(house)
+    os.chmod(house.parent, 0o755)
+    return house
+
+
+@pytest.fixture
+def requirements(tmp_path):
+    path = tmp_path / "requirements.txt"
+    path.write_text("requests\nhttpx\njinja2\n")
+    readable(tmp_path)
+    os.chmod(tmp_path.parent, 0o755)
+    return path
+
+
+@pytest.fixture
+def data_dir():
+    """Layers may not live under /tmp (runs get their own /tmp): a scratch data dir elsewhere."""
+    path = tempfile.mkdtemp(prefix="sandlot-test-", dir="/var/tmp")
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def layered(requirements, wheelhouse, data_dir):
+    svc = Service(
+        SANDLOT_PYTHON_REQUIREMENTS=str(requirements),
+        SANDLOT_PIP_FIND_LINKS=str(wheelhouse),
+        SANDLOT_DATA_DIR=data_dir,
+        MAX_WORKERS="2",
+    ).start()
+    yield svc
+    svc.stop()
+
+
+def test_update_adds_a_package_without_restart(layered, requirements):
+    before = layered.detail()["runtimes"]["python3"]["layer"]
+    requirements.write_text("requests\nhttpx\njinja2\nsandlot-probe==1.2.3\n")
+    answers, stop = [], threading.Event()
+
+    def keep_running():
+        while not stop.is_set():
+            answers.append(layered.run("print('still')")["data"]["stdout"])
+
+    runner = threading.Thread(target=keep_running)
+    runner.start()
+    try:
+        with layered.client() as client:
+            response = client.post("/v1/sandbox/dependencies/update", json={"language": "python3"}, timeout=300)
+    finally:
+        stop.set()
+        runner.join()
+    assert response.json() == {"code": 0, "message": "success", "data": {}}
+    assert answers and all(a == "still\n" for a in answers)  # the service kept answering
+    data = layered.run("import sandlot_probe\nprint(sandlot_probe.VALUE)")["data"]
+    assert data["stdout"] == "probe-ok\n", data
+    listed = {d["name"]: d["version"] for d in layered.detail_dependencies()}
+    assert listed["sandlot-probe"] == "1.2.3"
+    python = layered.detail()["runtimes"]["python3"]
+    assert python["layer"] != before
+    assert "sandlot_probe" in python["preloaded"]
+    assert "sandlot_broken" in python["preload_failed"]  # logged and left out; start-up went on
+    deadline = time.monotonic() + 10
+    while os.path.exists(before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(before)  # the old layer, once unused, is removed
+
+
+def test_failed_build_leaves_the_old_layer_serving(layered, requirements):
+    layer = layered.detail()["runtimes"]["python3"]["layer"]
+    requirements.write_text("requests\nno-such-package-sandlot==9.9\n")
+    with layered.client() as client:
+        envelope = client.get("/v1/sandbox/dependencies/refresh", params={"language": "python3"}, timeout=300).json()
+    assert envelope["code"] == -500 and envelope["data"] is None
+    assert "pip failed" in envelope["message"] and "no-such-package-sandlot" in envelope["message"]
+    assert layered.detail()["runtimes"]["python3"]["layer"] == layer
+    assert layered.run("import requests\nprint('old layer')")["data"]["stdout"] == "old layer\n"
+
+
+def test_concurrent_updates_are_serialized(layered):
+    with layered.client() as client:
+
+        def update():
+            return client.post("/v1/sandbox/dependencies/update", json={"language": "python3"}, timeout=300).json()
+
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(update())) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert [r["code"] for r in results] == [0, 0]
+    assert layered.run("import httpx\nprint('ok')")["data"]["stdout"] == "ok\n"
+
+
+def test_numpy_and_pandas_compute_inside_the_jail(requirements):
+    # measured: both run on the default allow-list; no system call had to be added for them
+    requirements.write_text("numpy\npandas\n")
+    svc = Service(
+        SANDLOT_PYTHON_REQUIREMENTS=str(requirements), SANDLOT_DATA_DIR="/var/lib/sandlot", MAX_WORKERS="1"
+    ).start()
+    try:
+        data = svc.run("import numpy; print(numpy.arange(10).sum())")["data"]
+        assert data["stdout"] == "45\n", data
+        code = "import numpy\nprint(round(float(numpy.linalg.det(numpy.eye(3) * 2)), 6))"
+        assert svc.run(code)["data"]["stdout"] == "8.0\n"
+        code = (
+            "import pandas as pd\ndf = pd.DataFrame({'a': [1, 2, 3], 'b': ['x', 'y', 'x']})\n"
+            "print(df.groupby('b')['a'].sum().to_dict())\nprint(pd.Timestamp('2024-01-01', tz='Asia/Shanghai'))"
+        )
+        data = svc.run(code)["data"]
+        assert data["stdout"] == "{'x': 4, 'y': 2}\n2024-01-01 00:00:00+08:00\n", data
+        python = svc.detail()["runtimes"]["python3"]
+        assert {"numpy", "pandas"} <= set(python["preloaded"])
+        env = svc.run("import os\nprint(sorted(os.environ))")["data"]["stdout"]
+        assert env == "['HOME', 'LANG', 'TMPDIR']\n"
+        zygote = next(p for p in descendants(svc.process.pid) if _threads(p) and _is_zygote_of(p, python))
+        assert _threads(zygote) == 1  # still safe to fork after numpy's import
+    finally:
+        svc.stop()
+
+
+def _threads(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return int(next(line for line in f if line.startswith("Threads:")).split()[1])
+    except (OSError, StopIteration):
+        return 0
+
+
+def _is_zygote_of(pid: int, runtime: dict) -> bool:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return b"runtimes.python.runner" in f.read() and uid_of(pid) == 0
+
+
+def test_periodic_refresh(requirements, wheelhouse, data_dir):
+    svc = Service(
+        SANDLOT_PYTHON_REQUIREMENTS=str(requirements),
+        SANDLOT_PIP_FIND_LINKS=str(wheelhouse),
+        SANDLOT_DATA_DIR=data_dir,
+        PYTHON_DEPS_UPDATE_INTERVAL="2s",
+        MAX_WORKERS="1",
+    ).start()
+    try:
+        first = svc.detail()["runtimes"]["python3"]["layer"]
+        deadline = time.monotonic() + 90
+        while svc.detail()["runtimes"]["python3"]["layer"] == first and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert svc.detail()["runtimes"]["python3"]["layer"] != first
+        assert svc.run("import jinja2\nprint('ok')")["data"]["stdout"] == "ok\n"
+    finally:
+        svc.stop()
+
+
+def test_node_layer_from_a_local_package(tmp_path, data_dir):
+    source = tmp_path / "sandlot-hello"
+    source.mkdir()
+    (source / "package.json").write_text(json.dumps({"name": "sandlot-hello", "version": "2.0.1", "main": "index.js"}))
+    (source / "index.js").write_text("module.exports = (name) => `hello ${name}`;\n")
+    subprocess.run(
+        ["npm", "pack", "--silent", "--pack-destination", str(tmp_path)], cwd=source, check=True, capture_output=True
+    )
+    package = tmp_path / "layer" / "package.json"
+    package.parent.mkdir()
+    package.write_text(
+        json.dumps(
+            {
+                "name": "layer",
+                "version": "1.0.0",
+                "private": True,
+                "dependencies": {"sandlot-hello": f"file:{tmp_path}/sandlot-hello-2.0.1.tgz"},
+            }
+        )
+    )
+    readable(tmp_path)
+    os.chmod(tmp_path.parent, 0o755)
+    svc = Service(SANDLOT_NODEJS_PACKAGE=str(package), SANDLOT_DATA_DIR=data_dir, MAX_WORKERS="1")
+    svc.start()
+    try:
+        data = svc.run("console.log(require('sandlot-hello')('jail'))", language="nodejs")["data"]
+        assert data["stdout"] == "hello jail\n", data
+        with svc.client() as client:
+            listed = client.get("/v1/sandbox/dependencies", params={"language": "nodejs"}).json()["data"]
+        assert listed["dependencies"] == [{"name": "sandlot-hello", "version": "2.0.1"}]
+    finally:
+        svc.stop()
+
+
+@needs_root
+def test_builds_run_unprivileged_in_a_tree_of_their_own(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    code = (
+        "import os\nprint(os.getuid(), os.getgid(), os.getgroups())\nprint(sorted(os.listdir('/')))\n"
+        "open('inside', 'w').write('x')\n"
+        "try:\n    open('/usr/evil', 'w')\nexcept OSError as e:\n    print('denied', e.errno)\n"
+    )
+    result = isolation.run([sys.executable, "-c", code], str(work), [sys.prefix, sys.base_prefix], {}, 1_499_999_999)
+    lines = result.stdout.decode().splitlines()
+    assert result.returncode == 0, result.stdout
+    assert lines[0] == "1499999999 1499999999 []"
+    assert "proc" not in lines[1] and "var" not in lines[1]
+    assert lines[2].startswith("denied")
+    assert (work / "inside").read_text() == "x"
+
+
+@pytest.mark.skipif(IS_ROOT, reason="as root builds are confined; this checks the fallback")
+def test_builds_without_root_run_as_the_service_user(tmp_path):
+    result = isolation.run([sys.executable, "-c", "import os; print(os.getuid())"], str(tmp_path), [], {}, 12345)
+    assert result.stdout.decode().strip() == str(os.getuid())
