@@ -52,7 +52,7 @@ def run(
         for name in dirnames + filenames:
             os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
     interpreter = sys.executable
-    spec = tree.TreeSpec()
+    spec = tree.TreeSpec(tmp_replaced=False)  # the build's /tmp is mounted first, under the binds
     spec.add(*readable, *BUILD_FILES, *tree.SYSTEM_FILES)
     spec.add(*tree.shared_libraries([os.path.realpath(interpreter), *readable_elves(readable)]))
     plan = {

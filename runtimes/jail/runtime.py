@@ -86,8 +86,8 @@ class JailedRuntime:
             )
             self.pool.on_retired.append(self.zygote_retired)
             self.report = await self.pool.start()
-        except (SandboxUnavailable, OSError, RuntimeError) as exc:
-            log.error("%s runtime unavailable: %s", self.language, exc)
+        except Exception as exc:  # noqa: BLE001 - whatever it is, runs get a -500 saying so
+            log.exception("%s runtime unavailable: %s", self.language, exc)
             if self.pool is None:
                 self.refused = str(exc)  # nothing to retry with
             self.started = True  # the pool keeps trying to start a zygote

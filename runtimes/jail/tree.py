@@ -31,15 +31,28 @@ SYSTEM_FILES = (
 class TreeSpec:
     binds: list[str] = field(default_factory=list)
     hidden: list[str] = field(default_factory=list)
+    placed: dict[str, str] = field(default_factory=dict)  # path in the tree -> host file (e.g. a wrapper)
     devices: list[str] = field(default_factory=lambda: list(DEVICES))
+    tmp_replaced: bool = True  # each child mounts its own /tmp over the tree's: nothing can live there
 
     def add(self, *paths: str) -> None:
         for path in paths:
+            if self.tmp_replaced and _under_tmp(path):
+                raise ValueError(f"{path} is under /tmp, which every run replaces with its own")
             if os.path.lexists(path) and path not in self.binds:
                 self.binds.append(path)
 
+    def place(self, target: str, source: str) -> None:
+        """Show host file source at target inside the tree (for files installed anywhere, even /tmp)."""
+        self.placed[target] = os.path.realpath(source)
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _under_tmp(path: str) -> bool:
+    real = os.path.realpath(path)
+    return real == "/tmp" or real.startswith("/tmp/")
 
 
 _LDD_PATH = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x")
@@ -119,6 +132,11 @@ def build_and_enter(spec: dict, root: str, writable: tuple[str, ...] = (), tmp_o
             linux.mount("sandlot-hidden", target, "tmpfs", linux.MS_RDONLY, "size=4k,mode=555")
     for path in spec["devices"]:
         bind(root, path, linux.MS_NOSUID)
+    for target, source in spec.get("placed", {}).items():
+        os.makedirs(os.path.dirname(root + target), exist_ok=True)
+        open(root + target, "w").close()  # noqa: SIM115 - an empty file to mount over
+        linux.mount(source, root + target, None, linux.MS_BIND)
+        linux.mount(None, root + target, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY | linux.MS_NOSUID)
     for path in writable:
         bind(root, path, linux.MS_NOSUID | linux.MS_NODEV, writable=True)
     os.makedirs(root + "/.old", exist_ok=True)

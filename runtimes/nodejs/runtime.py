@@ -13,6 +13,7 @@ from runtimes.payload import RunRequest
 
 _HEADER = struct.Struct("<I")
 WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wrapper.js")
+WRAPPER_IN_TREE = "/opt/sandlot/wrapper.js"  # wherever the package is installed (even under /tmp)
 
 
 class NodeRuntime(JailedRuntime):
@@ -33,7 +34,8 @@ class NodeRuntime(JailedRuntime):
 
     def tree(self) -> tree.TreeSpec:
         spec = tree.TreeSpec()
-        spec.add(self.node, WRAPPER)
+        spec.add(self.node)
+        spec.place(WRAPPER_IN_TREE, WRAPPER)
         if self.config.nodejs_layer:
             spec.add(self.config.nodejs_layer)
         spec.add(*tree.shared_libraries([self.node]))
@@ -44,7 +46,7 @@ class NodeRuntime(JailedRuntime):
         return {
             **super().runner_config(),
             "node": self.node,
-            "wrapper": WRAPPER,
+            "wrapper": WRAPPER_IN_TREE if self.config.privileged else WRAPPER,
             "cpu_seconds": math.ceil(self.config.max_timeout) + 1,
             "node_path": os.path.join(self.config.nodejs_layer, "node_modules") if self.config.nodejs_layer else "",
         }
