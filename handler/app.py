@@ -169,25 +169,23 @@ class SandboxAPI:
         except ValueError:
             return envelope.bad_request("malformed JSON body")
         language = self._language(data.get("language", "python3")) if isinstance(data, dict) else None
-        if language is None:
-            return envelope.bad_request(envelope.UNSUPPORTED_LANGUAGE)
-        try:
-            await self.invoker.update_dependencies(language)
-        except (LayerBuildError, SandboxUnavailable) as exc:
-            return envelope.unavailable(str(exc))
-        return envelope.success({})
+        return await self._rebuild(language, lambda: {})
 
     async def refresh_dependencies(self, request: Request):
         if not self.authorized(request):
             return envelope.unauthorized()
         language = self._language(request.query_params.get("language", "python3"))
+        return await self._rebuild(language, lambda: {"dependencies": self.invoker.dependencies(language)})
+
+    async def _rebuild(self, language: str | None, answer):
+        """Rebuild a layer and switch to it; a failure leaves the old one serving and says why."""
         if language is None:
             return envelope.bad_request(envelope.UNSUPPORTED_LANGUAGE)
         try:
             await self.invoker.update_dependencies(language)
         except (LayerBuildError, SandboxUnavailable) as exc:
             return envelope.unavailable(str(exc))
-        return envelope.success({"dependencies": self.invoker.dependencies(language)})
+        return envelope.success(answer())
 
     def routes(self) -> list[Route]:
         return [

@@ -23,12 +23,3 @@ class RunRequest(BaseModel):
     timeout: Annotated[StrictFloat | StrictInt, Field(gt=0)] | None = None
     memory_limit_mb: Annotated[StrictInt, Field(gt=0)] | None = None
     stdin: StrictStr = ""
-
-
-class RunResult(BaseModel):
-    stdout: str
-    stderr: str
-    error: str
-    exit_code: int
-    duration: float | None = None
-    truncated: bool = False

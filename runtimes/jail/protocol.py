@@ -47,5 +47,15 @@ def parse_pid(body: bytes) -> int:
     return _PID.unpack(body)[0]
 
 
+# What a child reads on its stdin: a little-endian length, the run's options as JSON, then
+# the user's own stdin (left unread for the user's code). Written by the service only.
+RUN_HEADER = struct.Struct("<I")
+
+
+def run_input(options: dict, stdin: str) -> bytes:
+    body = json.dumps(options).encode()
+    return RUN_HEADER.pack(len(body)) + body + stdin.encode()
+
+
 def ready(report: dict) -> bytes:
     return READY + json.dumps(report).encode()

@@ -15,7 +15,7 @@ import os
 
 import pyseccomp
 
-from runtimes.jail.linux import SeccompProgram
+from runtimes.jail.linux import SeccompProgram, set_no_new_privs
 
 CLONE_THREAD = 0x00010000
 AF_UNIX = 1
@@ -325,3 +325,31 @@ def compile_program(flt: pyseccomp.SyscallFilter) -> SeccompProgram:
         return SeccompProgram(os.pread(fd, size, 0))
     finally:
         os.close(fd)
+
+
+def programs(extra: tuple[int, ...] = (), allow_exec: bool = False) -> dict[bool, SeccompProgram]:
+    """The compiled filters of a runtime, by network flag."""
+    return {network: compile_program(build(network, extra, allow_exec)) for network in (False, True)}
+
+
+def probe(program: SeccompProgram) -> str | None:
+    """Load the filter in a throwaway child: some platforms refuse seccomp(). None if it loads."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        try:
+            set_no_new_privs()
+            program.load()
+            message = b""
+        except BaseException as exc:  # noqa: BLE001 - reported to the service
+            message = f"{type(exc).__name__}: {exc}".encode()
+        os.write(write_end, message)
+        os._exit(0)
+    os.close(write_end)
+    message = b""
+    while chunk := os.read(read_end, 4096):
+        message += chunk
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    return message.decode() or None

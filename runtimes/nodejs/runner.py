@@ -14,7 +14,7 @@ import os
 import resource
 from dataclasses import dataclass, field
 
-from runtimes.jail import linux, seccomp_policy
+from runtimes.jail import seccomp_policy
 
 MIB = 1024 * 1024
 SETUP_FAILED = 125
@@ -33,12 +33,8 @@ class State:
 
 
 def prepare(config: dict) -> State:
-    extra = tuple(config.get("extra_syscalls", ()))
-    filters = {
-        network: seccomp_policy.compile_program(seccomp_policy.build(network, extra, allow_exec=True))
-        for network in (False, True)
-    }
-    error = _probe(filters[False])
+    filters = seccomp_policy.programs(tuple(config.get("extra_syscalls", ())), allow_exec=True)
+    error = seccomp_policy.probe(filters[False])
     state = State(
         filters=filters if error is None else {},
         required=config.get("require_seccomp", True),
@@ -50,19 +46,6 @@ def prepare(config: dict) -> State:
     )
     state.report = {"seccomp": error is None, "seccomp_error": error}
     return state
-
-
-def _probe(program) -> str | None:
-    pid = os.fork()
-    if pid == 0:
-        try:
-            linux.set_no_new_privs()
-            program.load()
-        except BaseException:  # noqa: BLE001
-            os._exit(1)
-        os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    return None if os.waitstatus_to_exitcode(status) == 0 else "seccomp() refused on this platform"
 
 
 def warm(state: State) -> dict:

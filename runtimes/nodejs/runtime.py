@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import struct
 
-from runtimes.jail import tree
+from runtimes.jail import protocol, tree
 from runtimes.jail.runtime import JailedRuntime
 from runtimes.payload import RunRequest
 
-_HEADER = struct.Struct("<I")
 WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wrapper.js")
 WRAPPER_IN_TREE = "/opt/sandlot/wrapper.js"  # wherever the package is installed (even under /tmp)
 
@@ -66,5 +63,4 @@ class NodeRuntime(JailedRuntime):
         return {(memory, ("network", True)): self.config.workers, (memory, ("network", False)): 1}
 
     def encode(self, request: RunRequest) -> bytes:
-        options = json.dumps({"code": request.code}).encode()
-        return _HEADER.pack(len(options)) + options + request.stdin.encode()
+        return protocol.run_input({"code": request.code}, request.stdin)

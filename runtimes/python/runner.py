@@ -15,16 +15,15 @@ import io
 import json
 import linecache
 import os
-import struct
 import sys
 import traceback
 from dataclasses import dataclass, field
 
-from runtimes.jail import child, seccomp_policy
+from runtimes.jail import child, protocol, seccomp_policy
 
 MIB = 1024 * 1024
 SETUP_FAILED = 125
-_HEADER = struct.Struct("<I")
+_HEADER = protocol.RUN_HEADER
 
 
 @dataclass
@@ -37,45 +36,16 @@ class State:
 
 
 def prepare(config: dict) -> State:
-    extra = tuple(config.get("extra_syscalls", ()))
-    filters = {
-        network: seccomp_policy.compile_program(seccomp_policy.build(network, extra)) for network in (False, True)
-    }
-    seccomp_error = _probe(filters[False])
-    seccomp = seccomp_error is None
+    filters = seccomp_policy.programs(tuple(config.get("extra_syscalls", ())))
+    seccomp_error = seccomp_policy.probe(filters[False])
     state = State(
-        filters=filters if seccomp else {},
+        filters=filters if seccomp_error is None else {},
         required=config.get("require_seccomp", True),
         preload_modules=list(config.get("preload", ())),
         layer_path=config.get("layer_path", ""),
     )
-    state.report = {"seccomp": seccomp, "seccomp_error": seccomp_error}
+    state.report = {"seccomp": seccomp_error is None, "seccomp_error": seccomp_error}
     return state
-
-
-def _probe(flt) -> str | None:
-    """Load the filter in a throwaway child: some platforms refuse seccomp()."""
-    from runtimes.jail import linux
-
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_end)
-        try:
-            linux.set_no_new_privs()
-            flt.load()
-            message = b""
-        except BaseException as exc:  # noqa: BLE001 - reported to the service
-            message = f"{type(exc).__name__}: {exc}".encode()
-        os.write(write_end, message)
-        os._exit(0)
-    os.close(write_end)
-    message = b""
-    while chunk := os.read(read_end, 4096):
-        message += chunk
-    os.close(read_end)
-    os.waitpid(pid, 0)
-    return message.decode() or None
 
 
 def layer_modules(layer: str) -> list[str]:

@@ -5,14 +5,11 @@ from __future__ import annotations
 import functools
 import json
 import os
-import struct
 import subprocess
 
-from runtimes.jail import tree
+from runtimes.jail import protocol, tree
 from runtimes.jail.runtime import JailedRuntime
 from runtimes.payload import RunRequest
-
-_HEADER = struct.Struct("<I")
 
 
 @functools.lru_cache(maxsize=8)
@@ -68,13 +65,11 @@ class PythonRuntime(JailedRuntime):
 
     def encode(self, request: RunRequest) -> bytes:
         config = self.config
-        options = json.dumps(
-            {
-                "code": request.code,
-                "preload": request.preload if config.enable_preload else "",
-                "enable_network": request.enable_network,
-                "timeout": config.clamp_timeout(request.timeout),
-                "memory_limit_mb": config.clamp_memory(request.memory_limit_mb),
-            }
-        ).encode()
-        return _HEADER.pack(len(options)) + options + request.stdin.encode()
+        options = {
+            "code": request.code,
+            "preload": request.preload if config.enable_preload else "",
+            "enable_network": request.enable_network,
+            "timeout": config.clamp_timeout(request.timeout),
+            "memory_limit_mb": config.clamp_memory(request.memory_limit_mb),
+        }
+        return protocol.run_input(options, request.stdin)
