@@ -15,6 +15,7 @@ import resource
 from dataclasses import dataclass, field
 
 from runtimes.jail import seccomp_policy
+from runtimes.nodejs import snapshot
 
 MIB = 1024 * 1024
 SETUP_FAILED = 125
@@ -29,6 +30,8 @@ class State:
     cpu_seconds: int
     data_overhead_mb: int
     node_path: str
+    snapshot: str
+    snapshot_memory_mb: int
     report: dict = field(default_factory=dict)
 
 
@@ -43,6 +46,8 @@ def prepare(config: dict) -> State:
         cpu_seconds=int(config["cpu_seconds"]),
         data_overhead_mb=int(config.get("data_overhead_mb", 256)),
         node_path=config.get("node_path", ""),
+        snapshot=config.get("snapshot", ""),
+        snapshot_memory_mb=int(config.get("snapshot_memory_mb", 0)),
     )
     state.report = {"seccomp": error is None, "seccomp_error": error}
     return state
@@ -62,7 +67,11 @@ def run(state: State, address_space: int, variant: dict) -> None:
     elif state.required:
         os.write(2, b"sandbox: seccomp filter unavailable\n")
         os._exit(SETUP_FAILED)
-    argv = [state.node, f"--max-old-space-size={memory_mb}", state.wrapper]
+    heap = snapshot.heap_flags(memory_mb)  # the snapshot was built with these same flags
+    if state.snapshot and memory_mb == state.snapshot_memory_mb:
+        argv = [state.node, *heap, "--snapshot-blob", state.snapshot]
+    else:
+        argv = [state.node, *heap, state.wrapper]
     if state.node_path:
         argv.append(state.node_path)  # the layer's node_modules, where require() looks last
     os.execve(state.node, argv, dict(os.environ))

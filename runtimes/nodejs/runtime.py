@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 
 from runtimes.jail import protocol, tree
 from runtimes.jail.runtime import JailedRuntime
+from runtimes.nodejs import snapshot
 from runtimes.payload import RunRequest
 
 WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wrapper.js")
 WRAPPER_IN_TREE = "/opt/sandlot/wrapper.js"  # wherever the package is installed (even under /tmp)
+SNAPSHOT_IN_TREE = "/opt/sandlot/wrapper.blob"
 
 
 class NodeRuntime(JailedRuntime):
     language = "nodejs"
     runner = "runtimes.nodejs.runner"
+
+    snapshot = ""  # the startup snapshot for the default memory limit, if node could build one
+
+    async def start(self) -> None:
+        if not self.missing():
+            directory = os.path.join(self.config.data_dir, "snapshots")
+            self.snapshot = await asyncio.to_thread(
+                snapshot.build, self.node, WRAPPER, self.config.default_memory_mb, directory
+            )
+        await super().start()
 
     @property
     def node(self) -> str:
@@ -33,6 +46,8 @@ class NodeRuntime(JailedRuntime):
         spec = tree.TreeSpec()
         spec.add(self.node)
         spec.place(WRAPPER_IN_TREE, WRAPPER)
+        if self.snapshot:
+            spec.place(SNAPSHOT_IN_TREE, self.snapshot)
         if self.config.nodejs_layer:
             spec.add(self.config.nodejs_layer)
         spec.add(*tree.shared_libraries([self.node]))
@@ -44,6 +59,8 @@ class NodeRuntime(JailedRuntime):
             **super().runner_config(),
             "node": self.node,
             "wrapper": WRAPPER_IN_TREE if self.config.privileged else WRAPPER,
+            "snapshot": (SNAPSHOT_IN_TREE if self.config.privileged else self.snapshot) if self.snapshot else "",
+            "snapshot_memory_mb": self.config.default_memory_mb,
             "cpu_seconds": math.ceil(self.config.max_timeout) + 1,
             "node_path": os.path.join(self.config.nodejs_layer, "node_modules") if self.config.nodejs_layer else "",
         }

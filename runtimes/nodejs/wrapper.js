@@ -9,13 +9,14 @@
 // console, process.exit, require, Function.prototype) changes nothing it relies on.
 // The seccomp filter was loaded before node started; it admits no process
 // creation, and no network calls unless the run has network.
+//
+// It also serves as the entry of a V8 startup snapshot (node --build-snapshot):
+// the warm-up is then paid once when the snapshot is built, not by every run.
 'use strict';
 
 const fs = require('fs');
-const vm = require('vm');
-
-const layerModules = process.argv[2]; // the dependency layer's node_modules, if any
-if (layerModules) module.paths.push(layerModules); // what user code's require() searches
+const util = require('util');
+const v8 = require('v8');
 
 function readExact(size) {
   const buffer = Buffer.allocUnsafe(size);
@@ -28,26 +29,50 @@ function readExact(size) {
   return buffer;
 }
 
-// Warm the paths every run takes, while nobody waits. Output pipes block when
-// full (node queues in memory otherwise): a flood meets the output cap, not the
-// heap limit, and process.exit() loses nothing.
-for (const stream of [process.stdout, process.stderr]) {
-  if (stream._handle && typeof stream._handle.setBlocking === 'function') stream._handle.setBlocking(true);
+function warm() {
+  JSON.parse('{"code": "console.log(1)"}');
+  util.format('%s %d %o', 'warm', 1, { warm: [1] }); // what console.log formats with
 }
-new vm.Script('void 0', { filename: 'warm.js' }).runInThisContext();
-JSON.parse('{"code": "console.log(1)"}');
-require('util').format('%s %d %o', 'warm', 1, { warm: [1] }); // what console.log formats with
-process.stdout.write(''); // and the path it writes through, with nothing to write
 
-const size = readExact(4).readUInt32LE(0);
-const request = JSON.parse(readExact(size).toString('utf8'));
-const script = new vm.Script(request.code, { filename: 'main.js' });
+// args: what follows the script (or the snapshot) on node's command line: [layer node_modules]
+function main(args) {
+  const vm = require('vm');
+  const { createRequire } = require('module');
+  // Output pipes block when full (node queues in memory otherwise): a flood meets the
+  // output cap, not the heap limit, and process.exit() loses nothing.
+  for (const stream of [process.stdout, process.stderr]) {
+    if (stream._handle && typeof stream._handle.setBlocking === 'function') stream._handle.setBlocking(true);
+  }
+  // Warm console.log itself (pointed at a stream that writes nowhere, then pointed back),
+  // the path it writes through (with nothing to write) and the script compiler.
+  const { Writable } = require('stream');
+  const nowhere = new Writable({ write(chunk, encoding, done) { done(); } });
+  const stdout = console._stdout;
+  console._stdout = nowhere;
+  console.log('%s %o', 'warm', { warm: [1] });
+  console._stdout = stdout;
+  process.stdout.write('');
+  new vm.Script('void 0', { filename: 'warm.js' }).runInThisContext();
 
-globalThis.require = require;
-globalThis.module = module;
-globalThis.exports = module.exports;
-globalThis.__filename = '/tmp/main.js';
-globalThis.__dirname = '/tmp';
-process.argv = [process.argv[0], '/tmp/main.js'];
+  const size = readExact(4).readUInt32LE(0);
+  const request = JSON.parse(readExact(size).toString('utf8'));
+  const script = new vm.Script(request.code, { filename: 'main.js' });
 
-script.runInThisContext();
+  // require() as a script in /tmp would have it, plus the dependency layer's packages
+  const layer = args[0];
+  globalThis.require = createRequire(layer ? `${layer}/../main.js` : '/tmp/main.js');
+  globalThis.module = { exports: {} };
+  globalThis.exports = globalThis.module.exports;
+  globalThis.__filename = '/tmp/main.js';
+  globalThis.__dirname = '/tmp';
+  process.argv = [process.argv[0], '/tmp/main.js'];
+
+  script.runInThisContext();
+}
+
+warm();
+if (v8.startupSnapshot && v8.startupSnapshot.isBuildingSnapshot()) {
+  v8.startupSnapshot.setDeserializeMainFunction(() => main(process.argv.slice(1)));
+} else {
+  main(process.argv.slice(2));
+}
