@@ -220,3 +220,13 @@ def test_without_node_the_service_still_serves_python():
         assert detail["installed"] is False and "node is not installed" in detail["error"]
     finally:
         svc.stop()
+
+
+def test_heap_limit_follows_the_memory_limit(service):
+    code = "console.log(Math.round(require('v8').getHeapStatistics().heap_size_limit / 1048576))"
+    default = int(run(service, code)["stdout"])  # started from the snapshot
+    smaller = int(run(service, code, memory_limit_mb=128)["stdout"])  # started on the plain wrapper
+    assert 512 <= default < 700
+    assert 128 <= smaller < 300
+    data = run(service, "const a = []; while (true) a.push(new Array(1e6).fill(1))", memory_limit_mb=128, timeout=20)
+    assert data["exit_code"] != 0 and "heap" in data["error"].lower()
