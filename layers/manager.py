@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -51,14 +49,14 @@ class LayerManager:
         store = self.layers[language].store
         async with self._locks[language]:
             path = await asyncio.to_thread(store.rebuild)
+            store.use(path)
+            old, store.current = store.current, path  # before the switch: the old one retires during it
             try:
                 await runtime.switch_layer(path)
             except Exception as exc:
-                shutil.rmtree(path, ignore_errors=True)
+                store.current = old
+                store.retire(path)
                 raise LayerBuildError(f"the new layer could not be started: {exc}") from exc
-            old, store.current = store.current, path
-            if old and not os.path.isdir(old):
-                old = ""
             log.info("%s layer is now %s (was %s)", language, path, old or "none")
             return path
 

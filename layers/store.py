@@ -4,10 +4,15 @@ A layer directory is `<data>/layers/<language>/<key>-<serial>`: the key is a has
 of what it was built from (requirements or package.json, and the interpreter),
 the serial tells rebuilds apart. A finished layer is never written again; a new
 build goes next to it and the runtime switches over. Builds are serialized.
+
+Several instances may share a data directory: each holds a shared flock on every
+layer it uses, and a layer is removed only when an exclusive lock can be had,
+that is when no instance uses it any more.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -32,6 +37,7 @@ class LayerStore:
         self._build = build
         self._salt = salt
         self._lock = threading.Lock()  # builds run in threads; one at a time
+        self._held: dict[str, int] = {}  # layer path -> directory fd holding our shared lock
         self.current = ""
 
     def key(self) -> str:
@@ -49,10 +55,26 @@ class LayerStore:
         return max(candidates, key=lambda p: p.stat().st_mtime, default=None)
 
     def ensure(self) -> str:
-        """A layer for the current sources: an existing one, or a new build."""
+        """A layer for the current sources: an existing one, or a new build. Collects unused ones."""
         found = self.existing()
         self.current = str(found) if found else self.rebuild()
+        self.use(self.current)
+        self.collect()
         return self.current
+
+    def use(self, path: str) -> None:
+        """Say (with a shared lock) that this instance runs on path: nobody removes it meanwhile."""
+        if path in self._held:
+            return
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        self._held[path] = fd
+
+    def collect(self) -> None:
+        """Remove every finished layer that no instance uses."""
+        for path in self.root.iterdir() if self.root.is_dir() else []:
+            if ".build" not in path.name and str(path) not in self._held:
+                self._remove_if_unused(str(path))
 
     def rebuild(self) -> str:
         """Build a new layer directory from the sources; the old one stays until retired."""
@@ -73,10 +95,27 @@ class LayerStore:
             return str(target)
 
     def retire(self, path: str) -> None:
-        """Remove a layer no zygote uses any more (never the current one)."""
-        if path and path != self.current and Path(path).parent == self.root:
-            shutil.rmtree(path, ignore_errors=True)
-            log.info("removed unused layer %s", path)
+        """This instance is done with a layer (never the current one): remove it unless another uses it."""
+        if not path or path == self.current or Path(path).parent != self.root:
+            return
+        fd = self._held.pop(path, None)
+        if fd is not None:
+            os.close(fd)  # our shared lock goes with it
+        self._remove_if_unused(path)
+
+    def _remove_if_unused(self, path: str) -> None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # another instance runs on it; whoever retires it last removes it
+        finally:
+            os.close(fd)
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("removed unused layer %s", path)
 
 
 def make_readable(root: Path) -> None:

@@ -270,3 +270,27 @@ def test_builds_run_unprivileged_in_a_tree_of_their_own(tmp_path):
 def test_builds_without_root_run_as_the_service_user(tmp_path):
     result = isolation.run([sys.executable, "-c", "import os; print(os.getuid())"], str(tmp_path), [], {}, 12345)
     assert result.stdout.decode().strip() == str(os.getuid())
+
+
+def test_a_layer_another_instance_uses_is_not_removed(requirements, wheelhouse, data_dir):
+    env = {
+        "SANDLOT_PYTHON_REQUIREMENTS": str(requirements),
+        "SANDLOT_PIP_FIND_LINKS": str(wheelhouse),
+        "SANDLOT_DATA_DIR": data_dir,
+        "MAX_WORKERS": "1",
+    }
+    first, second = Service(**env).start(), Service(**env).start()
+    try:
+        shared = first.detail()["runtimes"]["python3"]["layer"]
+        assert second.detail()["runtimes"]["python3"]["layer"] == shared
+        with first.client() as client:
+            assert (
+                client.post("/v1/sandbox/dependencies/update", json={"language": "python3"}, timeout=300).json()["code"]
+                == 0
+            )
+        time.sleep(1)
+        assert os.path.isdir(shared)  # the second instance still runs on it
+        assert second.run("import requests\nprint('fine')")["data"]["stdout"] == "fine\n"
+    finally:
+        second.stop()
+        first.stop()
