@@ -54,10 +54,6 @@ function main(args) {
   process.stdout.write('');
   new vm.Script('void 0', { filename: 'warm.js' }).runInThisContext();
 
-  const size = readExact(4).readUInt32LE(0);
-  const request = JSON.parse(readExact(size).toString('utf8'));
-  const script = new vm.Script(request.code, { filename: 'main.js' });
-
   // require() as a script in /tmp would have it, plus the dependency layer's packages
   const layer = args[0];
   globalThis.require = createRequire(layer ? `${layer}/../main.js` : '/tmp/main.js');
@@ -67,6 +63,9 @@ function main(args) {
   globalThis.__dirname = '/tmp';
   process.argv = [process.argv[0], '/tmp/main.js'];
 
+  const size = readExact(4).readUInt32LE(0);
+  const request = JSON.parse(readExact(size).toString('utf8'));
+  const script = new vm.Script(request.code, { filename: 'main.js' });
   script.runInThisContext();
 }
 
