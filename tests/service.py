@@ -22,7 +22,8 @@ def free_port() -> int:
 
 
 class Service:
-    def __init__(self, **env: str):
+    def __init__(self, cwd: str | None = None, **env: str):
+        self.cwd = cwd
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -40,7 +41,8 @@ class Service:
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "handler.cli", "serve"],
-            env=self.env,
+            env={**self.env, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))},
+            cwd=self.cwd,
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )

@@ -294,3 +294,19 @@ def test_a_layer_another_instance_uses_is_not_removed(requirements, wheelhouse, 
     finally:
         second.stop()
         first.stop()
+
+
+def test_dify_sandbox_requirements_location_is_honoured(tmp_path, wheelhouse, data_dir):
+    workdir = tmp_path / "dify"
+    (workdir / "dependencies").mkdir(parents=True)
+    (workdir / "dependencies" / "python-requirements.txt").write_text("sandlot-probe==1.2.3\n")
+    readable(workdir)
+    os.chmod(tmp_path, 0o755)
+    svc = Service(
+        cwd=str(workdir), SANDLOT_PIP_FIND_LINKS=str(wheelhouse), SANDLOT_DATA_DIR=data_dir, MAX_WORKERS="1"
+    ).start()
+    try:
+        assert [d["name"] for d in svc.detail_dependencies()] == ["sandlot-probe"]
+        assert svc.run("import sandlot_probe\nprint(sandlot_probe.VALUE)")["data"]["stdout"] == "probe-ok\n"
+    finally:
+        svc.stop()
