@@ -233,3 +233,16 @@ def test_network_runs_cannot_reach_loopback_metadata_or_private_ranges(service):
     assert data["stdout"].count("blocked") == 4, data
     assert "connected" not in data["stdout"]
     assert time.monotonic() - started < 5  # rejected, not left to time out
+
+
+def test_ipc_objects_cannot_be_made(service):
+    # a uid goes back to the pool once its process is gone: nothing may outlive it (SysV IPC, mqueues)
+    # (240: mq_open on x86_64)
+    code = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('shmget', libc.shmget(0, 4096, 0o1600), ctypes.get_errno())\n"
+        "print('semget', libc.semget(0, 1, 0o1600), ctypes.get_errno())\n"
+        "print('msgget', libc.msgget(0, 0o1600), ctypes.get_errno())\n"
+        "print('mq_open', libc.syscall(240, b'/q', 0o100 | 2, 0o600, None), ctypes.get_errno())\n"
+    )
+    assert run(service, code)["stdout"] == "shmget -1 1\nsemget -1 1\nmsgget -1 1\nmq_open -1 1\n"
