@@ -137,3 +137,16 @@ def test_egress_allow_names_reachable_ranges(service):
         allowed.stop()
     assert "connected" not in service.run(code, enable_network=True)["data"]["stdout"]
     assert service.run(code, enable_network=True)["data"]["stdout"] == ""
+
+
+def test_proxies_are_handed_to_user_code():
+    svc = Service(HTTP_PROXY="http://10.9.9.9:3128", HTTPS_PROXY="http://10.9.9.9:3129",
+                  SOCKS5_PROXY="socks5://10.9.9.9:1080").start()
+    try:
+        code = "import os\nprint(os.environ['HTTP_PROXY'], os.environ['https_proxy'], os.environ['ALL_PROXY'])"
+        data = svc.run(code)["data"]
+        assert data["stdout"] == "http://10.9.9.9:3128 http://10.9.9.9:3129 socks5://10.9.9.9:1080\n"
+        js = "console.log(process.env.HTTPS_PROXY)"
+        assert svc.run(js, language="nodejs")["data"]["stdout"] == "http://10.9.9.9:3129\n"
+    finally:
+        svc.stop()
