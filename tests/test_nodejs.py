@@ -230,3 +230,16 @@ def test_heap_limit_follows_the_memory_limit(service):
     assert 128 <= smaller < 300
     data = run(service, "const a = []; while (true) a.push(new Array(1e6).fill(1))", memory_limit_mb=128, timeout=20)
     assert data["exit_code"] != 0 and "heap" in data["error"].lower()
+
+
+def test_exit_listeners_and_codes_survive_the_fast_exit(service):
+    code = (
+        "process.on('exit', c => console.log('first', c));\n"
+        "setTimeout(() => process.on('exit', c => console.log('late', c, process.exitCode)), 1);\n"
+        "setTimeout(() => { process.exitCode = 6 }, 5);\n"
+    )
+    data = run(service, code)
+    assert data["stdout"] == "first 6\nlate 6 6\n" and data["exit_code"] == 6
+    assert run(service, "process.removeAllListeners('exit'); console.log('slow but fine')")["exit_code"] == 0
+    thrown = run(service, "setTimeout(() => { throw new Error('late failure') }, 1)")
+    assert thrown["exit_code"] == 1 and "late failure" in thrown["stderr"]

@@ -4,8 +4,8 @@
 // Everything it does happens before user code exists: it warms what every run
 // needs, reads the run request from fd 0 (a 4-byte little-endian length, then
 // JSON), and hands the code to V8 as a sloppy-mode script in this context.
-// After that it does nothing at all: exit status comes from the kernel, output
-// from the pipes, so whatever user code redefines (parseInt, JSON, Buffer,
+// After that it only hastens the exit (exitNow): exit status comes from the kernel,
+// output from the pipes, so whatever user code redefines (parseInt, JSON, Buffer,
 // console, process.exit, require, Function.prototype) changes nothing it relies on.
 // The seccomp filter was loaded before node started; it admits no process
 // creation, and no network calls unless the run has network.
@@ -67,6 +67,21 @@ function main(args) {
   const request = JSON.parse(readExact(size).toString('utf8'));
   const script = new vm.Script(request.code, { filename: 'main.js' });
   script.runInThisContext();
+  process.on('uncaughtExceptionMonitor', () => { crashing = true; });
+  process.on('exit', exitNow);
+}
+
+let crashing = false; // node prints an uncaught exception after 'exit': leave that exit to node
+
+// Node's own exit tears the whole VM down, milliseconds the kernel does better. Registered
+// after the user's synchronous code, this runs the 'exit' listeners the user adds later
+// itself, then leaves the way process.exit() does, with the same code. (Removing it only
+// makes the run's own exit slower.)
+function exitNow(code) {
+  if (crashing) return;
+  const listeners = process.listeners('exit');
+  for (const listener of listeners.slice(listeners.indexOf(exitNow) + 1)) listener.call(process, code);
+  process.reallyExit(process.exitCode || 0);
 }
 
 warm();
