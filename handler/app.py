@@ -73,7 +73,11 @@ class SandboxAPI:
             await self.invoker.stop()
 
     async def _start(self) -> None:
-        await self.invoker.start()
+        try:
+            await self.invoker.start()
+        except Exception:  # noqa: BLE001 - health stays 503 and the log says why
+            log.exception("the sandbox failed to start")
+            return
         for language, status in self.invoker.status().items():
             if status.get("ready"):
                 log.info("%s runtime ready; protections in force: %s", language, status.get("protections"))

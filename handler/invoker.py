@@ -51,7 +51,10 @@ class LocalInvoker:
         for language, runtime in self.runtimes.items():
             if self.layers is not None and language in self.layers.layers:
                 runtime.on_layer_unused.append(self.layers.retire(language))
-            await runtime.start()
+            try:
+                await runtime.start()
+            except Exception:  # noqa: BLE001 - one runtime's failure must not keep the others down
+                log.exception("the %s runtime failed to start", language)
         if self._interval and self.layers is not None:
             self._periodic = asyncio.create_task(self._refresh_periodically())
 

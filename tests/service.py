@@ -47,7 +47,11 @@ class Service:
             stderr=subprocess.STDOUT,
         )
         if wait:
-            self.wait_healthy()
+            try:
+                self.wait_healthy()
+            except BaseException:
+                self.stop()  # a service that never became healthy must not outlive the test
+                raise
         return self
 
     def wait_healthy(self, timeout: float = 180) -> None:
