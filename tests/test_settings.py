@@ -140,8 +140,9 @@ def test_egress_allow_names_reachable_ranges(service):
 
 
 def test_proxies_are_handed_to_user_code():
-    svc = Service(HTTP_PROXY="http://10.9.9.9:3128", HTTPS_PROXY="http://10.9.9.9:3129",
-                  SOCKS5_PROXY="socks5://10.9.9.9:1080").start()
+    svc = Service(
+        HTTP_PROXY="http://10.9.9.9:3128", HTTPS_PROXY="http://10.9.9.9:3129", SOCKS5_PROXY="socks5://10.9.9.9:1080"
+    ).start()
     try:
         code = "import os\nprint(os.environ['HTTP_PROXY'], os.environ['https_proxy'], os.environ['ALL_PROXY'])"
         data = svc.run(code)["data"]

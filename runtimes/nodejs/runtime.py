@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
+import subprocess
 
 from runtimes.jail import protocol, tree
 from runtimes.jail.runtime import JailedRuntime
@@ -14,6 +16,8 @@ from runtimes.payload import RunRequest
 WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wrapper.js")
 WRAPPER_IN_TREE = "/opt/sandlot/wrapper.js"  # wherever the package is installed (even under /tmp)
 SNAPSHOT_IN_TREE = "/opt/sandlot/wrapper.blob"
+
+log = logging.getLogger("sandlot.nodejs")
 
 
 class NodeRuntime(JailedRuntime):
@@ -25,9 +29,12 @@ class NodeRuntime(JailedRuntime):
     async def start(self) -> None:
         if not self.missing():
             directory = os.path.join(self.config.data_dir, "snapshots")
-            self.snapshot = await asyncio.to_thread(
-                snapshot.build, self.node, WRAPPER, self.config.default_memory_mb, directory
-            )
+            try:
+                self.snapshot = await asyncio.to_thread(
+                    snapshot.build, self.node, WRAPPER, self.config.default_memory_mb, directory
+                )
+            except (OSError, subprocess.SubprocessError) as exc:  # slower starts, nothing worse
+                log.warning("no startup snapshot for node: %s", exc)
         await super().start()
 
     @property
