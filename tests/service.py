@@ -68,6 +68,8 @@ class Service:
         raise RuntimeError(f"service not healthy in {timeout}s:\n{self.output()}")
 
     def output(self) -> str:
+        if not os.path.exists(self.log_path):
+            return getattr(self, "final_output", "")
         with open(self.log_path, "rb") as f:
             return f.read().decode(errors="replace")
 
@@ -97,6 +99,9 @@ class Service:
                 self.process.kill()
                 self.process.wait()
         self.log.close()
+        if os.path.exists(self.log_path):
+            self.final_output = self.output()
+            os.unlink(self.log_path)
 
 
 def descendants(pid: int) -> list[int]:
