@@ -132,9 +132,11 @@ def test_failed_build_leaves_the_old_layer_serving(layered, requirements):
     layer = layered.detail()["runtimes"]["python3"]["layer"]
     requirements.write_text("requests\nno-such-package-sandlot==9.9\n")
     with layered.client() as client:
-        envelope = client.get("/v1/sandbox/dependencies/refresh", params={"language": "python3"}, timeout=300).json()
-    assert envelope["code"] == -500 and envelope["data"] is None
-    assert "pip failed" in envelope["message"] and "no-such-package-sandlot" in envelope["message"]
+        updated = client.post("/v1/sandbox/dependencies/update", json={"language": "python3"}, timeout=300).json()
+        refreshed = client.get("/v1/sandbox/dependencies/refresh", params={"language": "python3"}, timeout=300)
+    for envelope in (updated, refreshed.json()):
+        assert envelope["code"] == -500 and envelope["data"] is None
+        assert "pip failed" in envelope["message"] and "no-such-package-sandlot" in envelope["message"]
     assert layered.detail()["runtimes"]["python3"]["layer"] == layer
     assert layered.run("import requests\nprint('old layer')")["data"]["stdout"] == "old layer\n"
 
