@@ -49,8 +49,5 @@ class UidPool:
     def in_use(self) -> int:
         return self.size - len(self._free)
 
-    def __contains__(self, uid: int) -> bool:
-        return self.first <= uid < self.first + self.size
-
     def close(self) -> None:
         os.close(self._lock_fd)
