@@ -121,6 +121,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--clients", default="1,4")
+    parser.add_argument("--languages", default="python3,nodejs")
     args = parser.parse_args()
     client_counts = [int(c) for c in args.clients.split(",")]
 
@@ -144,11 +145,13 @@ def main() -> None:
         print(f"reference: spawn of `{python} -I -S -c pass`: p50 {spawn * 1000:.2f} ms")
         print(f"reference: spawn of `{node} -e ''` (empty environment): p50 {node_spawn * 1000:.2f} ms")
         print(header)
-        for name, code in PYTHON_WORKLOADS.items():
+        languages = args.languages.split(",")
+        for name, code in PYTHON_WORKLOADS.items() if "python3" in languages else ():
             for clients in client_counts:
                 row(name, "python3", code, clients, args.requests, spawn)
-        drive(service.port, 'console.log("warm")', 1, 20, "nodejs", rate=10)
-        for name, code in NODE_WORKLOADS.items():
+        if "nodejs" in languages:
+            drive(service.port, 'console.log("warm")', 1, 20, "nodejs", rate=10)
+        for name, code in NODE_WORKLOADS.items() if "nodejs" in languages else ():
             row(name, "nodejs", code, 1, 50, node_spawn, rate=10)
             row(name, "nodejs", code, 4, args.requests // 2, node_spawn)
         print(f"targets: python hello p50 < 0.5 x spawn; 4-client python hello >= {2 / spawn:.0f} runs/s;")
