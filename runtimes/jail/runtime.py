@@ -57,7 +57,8 @@ class JailedRuntime:
     def runner_config(self) -> dict:
         return {"require_seccomp": self.config.require_seccomp, "extra_syscalls": list(self.config.extra_syscalls)}
 
-    def encode(self, request: RunRequest) -> bytes:
+    def encode(self, request: RunRequest, timeout: float) -> bytes:
+        """What the child reads on stdin for this run (timeout: the run's own, already capped)."""
         raise NotImplementedError
 
     def variant(self, request: RunRequest) -> tuple:
@@ -228,11 +229,10 @@ class JailedRuntime:
             raise SandboxUnavailable(self.refused)
         if self.pool is None or not self.started:
             raise SandboxUnavailable(f"the {self.language} runtime is starting")
+        timeout = self.config.clamp_timeout(request.timeout)
         child = await self.pool.take(self.variant(request))
         try:
-            outcome = await execute(
-                child, self.encode(request), self.config.clamp_timeout(request.timeout), self.config.output_limit
-            )
+            outcome = await execute(child, self.encode(request, timeout), timeout, self.config.output_limit)
         finally:
             self.pool.finish(child)
         return outcome.to_result()

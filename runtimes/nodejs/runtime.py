@@ -86,5 +86,5 @@ class NodeRuntime(JailedRuntime):
         memory = ("memory_mb", self.config.default_memory_mb)
         return {(memory, ("network", True)): self.config.workers, (memory, ("network", False)): 1}
 
-    def encode(self, request: RunRequest) -> bytes:
+    def encode(self, request: RunRequest, timeout: float) -> bytes:
         return protocol.run_input({"code": request.code}, request.stdin)

@@ -63,13 +63,13 @@ class PythonRuntime(JailedRuntime):
     def set_layer(self, path: str) -> None:
         self.config.python_layer = path
 
-    def encode(self, request: RunRequest) -> bytes:
+    def encode(self, request: RunRequest, timeout: float) -> bytes:
         config = self.config
         options = {
             "code": request.code,
             "preload": request.preload if config.enable_preload else "",
             "enable_network": request.enable_network,
-            "timeout": config.clamp_timeout(request.timeout),
+            "timeout": timeout,
             "memory_limit_mb": config.clamp_memory(request.memory_limit_mb),
         }
         return protocol.run_input(options, request.stdin)
