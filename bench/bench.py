@@ -9,7 +9,6 @@ noisy, so read the ratios within one run, not absolute numbers across runs.
 from __future__ import annotations
 
 import argparse
-import base64
 import http.client
 import json
 import os
@@ -22,42 +21,21 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 from service import API_KEY, Service  # noqa: E402
+from test_api import DIFY_PYTHON_WRAPPER, b64  # noqa: E402  (Dify's wrappers, as the tests send them)
+from test_nodejs import DIFY_JS_WRAPPER  # noqa: E402
 
 from runtimes.config import default_python  # noqa: E402
 
-DIFY_WRAPPER = """
-def main(arg1: str, arg2: str) -> dict:
-    return {"result": arg1 + arg2}
-
-import json
-from base64 import b64decode
-
-inputs_obj = json.loads(b64decode('%s').decode('utf-8'))
-output_obj = main(**inputs_obj)
-output_json = json.dumps(output_obj, indent=4)
-result = f'''<<RESULT>>{output_json}<<RESULT>>'''
-print(result)
-""" % base64.b64encode(json.dumps({"arg1": "Hello", "arg2": "World"}).encode()).decode()
-
-DIFY_JS_WRAPPER = """
-function main({arg1, arg2}) {
-    return {result: arg1 + arg2}
-}
-var inputs_obj = JSON.parse(Buffer.from('%s', 'base64').toString('utf-8'))
-var output_obj = main(inputs_obj)
-var output_json = JSON.stringify(output_obj)
-var result = `<<RESULT>>${output_json}<<RESULT>>`
-console.log(result)
-""" % base64.b64encode(json.dumps({"arg1": "Hello", "arg2": "World"}).encode()).decode()
+INPUTS = b64({"a": 2, "b": 40})  # the wrappers' inputs, base64 JSON as Dify sends them
 
 PYTHON_WORKLOADS = {
     "python hello": 'print("hi")',
-    "python dify wrapper": DIFY_WRAPPER,
+    "python dify wrapper": DIFY_PYTHON_WRAPPER % INPUTS,
     "python import requests,httpx,jinja2": "import requests, httpx, jinja2\nprint('ok')",
 }
 NODE_WORKLOADS = {
     "node hello": 'console.log("hi")',
-    "node dify wrapper": DIFY_JS_WRAPPER,
+    "node dify wrapper": DIFY_JS_WRAPPER % INPUTS,
 }
 
 

@@ -83,14 +83,19 @@ def data_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-def layered(requirements, wheelhouse, data_dir):
-    svc = Service(
+def layer_service(requirements, wheelhouse, data_dir, **env) -> Service:
+    """A service whose Python layer comes from requirements, built offline from the wheelhouse."""
+    return Service(
         SANDLOT_PYTHON_REQUIREMENTS=str(requirements),
         SANDLOT_PIP_FIND_LINKS=str(wheelhouse),
         SANDLOT_DATA_DIR=data_dir,
-        MAX_WORKERS="2",
+        **{"MAX_WORKERS": "1", **env},
     ).start()
+
+
+@pytest.fixture
+def layered(requirements, wheelhouse, data_dir):
+    svc = layer_service(requirements, wheelhouse, data_dir, MAX_WORKERS="2")
     yield svc
     svc.stop()
 
@@ -178,7 +183,7 @@ def test_numpy_and_pandas_compute_inside_the_jail(requirements):
         assert {"numpy", "pandas"} <= set(python["preloaded"])
         env = svc.run("import os\nprint(sorted(os.environ))")["data"]["stdout"]
         assert env == "['HOME', 'LANG', 'TMPDIR']\n"
-        zygote = next(p for p in descendants(svc.process.pid) if _threads(p) and _is_zygote_of(p, python))
+        zygote = next(p for p in descendants(svc.process.pid) if _threads(p) and _is_zygote(p))
         assert _threads(zygote) == 1  # still safe to fork after numpy's import
     finally:
         svc.stop()
@@ -192,19 +197,13 @@ def _threads(pid: int) -> int:
         return 0
 
 
-def _is_zygote_of(pid: int, runtime: dict) -> bool:
+def _is_zygote(pid: int) -> bool:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return b"runtimes.python.runner" in f.read() and uid_of(pid) == 0
 
 
 def test_periodic_refresh(requirements, wheelhouse, data_dir):
-    svc = Service(
-        SANDLOT_PYTHON_REQUIREMENTS=str(requirements),
-        SANDLOT_PIP_FIND_LINKS=str(wheelhouse),
-        SANDLOT_DATA_DIR=data_dir,
-        PYTHON_DEPS_UPDATE_INTERVAL="2s",
-        MAX_WORKERS="1",
-    ).start()
+    svc = layer_service(requirements, wheelhouse, data_dir, PYTHON_DEPS_UPDATE_INTERVAL="2s")
     try:
         first = svc.detail()["runtimes"]["python3"]["layer"]
         deadline = time.monotonic() + 90
@@ -275,13 +274,8 @@ def test_builds_without_root_run_as_the_service_user(tmp_path):
 
 
 def test_a_layer_another_instance_uses_is_not_removed(requirements, wheelhouse, data_dir):
-    env = {
-        "SANDLOT_PYTHON_REQUIREMENTS": str(requirements),
-        "SANDLOT_PIP_FIND_LINKS": str(wheelhouse),
-        "SANDLOT_DATA_DIR": data_dir,
-        "MAX_WORKERS": "1",
-    }
-    first, second = Service(**env).start(), Service(**env).start()
+    first = layer_service(requirements, wheelhouse, data_dir)
+    second = layer_service(requirements, wheelhouse, data_dir)
     try:
         shared = first.detail()["runtimes"]["python3"]["layer"]
         assert second.detail()["runtimes"]["python3"]["layer"] == shared

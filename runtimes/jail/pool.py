@@ -2,7 +2,8 @@
 
 A child serves exactly one run. Children come in variants (what a runner must
 know before the run arrives, e.g. Node's network filter): each variant has its
-own number of children kept ready; others are forked on demand. Its uid and private /tmp go back only once the
+own number of children kept ready; others are forked on demand. A child's uid
+and private /tmp go back only once the
 zygote has reaped it. After `max_forks` forks a new zygote is started (fresh
 address-space layout and hash seed) and the old one leaves once its last child
 has ended.
@@ -126,14 +127,19 @@ class ChildPool:
                 return
             if self._zygote is not None:
                 await self._zygote.stop()
-            try:
-                self._zygote = await self._start_zygote()
-            except SandboxUnavailable as exc:
-                self.last_error = str(exc)
-                raise
-            self._zygote.on_exit.append(self._on_zygote_exit)
-            self.generation += 1
-            self.last_error = ""
+            self._zygote = await self._new_zygote()
+
+    async def _new_zygote(self) -> Zygote:
+        """A started zygote, watched for an unexpected exit, counted as a new generation."""
+        try:
+            zygote = await self._start_zygote()
+        except SandboxUnavailable as exc:
+            self.last_error = str(exc)
+            raise
+        zygote.on_exit.append(self._on_zygote_exit)
+        self.generation += 1
+        self.last_error = ""
+        return zygote
 
     def _on_zygote_exit(self, zygote: Zygote) -> None:
         if zygote is self._zygote and not self._stopping:
@@ -163,10 +169,8 @@ class ChildPool:
 
     async def replace_zygote(self) -> dict:
         """Start a new zygote (from what the factory now says) and retire the current one."""
-        fresh = await self._start_zygote()
-        fresh.on_exit.append(self._on_zygote_exit)
+        fresh = await self._new_zygote()
         old, self._zygote = self._zygote, fresh
-        self.generation += 1
         if old is not None:
             self._retired.append(old)
             for ready in self._ready.values():
