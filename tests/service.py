@@ -104,6 +104,16 @@ class Service:
             os.unlink(self.log_path)
 
 
+def wait_for(predicate, timeout=10.0):
+    """Poll predicate until it holds or timeout passes; its last answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
 def descendants(pid: int) -> list[int]:
     """Every live process below pid, found through /proc."""
     children: dict[int, list[int]] = {}

@@ -3,12 +3,11 @@
 import glob
 import os
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import needs_root
-from service import IS_ROOT, Service, descendants, processes_with_uid_in
+from service import IS_ROOT, Service, descendants, processes_with_uid_in, wait_for
 
 SECCOMP_REFUSED = """
 import errno, os, sys, pyseccomp
@@ -24,15 +23,6 @@ def expected_processes(svc) -> int:
     """What should live below the service: each running runtime's zygote and its ready children."""
     runtimes = svc.detail()["runtimes"].values()
     return sum(1 + rt["ready_children"] for rt in runtimes if rt["zygote"] == "running")
-
-
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def test_a_thousand_runs_leave_nothing_behind():

@@ -2,11 +2,20 @@
 
 import base64
 import json
+import os
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from conftest import needs_root
-from service import Service, descendants
+from service import Service, descendants, wait_for
+
+from runtimes.config import default_data_dir
+from runtimes.jail import protocol
+from runtimes.nodejs import runtime as nodejs_runtime
+from runtimes.nodejs import snapshot
+
+NODE = "/usr/bin/node"
 
 DIFY_JS_WRAPPER = """
 // declare main function
@@ -242,3 +251,63 @@ def test_exit_listeners_and_codes_survive_the_fast_exit(service):
     assert run(service, "process.removeAllListeners('exit'); console.log('slow but fine')")["exit_code"] == 0
     thrown = run(service, "setTimeout(() => { throw new Error('late failure') }, 1)")
     assert thrown["exit_code"] == 1 and "late failure" in thrown["stderr"]
+
+
+def test_a_big_output_is_whole_when_the_exit_is_reported(service):
+    code = (
+        "for (let i = 0; i < 2000; i++) console.log(String(i).padStart(999, '.'));\n"
+        "console.error('done');\n"
+        "process.on('exit', () => console.log('last words'));\n"
+        "process.exit(3);\n"
+    )
+    data = run(service, code)
+    lines = data["stdout"].splitlines()
+    assert len(lines) == 2001 and lines[1999].endswith("1999") and lines[-1] == "last words"
+    assert data["stderr"] == "done\n" and data["exit_code"] == 3
+
+
+def test_a_forged_exit_report_only_ends_its_own_run(service):
+    started = time.monotonic()
+    forged = run(service, "console.log('before'); require('fs').writeSync(3, Buffer.from([7])); while (true) {}")
+    assert forged["exit_code"] == 7 and forged["stdout"] == "before\n"
+    assert time.monotonic() - started < 3  # not the timeout: the service stopped it
+    # anything but one byte is no report: the run goes on and ends as the process does
+    data = run(service, "require('fs').writeSync(3, 'not a status'); console.log('still here')")
+    assert data["exit_code"] == 0 and data["stdout"] == "still here\n"
+    below = descendants(service.process.pid)
+    assert wait_for(lambda: len(descendants(service.process.pid)) <= len(below))  # the forger is gone
+
+
+def test_snapshot_loads_without_rehashing_and_runs(tmp_path):
+    built = snapshot.build(NODE, nodejs_runtime.WRAPPER, 512, str(tmp_path / "wrapper.blob"))
+    assert built is not None and built.flags == ("--max-old-space-size=512", snapshot.NO_REHASH)
+    request = protocol.run_input({"code": "console.log(6 * 7, typeof require)"}, "")
+    result = subprocess.run([NODE, *built.flags, "--snapshot-blob", built.path], input=request, capture_output=True)
+    assert result.stdout == b"42 function\n", result.stderr
+    # as built, node refuses to load it with the rehashing flag left out
+    refused = subprocess.run([NODE, "--snapshot-blob", built.path], input=request, capture_output=True)
+    assert refused.returncode != 0
+
+
+def test_a_header_that_is_not_nodes_is_left_alone(tmp_path):
+    blob = tmp_path / "other.blob"
+    blob.write_bytes(b"\x00" * 64)
+    assert snapshot._retag(str(blob), 0, 1) is False and blob.read_bytes() == b"\x00" * 64
+
+
+def test_each_zygote_starts_on_a_snapshot_of_its_own():
+    root = os.path.join(default_data_dir(), "snapshots")
+    before = set(os.listdir(root)) if os.path.isdir(root) else set()
+    svc = Service(SANDLOT_ZYGOTE_MAX_FORKS="10", MAX_WORKERS="2").start()
+    try:
+        (own,) = [os.path.join(root, name) for name in set(os.listdir(root)) - before]
+        serials = set()
+        for _ in range(40):
+            assert svc.run("console.log(1)", language="nodejs")["data"]["stdout"] == "1\n"
+            serials |= {name for name in os.listdir(own) if name.endswith(".blob")}
+        assert len(serials) >= 3  # a new zygote, a new snapshot, a new hash seed
+        assert svc.detail()["runtimes"]["nodejs"]["startup_snapshot"] == "own seed, no rehash"
+        assert wait_for(lambda: len(os.listdir(own)) <= 2)  # those of retired zygotes are gone
+    finally:
+        svc.stop()
+    assert not os.path.exists(own)

@@ -23,27 +23,28 @@ class _Collector:
         self.total = 0
         self.truncated = False
         self.buffers = {child.stdout: bytearray(), child.stderr: bytearray()}
-        self.open = len(self.buffers)
+        self.open = set(self.buffers)
         self.done = self.loop.create_future()
         for fd in self.buffers:
             os.set_blocking(fd, False)
             self.loop.add_reader(fd, self._read, fd)
 
-    def _read(self, fd: int) -> None:
+    def _read(self, fd: int) -> bool:
+        """Read one chunk; False when there is nothing to read now (or any more)."""
         try:
             data = os.read(fd, _CHUNK)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             data = b""
         if not data:
             self.loop.remove_reader(fd)
-            self.open -= 1
-            if self.open == 0 and not self.done.done():
+            self.open.discard(fd)
+            if not self.open and not self.done.done():
                 self.done.set_result(None)
-            return
+            return False
         if self.truncated:
-            return  # drain what is left; the child is being killed
+            return True  # drain what is left; the child is being killed
         room = self.limit - self.total
         if len(data) > room:
             data = data[:room]
@@ -51,10 +52,51 @@ class _Collector:
             kill(self.child)
         self.buffers[fd] += data
         self.total += len(data)
+        return True
+
+    def drain(self) -> None:
+        """Take what the pipes hold now (the writer is done: nothing more is owed)."""
+        for fd in list(self.open):
+            while self._read(fd) and not self.truncated:
+                pass
 
     def close(self) -> None:
         for fd in (self.child.stdout, self.child.stderr):
             self.loop.remove_reader(fd)
+
+
+class _ExitReport:
+    """The status a wrapper reports on the ready pipe just before it exits: one byte.
+
+    It saves waiting for the kernel to tear the process down. Whatever the child
+    writes there can only end its own run early, as exiting would: the service
+    kills the child at once and takes its output as it stands. Anything but one
+    byte is no report; the run then ends when the process does.
+    """
+
+    def __init__(self, child: Child):
+        self.loop = asyncio.get_running_loop()
+        self.fd = child.ready
+        self.status: asyncio.Future = self.loop.create_future()
+        if self.fd >= 0:
+            os.set_blocking(self.fd, False)
+            self.loop.add_reader(self.fd, self._read)
+
+    def _read(self) -> None:
+        try:
+            data = os.read(self.fd, 2)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        self.close()
+        if len(data) == 1:
+            self.status.set_result(data[0])
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.loop.remove_reader(self.fd)
+            self.fd = -1
 
 
 def kill(child: Child) -> None:
@@ -100,25 +142,32 @@ async def execute(child: Child, data: bytes, timeout: float, output_limit: int) 
     collector = _Collector(child, output_limit)
     feeder = _Feeder(child, data)
     child.stdin = -1  # the feeder owns it now
+    report = _ExitReport(child)
     timed_out = False
     try:
-        try:
-            signaled, status = await asyncio.wait_for(asyncio.shield(child.exited), timeout)
-        except TimeoutError:
-            timed_out = True
-            kill(child)
+        await asyncio.wait((child.exited, report.status), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if report.status.done() and not child.exited.done():
+            kill(child)  # it is exiting anyway; whatever it does after its report is not waited for
+            signaled, status = False, report.status.result()
+            duration = time.monotonic() - started
+            collector.drain()
+        else:
+            if not child.exited.done():
+                timed_out = True
+                kill(child)
             signaled, status = await child.exited
-        duration = time.monotonic() - started
-        try:  # a dead process holds no pipe open: EOF comes at once
-            await asyncio.wait_for(collector.done, 5)
-        except TimeoutError:
-            pass
+            duration = time.monotonic() - started
+            try:  # a dead process holds no pipe open: EOF comes at once
+                await asyncio.wait_for(collector.done, 5)
+            except TimeoutError:
+                pass
     except BaseException:
         kill(child)
         raise
     finally:
         feeder.close()
         collector.close()
+        report.close()
     return Outcome(
         stdout=bytes(collector.buffers[child.stdout]),
         stderr=bytes(collector.buffers[child.stderr]),

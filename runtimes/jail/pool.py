@@ -125,8 +125,10 @@ class ChildPool:
         async with self._restart_lock:
             if self._zygote is not None and self._zygote.alive:
                 return
-            if self._zygote is not None:
-                await self._zygote.stop()
+            dead, self._zygote = self._zygote, None
+            if dead is not None:
+                await dead.stop()
+                self._retire(dead)
             self._zygote = await self._new_zygote()
 
     async def _new_zygote(self) -> Zygote:
@@ -189,8 +191,11 @@ class ChildPool:
         for zygote in [z for z in self._retired if z.live_children == 0]:
             self._retired.remove(zygote)
             await zygote.stop()
-            for callback in self.on_retired:
-                callback(zygote)
+            self._retire(zygote)
+
+    def _retire(self, zygote: Zygote) -> None:
+        for callback in self.on_retired:
+            callback(zygote)
 
     async def _spawn(self, variant: Variant) -> Child:
         zygote = await self._current_zygote()
@@ -272,9 +277,7 @@ async def _confined(child: Child) -> bool:
     except TimeoutError:
         return False
     finally:
-        loop.remove_reader(child.ready)
-        os.close(child.ready)
-        child.ready = -1
+        loop.remove_reader(child.ready)  # the pipe stays open: a runner may report its exit on it
 
 
 def _read_available(fd: int) -> bytes:

@@ -6,9 +6,11 @@ runner warm up (imports of the dependency layer), and then only forks. It never
 receives user code: code goes from the service straight to the child's pipe.
 
 Each child is confined (see child.py), tells the service it is ready on a pipe
-of its own that it closes before it reads anything, and then hands over to the
-runner. The zygote reaps every child through a pidfd and reports how it ended;
-when the service goes away it kills what is left and exits.
+of its own, and then hands over to the runner. The child closes that pipe before
+it reads anything, unless its runner says REPORTS_EXIT: then the pipe stays as
+fd 3, where the run's wrapper reports the exit status it is about to exit with.
+The zygote reaps every child through a pidfd and reports how it ended; when the
+service goes away it kills what is left and exits.
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ class Zygote:
         try:
             confine(self.plan, uid, tmpdir, tuple(fds))  # stdin, stdout, stderr, ready
             os.write(3, b"1")
-            os.close(3)
+            if not getattr(self.runner, "REPORTS_EXIT", False):
+                os.close(3)
             self.runner.run(self.state, address_space, variant)
         except BaseException:
             try:

@@ -19,6 +19,7 @@ from runtimes.nodejs import snapshot
 
 MIB = 1024 * 1024
 SETUP_FAILED = 125
+REPORTS_EXIT = True  # the wrapper writes its exit status on fd 3 (the ready pipe) as it exits
 
 
 @dataclass
@@ -31,6 +32,7 @@ class State:
     data_overhead_mb: int
     node_path: str
     snapshot: str
+    snapshot_flags: list[str]
     snapshot_memory_mb: int
     report: dict = field(default_factory=dict)
 
@@ -47,6 +49,7 @@ def prepare(config: dict) -> State:
         data_overhead_mb=int(config.get("data_overhead_mb", 256)),
         node_path=config.get("node_path", ""),
         snapshot=config.get("snapshot", ""),
+        snapshot_flags=list(config.get("snapshot_flags", ())),
         snapshot_memory_mb=int(config.get("snapshot_memory_mb", 0)),
     )
     state.report = {"seccomp": error is None, "seccomp_error": error}
@@ -67,11 +70,10 @@ def run(state: State, address_space: int, variant: dict) -> None:
     elif state.required:
         os.write(2, b"sandbox: seccomp filter unavailable\n")
         os._exit(SETUP_FAILED)
-    heap = snapshot.heap_flags(memory_mb)  # the snapshot was built with these same flags
     if state.snapshot and memory_mb == state.snapshot_memory_mb:
-        argv = [state.node, *heap, "--snapshot-blob", state.snapshot]
+        argv = [state.node, *state.snapshot_flags, "--snapshot-blob", state.snapshot]
     else:
-        argv = [state.node, *heap, state.wrapper]
+        argv = [state.node, *snapshot.heap_flags(memory_mb), state.wrapper]
     if state.node_path:
         argv.append(state.node_path)  # the layer's node_modules, where require() looks last
     os.execve(state.node, argv, dict(os.environ))

@@ -10,6 +10,7 @@ import subprocess
 
 from runtimes.jail import protocol, tree
 from runtimes.jail.runtime import JailedRuntime
+from runtimes.jail.supervisor import Zygote
 from runtimes.nodejs import snapshot
 from runtimes.payload import RunRequest
 
@@ -24,18 +25,55 @@ class NodeRuntime(JailedRuntime):
     language = "nodejs"
     runner = "runtimes.nodejs.runner"
 
-    snapshot = ""  # the startup snapshot for the default memory limit, if node could build one
+    def __init__(self, config):
+        super().__init__(config)
+        self.snapshot: snapshot.Snapshot | None = None  # the newest zygote's, for the default memory limit
+        self._snapshots = snapshot.SnapshotDirectory(os.path.join(config.data_dir, "snapshots"))
+        self._snapshot_of: dict[Zygote, snapshot.Snapshot] = {}
 
     async def start(self) -> None:
         if not self.missing():
-            directory = os.path.join(self.config.data_dir, "snapshots")
-            try:
-                self.snapshot = await asyncio.to_thread(
-                    snapshot.build, self.node, WRAPPER, self.config.default_memory_mb, directory
-                )
-            except (OSError, subprocess.SubprocessError) as exc:  # slower starts, nothing worse
-                log.warning("no startup snapshot for node: %s", exc)
+            await asyncio.to_thread(self._snapshots.open)
         await super().start()
+
+    async def _start_zygote(self) -> Zygote:
+        """Each zygote starts on a snapshot of its own (a hash seed of its own, see snapshot.py)."""
+        fresh = None
+        try:
+            fresh = await asyncio.to_thread(
+                snapshot.build, self.node, WRAPPER, self.config.default_memory_mb, self._snapshots.next_path()
+            )
+        except (OSError, subprocess.SubprocessError) as exc:  # slower starts, nothing worse
+            log.warning("no startup snapshot for node: %s", exc)
+        self.snapshot = fresh
+        self._zygote_config = self.zygote_config()
+        try:
+            zygote = await super()._start_zygote()
+        except BaseException:
+            if fresh:
+                self._snapshots.remove(fresh.path)
+            raise
+        if fresh:
+            self._snapshot_of[zygote] = fresh
+        return zygote
+
+    def zygote_retired(self, zygote: Zygote) -> None:
+        super().zygote_retired(zygote)
+        retired = self._snapshot_of.pop(zygote, None)
+        if retired:
+            self._snapshots.remove(retired.path)
+
+    async def stop(self) -> None:
+        await super().stop()
+        self._snapshot_of.clear()
+        self._snapshots.close()
+
+    def status(self) -> dict:
+        if self.snapshot is None:
+            kind = "none"  # runs start on the plain wrapper
+        else:
+            kind = "own seed, no rehash" if snapshot.NO_REHASH in self.snapshot.flags else "rehashed at load"
+        return {**super().status(), "startup_snapshot": kind}
 
     @property
     def node(self) -> str:
@@ -54,7 +92,7 @@ class NodeRuntime(JailedRuntime):
         spec.add(self.node)
         spec.place(WRAPPER_IN_TREE, WRAPPER)
         if self.snapshot:
-            spec.place(SNAPSHOT_IN_TREE, self.snapshot)
+            spec.place(SNAPSHOT_IN_TREE, self.snapshot.path)
         if self.config.nodejs_layer:
             spec.add(self.config.nodejs_layer)
         spec.add(*tree.shared_libraries([self.node]))
@@ -66,8 +104,9 @@ class NodeRuntime(JailedRuntime):
             **super().runner_config(),
             "node": self.node,
             "wrapper": WRAPPER_IN_TREE if self.config.privileged else WRAPPER,
-            "snapshot": (SNAPSHOT_IN_TREE if self.config.privileged else self.snapshot) if self.snapshot else "",
-            "snapshot_memory_mb": self.config.default_memory_mb,
+            "snapshot": (SNAPSHOT_IN_TREE if self.config.privileged else self.snapshot.path) if self.snapshot else "",
+            "snapshot_flags": list(self.snapshot.flags) if self.snapshot else [],
+            "snapshot_memory_mb": self.snapshot.memory_mb if self.snapshot else 0,
             "cpu_seconds": math.ceil(self.config.max_timeout) + 1,
             "node_path": os.path.join(self.config.nodejs_layer, "node_modules") if self.config.nodejs_layer else "",
         }

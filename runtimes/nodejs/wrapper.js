@@ -4,9 +4,10 @@
 // Everything it does happens before user code exists: it warms what every run
 // needs, reads the run request from fd 0 (a 4-byte little-endian length, then
 // JSON), and hands the code to V8 as a sloppy-mode script in this context.
-// After that it only hastens the exit (exitNow): exit status comes from the kernel,
-// output from the pipes, so whatever user code redefines (parseInt, JSON, Buffer,
-// console, process.exit, require, Function.prototype) changes nothing it relies on.
+// After that it only hastens the exit (exitNow) with what it took before user code
+// existed, so whatever user code redefines (parseInt, JSON, Buffer, console,
+// process.exit, require, Function.prototype) changes nothing it relies on. Exit status
+// comes from the kernel, or from exitNow's report, which can only end this run.
 // The seccomp filter was loaded before node started; it admits no process
 // creation, and no network calls unless the run has network.
 //
@@ -17,6 +18,9 @@
 const fs = require('fs');
 const util = require('util');
 const v8 = require('v8');
+const vm = require('vm');
+const { createRequire } = require('module');
+const { Writable } = require('stream');
 
 function readExact(size) {
   const buffer = Buffer.allocUnsafe(size);
@@ -29,30 +33,28 @@ function readExact(size) {
   return buffer;
 }
 
+// What every run goes through: the request's JSON, the script compiler, require(), and
+// console.log's formatting and write path (pointed at a stream that writes nowhere).
 function warm() {
   JSON.parse('{"code": "console.log(1)"}');
-  util.format('%s %d %o', 'warm', 1, { warm: [1] }); // what console.log formats with
-}
-
-// args: what follows the script (or the snapshot) on node's command line: [layer node_modules]
-function main(args) {
-  const vm = require('vm');
-  const { createRequire } = require('module');
-  // Output pipes block when full (node queues in memory otherwise): a flood meets the
-  // output cap, not the heap limit, and process.exit() loses nothing.
-  for (const stream of [process.stdout, process.stderr]) {
-    if (stream._handle && typeof stream._handle.setBlocking === 'function') stream._handle.setBlocking(true);
-  }
-  // Warm console.log itself (pointed at a stream that writes nowhere, then pointed back),
-  // the path it writes through (with nothing to write) and the script compiler.
-  const { Writable } = require('stream');
+  util.format('%s %d %o', 'warm', 1, { warm: [1] });
+  new vm.Script('void 0', { filename: 'warm.js' }).runInThisContext();
+  createRequire('/tmp/main.js');
   const nowhere = new Writable({ write(chunk, encoding, done) { done(); } });
   const stdout = console._stdout;
   console._stdout = nowhere;
   console.log('%s %o', 'warm', { warm: [1] });
   console._stdout = stdout;
+}
+
+// args: what follows the script (or the snapshot) on node's command line: [layer node_modules]
+function main(args) {
+  // Output pipes block when full (node queues in memory otherwise): a flood meets the
+  // output cap, not the heap limit, and process.exit() loses nothing.
+  for (const stream of [process.stdout, process.stderr]) {
+    if (stream._handle && typeof stream._handle.setBlocking === 'function') stream._handle.setBlocking(true);
+  }
   process.stdout.write('');
-  new vm.Script('void 0', { filename: 'warm.js' }).runInThisContext();
 
   // require() as a script in /tmp would have it, plus the dependency layer's packages
   const layer = args[0];
@@ -73,18 +75,36 @@ function main(args) {
 
 let crashing = false; // node prints an uncaught exception after 'exit': leave that exit to node
 
+// Taken before any user code exists: redefining them later changes nothing below.
+const { apply } = Reflect;
+const { slice, indexOf } = Array.prototype;
+const { writeSync } = fs;
+const { listeners: listenersOf } = process;
+const { reallyExit } = process;
+const REPORT_FD = 3; // the ready pipe, kept open for this report (see runner.py)
+const report = new Uint8Array(1);
+
 // Node's own exit tears the whole VM down, milliseconds the kernel does better. Registered
 // after the user's synchronous code, this runs the 'exit' listeners the user adds later
-// itself, then leaves the way process.exit() does, with the same code. (Removing it only
+// itself, reports the exit status on fd 3 (the service answers at once and kills what is
+// left), then leaves the way process.exit() does, with the same code. (Removing it only
 // makes the run's own exit slower.)
 function exitNow(code) {
   if (crashing) return;
-  const listeners = process.listeners('exit');
-  for (const listener of listeners.slice(listeners.indexOf(exitNow) + 1)) listener.call(process, code);
-  process.reallyExit(process.exitCode || 0);
+  const listeners = apply(listenersOf, process, ['exit']);
+  const later = apply(slice, listeners, [apply(indexOf, listeners, [exitNow]) + 1]);
+  for (let i = 0; i < later.length; i++) apply(later[i], process, [code]);
+  const status = process.exitCode || 0;
+  try {
+    report[0] = status & 0xff; // what the kernel would report: the low byte
+    writeSync(REPORT_FD, report);
+  } catch {
+    // no report: the service waits for the process to end instead
+  }
+  apply(reallyExit, process, [status]);
 }
 
-warm();
+warm(); // when building a snapshot, it is in the snapshot: runs start warm
 if (v8.startupSnapshot && v8.startupSnapshot.isBuildingSnapshot()) {
   v8.startupSnapshot.setDeserializeMainFunction(() => main(process.argv.slice(1)));
 } else {
