@@ -311,3 +311,23 @@ def test_each_zygote_starts_on_a_snapshot_of_its_own():
     finally:
         svc.stop()
     assert not os.path.exists(own)
+
+
+@needs_root
+def test_no_run_can_read_the_snapshot_it_started_from(service):
+    code = (
+        "const fs = require('fs');\n"
+        "console.log(process.execArgv.includes('--snapshot-blob'), fs.existsSync('/tmp/.sandlot-snapshot'),"
+        " fs.readdirSync('/opt/sandlot').join(','))"
+    )
+    assert run(service, code)["stdout"] == "true false wrapper.js\n"
+
+
+@needs_root
+def test_a_tmp_too_small_for_the_snapshot_starts_node_on_the_plain_wrapper():
+    svc = Service(SANDLOT_TMP_SIZE_MB="2", MAX_WORKERS="1").start()
+    try:
+        code = "console.log(process.execArgv.includes('--snapshot-blob'), require('fs').readdirSync('/tmp').length)"
+        assert svc.run(code, language="nodejs")["data"]["stdout"] == "false 0\n"
+    finally:
+        svc.stop()

@@ -27,6 +27,7 @@ class ChildPlan:
     max_open_files: int
     max_threads: int
     max_file_bytes: int
+    tmp_huge_pages: bool = False  # set by the zygote when this kernel's tmpfs takes huge=within_size
 
     @classmethod
     def from_dict(cls, data: dict) -> ChildPlan:
@@ -54,7 +55,7 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...]) -> Non
             "/tmp",
             "tmpfs",
             linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC,
-            f"size={plan.tmp_size_bytes},nr_inodes={plan.tmp_files},mode=700,uid={uid},gid={uid}",
+            tmp_options(plan, uid),
         )
         os.setgroups([])
         os.setresgid(uid, uid, uid)
@@ -70,6 +71,29 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...]) -> Non
     resource.setrlimit(resource.RLIMIT_FSIZE, (plan.max_file_bytes, plan.max_file_bytes))
     if plan.privileged:  # counted per uid: only meaningful when the uid is the run's own
         resource.setrlimit(resource.RLIMIT_NPROC, (plan.max_threads, plan.max_threads))
+
+
+def tmp_options(plan: ChildPlan, uid: int) -> str:
+    options = f"size={plan.tmp_size_bytes},nr_inodes={plan.tmp_files},mode=700,uid={uid},gid={uid}"
+    # Big files (a node startup snapshot is copied in for every run) then cost a
+    # few huge pages instead of a thousand small ones.
+    return options + ",huge=within_size" if plan.tmp_huge_pages else options
+
+
+def tmpfs_takes_huge_pages() -> bool:
+    """Whether a tmpfs mounted on /tmp here may use huge pages (as root, in a mount namespace of one's own)."""
+    try:
+        linux.mount(
+            "sandlot-probe",
+            "/tmp",
+            "tmpfs",
+            linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC,
+            "size=1m,huge=within_size",
+        )
+    except OSError:
+        return False
+    linux.umount2("/tmp", linux.MNT_DETACH)
+    return True
 
 
 def max_fd() -> int:

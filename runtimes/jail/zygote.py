@@ -15,6 +15,7 @@ service goes away it kills what is left and exits.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib
 import json
@@ -26,7 +27,7 @@ import sys
 import traceback
 
 from runtimes.jail import linux, protocol, tree
-from runtimes.jail.child import ChildPlan, confine
+from runtimes.jail.child import ChildPlan, confine, tmpfs_takes_huge_pages
 
 CHILD_SETUP_FAILED = 125
 
@@ -45,6 +46,7 @@ class Zygote:
     def confine_tree(self, config: dict) -> None:
         if self.plan.privileged:
             tree.build_and_enter(config["tree"], config["tree_root"])
+            self.plan = dataclasses.replace(self.plan, tmp_huge_pages=tmpfs_takes_huge_pages())
         for path in config["import_paths"]:
             while path in sys.path:
                 sys.path.remove(path)

@@ -6,6 +6,11 @@ seccomp filter for its variant (network or not; the one filter that admits
 execve, for node itself), and execs node on the wrapper. The tree holds no
 other binary and /tmp is noexec, so exec is of no use to user code. node then
 warms up and waits on stdin for the run.
+
+The startup snapshot holds the zygote's hash seed, so no run may read it: the
+zygote reads it before it enters the tree (where it is not), and a jailed child
+writes it into its own /tmp, readable by its uid alone, for node to start from.
+The wrapper removes it before it reads the run.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from runtimes.nodejs import snapshot
 MIB = 1024 * 1024
 SETUP_FAILED = 125
 REPORTS_EXIT = True  # the wrapper writes its exit status on fd 3 (the ready pipe) as it exits
+PRIVATE_SNAPSHOT = "/tmp/.sandlot-snapshot"  # the wrapper knows this name: it removes the file
 
 
 @dataclass
@@ -34,6 +40,7 @@ class State:
     snapshot: str
     snapshot_flags: list[str]
     snapshot_memory_mb: int
+    snapshot_data: bytes  # as root: what each child copies into its own /tmp
     report: dict = field(default_factory=dict)
 
 
@@ -51,7 +58,11 @@ def prepare(config: dict) -> State:
         snapshot=config.get("snapshot", ""),
         snapshot_flags=list(config.get("snapshot_flags", ())),
         snapshot_memory_mb=int(config.get("snapshot_memory_mb", 0)),
+        snapshot_data=b"",
     )
+    if state.snapshot and config.get("private_snapshot"):
+        with open(state.snapshot, "rb") as blob:
+            state.snapshot_data = blob.read()
     state.report = {"seccomp": error is None, "seccomp_error": error}
     return state
 
@@ -70,10 +81,32 @@ def run(state: State, address_space: int, variant: dict) -> None:
     elif state.required:
         os.write(2, b"sandbox: seccomp filter unavailable\n")
         os._exit(SETUP_FAILED)
-    if state.snapshot and memory_mb == state.snapshot_memory_mb:
-        argv = [state.node, *state.snapshot_flags, "--snapshot-blob", state.snapshot]
+    blob = _snapshot_for(state) if memory_mb == state.snapshot_memory_mb else ""
+    if blob:
+        argv = [state.node, *state.snapshot_flags, "--snapshot-blob", blob]
     else:
         argv = [state.node, *snapshot.heap_flags(memory_mb), state.wrapper]
     if state.node_path:
         argv.append(state.node_path)  # the layer's node_modules, where require() looks last
     os.execve(state.node, argv, dict(os.environ))
+
+
+def _snapshot_for(state: State) -> str:
+    """The snapshot's path for this child: its own copy when the seed must stay hidden."""
+    if not state.snapshot_data:
+        return state.snapshot
+    try:
+        fd = os.open(PRIVATE_SNAPSHOT, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o400)
+        try:
+            view = memoryview(state.snapshot_data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+    except OSError:  # /tmp too small for it (an operator's choice): start on the plain wrapper
+        try:
+            os.unlink(PRIVATE_SNAPSHOT)
+        except OSError:
+            pass
+        return ""
+    return PRIVATE_SNAPSHOT

@@ -16,7 +16,6 @@ from runtimes.payload import RunRequest
 
 WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wrapper.js")
 WRAPPER_IN_TREE = "/opt/sandlot/wrapper.js"  # wherever the package is installed (even under /tmp)
-SNAPSHOT_IN_TREE = "/opt/sandlot/wrapper.blob"
 
 log = logging.getLogger("sandlot.nodejs")
 
@@ -91,8 +90,6 @@ class NodeRuntime(JailedRuntime):
         spec = tree.TreeSpec()
         spec.add(self.node)
         spec.place(WRAPPER_IN_TREE, WRAPPER)
-        if self.snapshot:
-            spec.place(SNAPSHOT_IN_TREE, self.snapshot.path)
         if self.config.nodejs_layer:
             spec.add(self.config.nodejs_layer)
         spec.add(*tree.shared_libraries([self.node]))
@@ -104,7 +101,8 @@ class NodeRuntime(JailedRuntime):
             **super().runner_config(),
             "node": self.node,
             "wrapper": WRAPPER_IN_TREE if self.config.privileged else WRAPPER,
-            "snapshot": (SNAPSHOT_IN_TREE if self.config.privileged else self.snapshot.path) if self.snapshot else "",
+            "snapshot": self.snapshot.path if self.snapshot else "",
+            "private_snapshot": self.config.privileged,  # each run its own copy, the tree none (runner.py)
             "snapshot_flags": list(self.snapshot.flags) if self.snapshot else [],
             "snapshot_memory_mb": self.snapshot.memory_mb if self.snapshot else 0,
             "cpu_seconds": math.ceil(self.config.max_timeout) + 1,

@@ -13,7 +13,9 @@ That seed must not be one known to everybody (node's own snapshot carries a
 seed that is the same in every copy of the binary), so the build does rehash
 (V8 draws a random seed when the building node starts) and every zygote gets
 a snapshot of its own: the seed changes at every start and every
-SANDLOT_ZYGOTE_MAX_FORKS runs, and user code has no way to read it.
+SANDLOT_ZYGOTE_MAX_FORKS runs. No run can read it: the file is not in the
+tree; each jailed child gets a copy in its own /tmp, which the wrapper removes
+before it reads the run (runner.py).
 
 node refuses a snapshot built under other V8 flags than it is loaded with: the
 header holds the build's v8.cachedDataVersionTag(). --rehash-snapshot only
