@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from runtimes.dirlock import remove_if_unlocked
+
 log = logging.getLogger("sandlot.layers")
 
 
@@ -104,18 +106,9 @@ class LayerStore:
         self._remove_if_unused(path)
 
     def _remove_if_unused(self, path: str) -> None:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return  # another instance runs on it; whoever retires it last removes it
-        finally:
-            os.close(fd)
-        shutil.rmtree(path, ignore_errors=True)
-        log.info("removed unused layer %s", path)
+        # another instance may run on it: whoever retires it last removes it
+        if remove_if_unlocked(path):
+            log.info("removed unused layer %s", path)
 
 
 def make_readable(root: Path) -> None:

@@ -331,3 +331,19 @@ def test_a_tmp_too_small_for_the_snapshot_starts_node_on_the_plain_wrapper():
         assert svc.run(code, language="nodejs")["data"]["stdout"] == "false 0\n"
     finally:
         svc.stop()
+
+
+def test_snapshot_directories_of_instances_gone_are_collected(tmp_path):
+    live = snapshot.SnapshotDirectory(str(tmp_path))
+    live.open()
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    (stale / "wrapper-1.blob").write_bytes(b"seed")
+    legacy = tmp_path / "node-0123456789abcdef.blob"  # the layout before per-instance directories
+    legacy.write_bytes(b"seed")
+    other = snapshot.SnapshotDirectory(str(tmp_path))
+    other.open()
+    assert os.path.isdir(live.path) and not stale.exists() and not legacy.exists()
+    other.close()
+    live.close()
+    assert [p.name for p in tmp_path.iterdir()] == [".lock"]

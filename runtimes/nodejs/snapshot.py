@@ -39,6 +39,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtimes.dirlock import remove_if_unlocked
 from runtimes.jail import protocol
 
 log = logging.getLogger("sandlot.nodejs")
@@ -183,15 +184,5 @@ class SnapshotDirectory:
                 continue
             if entry.is_file():  # an older layout: one shared file per node and wrapper
                 _unlink(str(entry))
-                continue
-            try:
-                fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            except OSError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # a live instance's
-            finally:
-                os.close(fd)
-            shutil.rmtree(entry, ignore_errors=True)
+            else:
+                remove_if_unlocked(entry)  # left alone while its instance lives
