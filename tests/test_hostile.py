@@ -105,6 +105,7 @@ def test_cpu_time_does_not_pre_empt_the_wall_clock(service):
     assert data["exit_code"] == -1 and "error: timeout" in data["error"]
 
 
+@needs_root
 def test_no_signals_or_ptrace_to_the_service(service):
     # the service and its zygotes (not the ready children: one of them runs this very code)
     zygotes = [p for p in descendants(service.process.pid) if uid_of(p) == uid_of(service.process.pid)]
@@ -127,6 +128,7 @@ def test_no_signals_or_ptrace_to_the_service(service):
     still_serving(service)
 
 
+@needs_root
 def test_tmp_is_private_to_each_run(service):
     first = run(service, "open('/tmp/left-behind', 'w').write('secret')\nimport os\nprint(os.listdir('/tmp'))")
     assert "left-behind" in first["stdout"]
@@ -178,6 +180,7 @@ def test_runs_get_different_uids(service):
     assert len(uids) == 4
 
 
+@needs_root
 def test_zygote_environment_is_clean(service):
     zygotes = [p for p in descendants(service.process.pid) if b"runtimes.jail.zygote" in _cmdline(p)]
     assert zygotes

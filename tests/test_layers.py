@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 from conftest import needs_root
-from service import IS_ROOT, Service, descendants, uid_of
+from service import IS_ROOT, Service, descendants
 
 from layers import isolation
+from runtimes.config import default_data_dir
 
 
 def make_wheel(wheelhouse: Path, name: str, version: str, modules: dict[str, str]) -> Path:
@@ -166,7 +167,7 @@ def test_numpy_and_pandas_compute_inside_the_jail(requirements):
     # measured: both run on the default allow-list; no system call had to be added for them
     requirements.write_text("numpy\npandas\n")
     svc = Service(
-        SANDLOT_PYTHON_REQUIREMENTS=str(requirements), SANDLOT_DATA_DIR="/var/lib/sandlot", MAX_WORKERS="1"
+        SANDLOT_PYTHON_REQUIREMENTS=str(requirements), SANDLOT_DATA_DIR=default_data_dir(), MAX_WORKERS="1"
     ).start()
     try:
         data = svc.run("import numpy; print(numpy.arange(10).sum())")["data"]
@@ -183,7 +184,7 @@ def test_numpy_and_pandas_compute_inside_the_jail(requirements):
         assert {"numpy", "pandas"} <= set(python["preloaded"])
         env = svc.run("import os\nprint(sorted(os.environ))")["data"]["stdout"]
         assert env == "['HOME', 'LANG', 'TMPDIR']\n"
-        zygote = next(p for p in descendants(svc.process.pid) if _threads(p) and _is_zygote(p))
+        zygote = next(p for p in descendants(svc.process.pid) if _threads(p) and _is_zygote(p, svc.process.pid))
         assert _threads(zygote) == 1  # still safe to fork after numpy's import
     finally:
         svc.stop()
@@ -197,9 +198,13 @@ def _threads(pid: int) -> int:
         return 0
 
 
-def _is_zygote(pid: int) -> bool:
+def _is_zygote(pid: int, service: int) -> bool:
+    """The Python zygote: the service's own child (its children are forks with the same command line)."""
     with open(f"/proc/{pid}/cmdline", "rb") as f:
-        return b"runtimes.python.runner" in f.read() and uid_of(pid) == 0
+        command = f.read()
+    with open(f"/proc/{pid}/stat") as f:
+        parent = int(f.read().rsplit(")", 1)[1].split()[1])
+    return b"runtimes.python.runner" in command and parent == service
 
 
 def test_periodic_refresh(requirements, wheelhouse, data_dir):
