@@ -95,6 +95,20 @@ def drive(
     return latencies, len(latencies) / elapsed
 
 
+def idle_round_trip(port: int, count: int = 40, rate: float = 10) -> float:
+    """p50 of GET /health paced like the paced rows: what waking an idle machine costs an HTTP round trip."""
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    times = []
+    for _ in range(count):
+        time.sleep(1 / rate)
+        started = time.perf_counter()
+        conn.request("GET", "/health")
+        conn.getresponse().read()
+        times.append(time.perf_counter() - started)
+    conn.close()
+    return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=400)
@@ -122,13 +136,15 @@ def main() -> None:
         cores = os.cpu_count()
         print(f"reference: spawn of `{python} -I -S -c pass`: p50 {spawn * 1000:.2f} ms")
         print(f"reference: spawn of `{node} -e ''` (empty environment): p50 {node_spawn * 1000:.2f} ms")
-        print(header)
         languages = args.languages.split(",")
+        if "nodejs" in languages:
+            drive(service.port, 'console.log("warm")', 1, 20, "nodejs", rate=10)
+            floor = idle_round_trip(service.port)
+            print(f"reference: GET /health paced at 10/s (idle wake-ups, no run): p50 {floor * 1000:.2f} ms")
+        print(header)
         for name, code in PYTHON_WORKLOADS.items() if "python3" in languages else ():
             for clients in client_counts:
                 row(name, "python3", code, clients, args.requests, spawn)
-        if "nodejs" in languages:
-            drive(service.port, 'console.log("warm")', 1, 20, "nodejs", rate=10)
         for name, code in NODE_WORKLOADS.items() if "nodejs" in languages else ():
             row(name, "nodejs", code, 1, 50, node_spawn, rate=10)
             row(name, "nodejs", code, 4, args.requests // 2, node_spawn)
