@@ -1,7 +1,9 @@
 """How a run ended, as the service itself observed it, and the run result built from it.
 
 Nothing here trusts the child's output: exit status, signal, timeout and
-truncation come from the zygote's reaping and the service's own accounting.
+truncation come from the zygote's reaping and the service's own accounting,
+except the exit status a wrapper reports as it exits (execution.py), which can
+only end its own run early, as exiting would.
 """
 
 from __future__ import annotations
