@@ -149,6 +149,11 @@ def processes_with_uid_in(first: int, last: int) -> list[int]:
     return found
 
 
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def uid_of(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:

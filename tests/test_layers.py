@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import needs_root
-from service import IS_ROOT, Service, descendants
+from service import IS_ROOT, Service, descendants, parent_of
 
 from layers import isolation
 from runtimes.config import default_data_dir
@@ -201,10 +201,7 @@ def _threads(pid: int) -> int:
 def _is_zygote(pid: int, service: int) -> bool:
     """The Python zygote: the service's own child (its children are forks with the same command line)."""
     with open(f"/proc/{pid}/cmdline", "rb") as f:
-        command = f.read()
-    with open(f"/proc/{pid}/stat") as f:
-        parent = int(f.read().rsplit(")", 1)[1].split()[1])
-    return b"runtimes.python.runner" in command and parent == service
+        return b"runtimes.python.runner" in f.read() and parent_of(pid) == service
 
 
 def test_periodic_refresh(requirements, wheelhouse, data_dir):

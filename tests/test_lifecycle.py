@@ -171,6 +171,25 @@ def test_reduced_jail_still_confines(reduced):
     assert "error: timeout" in reduced.run("while True: pass", timeout=0.5)["data"]["error"]
 
 
+def test_reduced_jail_keeps_signals_and_limits_to_the_run_itself(reduced):
+    # signal 0 and a read of limits: harmless even if the filter were missing
+    service = reduced.process.pid
+    code = (
+        "import os, resource\n"
+        f"for target in ({service}, -{service}, -1, 0):\n"
+        "    try:\n        os.kill(target, 0)\n        print('signalled', target)\n"
+        "    except PermissionError:\n        print('refused')\n"
+        "os.kill(os.getpid(), 0)\n"
+        f"try:\n    resource.prlimit({service}, resource.RLIMIT_NOFILE)\n    print('read its limits')\n"
+        "except PermissionError:\n    print('refused')\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))\n"
+        "print('own limits ok')\n"
+    )
+    assert reduced.run(code)["data"]["stdout"] == "refused\n" * 5 + "own limits ok\n"
+    node = f"try {{ process.kill({service}, 0); console.log('signalled') }} catch (e) {{ console.log(e.code) }}"
+    assert reduced.run(node, language="nodejs")["data"]["stdout"] == "EPERM\n"
+
+
 @pytest.mark.skipif(IS_ROOT, reason="as root a reduced-jail run is root and /proc protections do not apply")
 def test_reduced_jail_cannot_read_the_service(reduced):
     code = f"print(open('/proc/{reduced.process.pid}/environ').read())"

@@ -2,7 +2,8 @@
 
 Order matters: descriptors first (nothing of the zygote's may leak), then the
 private /tmp (needs root), then the identity drop (after which nothing can be
-undone), then limits. The seccomp filter is loaded by the language runner once
+undone), then limits. Without root, a small filter keeps signals and rlimit
+changes to the child itself (seccomp_policy.fence_for). The seccomp filter is loaded by the language runner once
 it has read the run's options from its pipe, before the first line of user code.
 """
 
@@ -14,7 +15,7 @@ import resource
 import signal
 from dataclasses import dataclass
 
-from runtimes.jail import linux
+from runtimes.jail import linux, seccomp_policy
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,12 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...]) -> Non
         os.environ["HOME"] = os.environ["TMPDIR"] = tmpdir
     os.chdir(tmpdir)
     linux.set_no_new_privs()
+    if not plan.privileged:  # same uid as the service: only a filter keeps it from signalling it
+        fence = seccomp_policy.fence_for(os.getpid())
+        try:
+            fence.load()
+        except OSError:
+            pass  # no seccomp here: the runner refuses to run, unless the operator opted out of seccomp
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (plan.max_open_files, plan.max_open_files))

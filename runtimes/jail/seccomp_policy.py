@@ -315,6 +315,23 @@ def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) 
     return flt
 
 
+def fence_for(pid: int) -> pyseccomp.SyscallFilter:
+    """For a child sharing the service's uid (the reduced jail): signals and limits for itself only.
+
+    The kernel lets a process signal, or set the limits of, any other process of its
+    uid: the service and the zygote included. Stacked under the allow-list, this
+    refuses kill, tgkill and tkill aimed anywhere but at pid (process groups too), and
+    prlimit64 on any process but the caller (pid 0). Built in the child, which knows pid.
+    """
+    flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    refuse = pyseccomp.ERRNO(errno.EPERM)
+    for name in ("kill", "tgkill", "tkill"):  # unsigned comparisons: negative pids are above pid
+        flt.add_rule(refuse, name, pyseccomp.Arg(0, pyseccomp.GT, pid))
+        flt.add_rule(refuse, name, pyseccomp.Arg(0, pyseccomp.LT, pid))
+    flt.add_rule(refuse, "prlimit64", pyseccomp.Arg(0, pyseccomp.NE, 0))
+    return flt
+
+
 def compile_program(flt: pyseccomp.SyscallFilter) -> SeccompProgram:
     """libseccomp's BPF for the filter, ready to load in a child with one call."""
     fd = os.memfd_create("sandlot-seccomp", os.MFD_CLOEXEC)
