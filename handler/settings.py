@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 from pydantic_settings.exceptions import SettingsError as _SourceError
 
 from runtimes.config import RuntimeConfig, default_data_dir, default_python
+from runtimes.jail.tree import under_tmp
 
 # dify-sandbox's config.yaml keys (dotted paths) -> our setting names
 _YAML_KEYS = {
@@ -126,8 +127,7 @@ class Settings(BaseSettings):
     @field_validator("SANDLOT_DATA_DIR")
     @classmethod
     def _not_under_tmp(cls, value: str) -> str:
-        resolved = os.path.realpath(value)
-        if resolved == "/tmp" or resolved.startswith("/tmp/"):
+        if under_tmp(value):
             raise ValueError("must not be under /tmp: every run gets a /tmp of its own, which would hide the layers")
         return value
 

@@ -3,8 +3,9 @@
 Order matters: descriptors first (nothing of the zygote's may leak), then the
 private /tmp (needs root), then the identity drop (after which nothing can be
 undone), then limits. Without root, a small filter keeps signals and rlimit
-changes to the child itself (seccomp_policy.fence_for). The seccomp filter is loaded by the language runner once
-it has read the run's options from its pipe, before the first line of user code.
+changes to the child itself (seccomp_policy.fence_for). The allow-list filter is
+loaded by the language runner once it has read the run's options from its pipe,
+before the first line of user code.
 """
 
 from __future__ import annotations

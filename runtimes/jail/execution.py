@@ -80,7 +80,9 @@ class _ExitReport:
         self.status: asyncio.Future = self.loop.create_future()
         if self.fd >= 0:
             os.set_blocking(self.fd, False)
-            self.loop.add_reader(self.fd, self._read)
+            self._read()  # a runner that does not report closed its end before the run: EOF now
+            if self.fd >= 0:
+                self.loop.add_reader(self.fd, self._read)
 
     def _read(self) -> None:
         try:

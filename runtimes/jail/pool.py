@@ -3,10 +3,9 @@
 A child serves exactly one run. Children come in variants (what a runner must
 know before the run arrives, e.g. Node's network filter): each variant has its
 own number of children kept ready; others are forked on demand. A child's uid
-and private /tmp go back only once the
-zygote has reaped it. After `max_forks` forks a new zygote is started (fresh
-address-space layout and hash seed) and the old one leaves once its last child
-has ended.
+and private /tmp go back only once the zygote has reaped it. After `max_forks`
+forks a new zygote is started (fresh address-space layout and hash seed) and the
+old one leaves once its last child has ended.
 """
 
 from __future__ import annotations

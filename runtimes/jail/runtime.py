@@ -39,7 +39,6 @@ class JailedRuntime:
         self._tmp_parent: tempfile.TemporaryDirectory | None = None
         self._tree_root = ""
         self._egress: EgressFilter | None = None
-        self._zygote_config: dict = {}
         self.on_layer_unused: list = []  # called with a layer path no zygote uses any more
 
     # ---- for subclasses --------------------------------------------------------
@@ -81,7 +80,6 @@ class JailedRuntime:
         try:
             tmp_parent = self._claim_identities()
             self._tree_root = tempfile.mkdtemp(prefix=f"sandlot-root-{self.language}-")
-            self._zygote_config = self.zygote_config()
             self.pool = ChildPool(
                 self._start_zygote, self._uids, tmp_parent, self.ready_targets(), config.zygote_max_forks
             )
@@ -117,7 +115,7 @@ class JailedRuntime:
         return None
 
     def zygote_config(self) -> dict:
-        """What a new zygote is started with; recomputed when the layer changes."""
+        """What a new zygote is started with, from the current layer and settings."""
         config = self.config
         return {
             "import_paths": _import_paths(),
@@ -136,7 +134,7 @@ class JailedRuntime:
         }
 
     async def _start_zygote(self) -> Zygote:
-        zygote = Zygote(self.interpreter(), self._zygote_config, self.config.environment())
+        zygote = Zygote(self.interpreter(), self.zygote_config(), self.config.environment())
         zygote.tag = self.layer()
         await zygote.start()
         return zygote
@@ -155,14 +153,12 @@ class JailedRuntime:
         the old layer, runs after the switch see the new one. Raises if the new one cannot start."""
         if self.pool is None:
             raise SandboxUnavailable(f"the {self.language} runtime is not running")
-        old_layer, old_config = self.layer(), self._zygote_config
+        old_layer = self.layer()
         self.set_layer(path)
-        self._zygote_config = self.zygote_config()
         try:
             report = await self.pool.replace_zygote()
         except SandboxUnavailable:
             self.set_layer(old_layer)
-            self._zygote_config = old_config
             raise
         self.report = report
         if report.get("preload_failed"):

@@ -37,7 +37,7 @@ class TreeSpec:
 
     def add(self, *paths: str) -> None:
         for path in paths:
-            if self.tmp_replaced and _under_tmp(path):
+            if self.tmp_replaced and under_tmp(path):
                 raise ValueError(f"{path} is under /tmp, which every run replaces with its own")
             if os.path.lexists(path) and path not in self.binds:
                 self.binds.append(path)
@@ -50,7 +50,8 @@ class TreeSpec:
         return asdict(self)
 
 
-def _under_tmp(path: str) -> bool:
+def under_tmp(path: str) -> bool:
+    """Whether path (links resolved) is /tmp or below it."""
     real = os.path.realpath(path)
     return real == "/tmp" or real.startswith("/tmp/")
 

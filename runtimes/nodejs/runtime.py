@@ -44,8 +44,7 @@ class NodeRuntime(JailedRuntime):
             )
         except (OSError, subprocess.SubprocessError) as exc:  # slower starts, nothing worse
             log.warning("no startup snapshot for node: %s", exc)
-        self.snapshot = fresh
-        self._zygote_config = self.zygote_config()
+        self.snapshot = fresh  # what zygote_config() hands the new zygote
         try:
             zygote = await super()._start_zygote()
         except BaseException:
