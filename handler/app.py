@@ -80,7 +80,12 @@ class SandboxAPI:
             return
         for language, status in self.invoker.status().items():
             if status.get("ready"):
-                log.info("%s runtime ready; protections in force: %s", language, status.get("protections"))
+                log.info(
+                    "%s runtime ready; protections in force: %s; platform: %s",
+                    language,
+                    status.get("protections"),
+                    status.get("platform"),
+                )
             else:
                 log.error("%s runtime not ready: %s", language, status.get("error"))
 

@@ -47,6 +47,9 @@ class RuntimeConfig:
     require_seccomp: bool = True
     extra_syscalls: tuple[int, ...] = ()
     jail: str = "auto"  # auto | full | reduced
+    # One run at a time and nothing of it left before the next (a Lambda instance): a platform
+    # without a uid or namespaces per run may serve then, and only then.
+    one_run_at_a_time: bool = False
     uid_base: int = 1_500_000_000
     uid_count: int = 1024
     zygote_max_forks: int = 2000

@@ -2,6 +2,7 @@
 
 import base64
 import json
+import os
 
 import httpx
 from service import API_KEY
@@ -203,6 +204,9 @@ def test_health_detail_names_protections_and_limits(service):
     python = detail["runtimes"]["python3"]
     assert python["ready"] is True
     assert python["protections"]["seccomp"] is True
+    platform = python["platform"]  # the probed record, one field per mechanism
+    assert platform["seccomp"] is True and platform["rlimits"] is True
+    assert platform["setuid"] == platform["chroot"] == (os.geteuid() == 0)
     assert python["zygote"] == "running"
     assert {"requests", "httpx", "jinja2", "certifi", "idna"} <= set(python["preloaded"])  # the whole layer
     assert python["preload_failed"] == {}

@@ -6,6 +6,7 @@ run request is put on the child's stdin.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import tempfile
@@ -17,6 +18,7 @@ from runtimes.config import MIB, RuntimeConfig
 from runtimes.jail.egress import EgressFilter
 from runtimes.jail.execution import execute
 from runtimes.jail.pool import ChildPool
+from runtimes.jail.protections import Protections, platform_protections
 from runtimes.jail.supervisor import SandboxUnavailable, Zygote
 from runtimes.jail.tree import TreeSpec
 from runtimes.jail.uids import UidPool
@@ -33,6 +35,7 @@ class JailedRuntime:
         self.config = config
         self.pool: ChildPool | None = None
         self.report: dict = {}
+        self.platform: Protections | None = None  # what this platform lets the jail do (probed at start)
         self.refused = ""  # a reason runs are refused for good (no seccomp, no jail)
         self.started = False
         self._uids: UidPool | None = None
@@ -78,6 +81,7 @@ class JailedRuntime:
             log.warning("%s runs refused: %s", self.language, self.refused)
             return
         try:
+            self.platform = await asyncio.to_thread(platform_protections)
             tmp_parent = self._claim_identities()
             self._tree_root = tempfile.mkdtemp(prefix=f"sandlot-root-{self.language}-")
             self.pool = ChildPool(
@@ -200,6 +204,7 @@ class JailedRuntime:
             "installed": not self.missing(),
             "error": self.error,
             "protections": self.protections(),
+            "platform": self.platform.to_dict() if self.platform else None,
             "preloaded": self.report.get("preloaded", []),
             "preload_failed": self.report.get("preload_failed", {}),
             **(self.pool.status() if self.pool else {}),

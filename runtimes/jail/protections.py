@@ -1,0 +1,248 @@
+"""What this platform lets the jail do: each mechanism probed once, in a throwaway child.
+
+One record, the same everywhere: the local service (as root or not), a
+container, and a Lambda runtime function, which reports it on `{"action":
+"probe"}`. The start-up log and the health detail show it, and the jail picks
+its mode from it instead of from a single "am I root" switch.
+
+Every probe runs in a forked child, because on some platforms a refused call
+does not fail: it kills the caller with SIGSYS. A probe that dies says so.
+
+Only the standard library and pyseccomp (for the seccomp probe) are used: the
+record must be obtainable before anything else of the jail is set up.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import resource
+import signal
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from runtimes.jail import linux
+
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+CLONE_NEWIPC = 0x08000000
+
+_LANDLOCK_CREATE_RULESET = {"x86_64": 444, "aarch64": 444}
+_LANDLOCK_CREATE_RULESET_VERSION = 1
+
+# Places a run or the service might write to; the record says which are writable here.
+WRITABLE_CANDIDATES = ("/", "/etc", "/usr", "/var/tmp", "/tmp", "/dev/shm")
+PROBE_UID = 65534  # nobody: any uid other than ours tells whether we may change identity
+
+
+@dataclass(frozen=True)
+class Protections:
+    """The platform's answer per mechanism. `errors` says why a mechanism is missing."""
+
+    euid: int
+    seccomp: bool  # a seccomp filter can be loaded (after no_new_privs)
+    no_new_privs: bool
+    dumpable: bool  # PR_SET_DUMPABLE 0 works: /proc/<pid>/{environ,mem,fd} closed to same-uid processes
+    pdeathsig: bool  # a child can ask to die with its parent
+    user_namespaces: bool
+    mount_namespaces: bool  # as root directly, otherwise inside a new user namespace
+    pid_namespaces: bool  # likewise
+    net_namespaces: bool  # likewise
+    chroot: bool  # chroot/pivot_root into a tree of our own (needs CAP_SYS_CHROOT)
+    setuid: bool  # runs may get a uid of their own (needs CAP_SETUID)
+    rlimits: bool
+    landlock: int  # Landlock ABI version, 0 when absent
+    cgroups: bool  # a cgroup hierarchy (v1 pids controller, or v2) this process may create groups in
+    writable: tuple[str, ...] = ()  # which of WRITABLE_CANDIDATES this process can write to
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["writable"] = list(self.writable)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Protections:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        known["writable"] = tuple(known.get("writable", ()))
+        return cls(**known)
+
+    @property
+    def privileged(self) -> bool:
+        """Root's full jail is possible: a uid per run, a mount namespace and a tree of our own."""
+        return self.setuid and self.chroot and self.mount_namespaces
+
+    @property
+    def isolating_namespaces(self) -> bool:
+        """Without root: a user namespace with mount, PID and network namespaces inside it."""
+        return self.user_namespaces and self.mount_namespaces and self.pid_namespaces and self.net_namespaces
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _unshare_as_caller(flags: int) -> None:
+    """New namespaces of these kinds: directly as root, inside a new user namespace otherwise."""
+    if os.geteuid() != 0:
+        flags |= CLONE_NEWUSER
+    linux.unshare(flags)
+
+
+def _seccomp() -> None:
+    import pyseccomp
+
+    linux.set_no_new_privs()
+    flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    flt.add_rule(pyseccomp.ERRNO(errno.EPERM), "ptrace")
+    flt.load()
+
+
+def _landlock() -> int:
+    import platform
+
+    number = _LANDLOCK_CREATE_RULESET.get(platform.machine())
+    if number is None:
+        return 0
+    abi = _libc.syscall(number, None, ctypes.c_size_t(0), ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION))
+    if abi < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return abi
+
+
+def _chroot() -> None:
+    os.chroot("/")
+
+
+def _setuid() -> None:
+    uid = PROBE_UID if os.geteuid() != PROBE_UID else PROBE_UID - 1
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
+def _rlimits() -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 64), min(hard, 64)))
+
+
+def _cgroups() -> None:
+    for base in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup"):
+        hierarchy = base.endswith("/pids") or os.path.exists(os.path.join(base, "cgroup.controllers"))
+        if hierarchy and os.access(base, os.W_OK):
+            path = tempfile.mkdtemp(prefix="sandlot-probe-", dir=base)
+            os.rmdir(path)
+            return
+    raise OSError(errno.EACCES, "no cgroup hierarchy this process may create groups in")
+
+
+def _writable(path: str) -> bool:
+    try:
+        fd, name = tempfile.mkstemp(prefix=".sandlot-probe-", dir=path)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(name)
+    return True
+
+
+# name -> what the child does; it succeeds when the call returns
+_PROBES: dict[str, Callable[[], object]] = {
+    "seccomp": _seccomp,
+    "no_new_privs": linux.set_no_new_privs,
+    "dumpable": lambda: linux.set_dumpable(False),
+    "pdeathsig": lambda: linux.set_parent_death_signal(signal.SIGKILL),
+    "user_namespaces": lambda: linux.unshare(CLONE_NEWUSER),
+    "mount_namespaces": lambda: _unshare_as_caller(linux.CLONE_NEWNS),
+    "pid_namespaces": lambda: _unshare_as_caller(CLONE_NEWPID),
+    "net_namespaces": lambda: _unshare_as_caller(CLONE_NEWNET),
+    "chroot": _chroot,
+    "setuid": _setuid,
+    "rlimits": _rlimits,
+    "landlock": _landlock,
+    "cgroups": _cgroups,
+    "writable": lambda: [p for p in WRITABLE_CANDIDATES if _writable(p)],
+}
+
+
+def _in_child(probe: Callable[[], object]) -> tuple[object, str]:
+    """Run probe in a forked child; (its value or None, why it failed)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.close(read_end)
+            try:
+                value = probe()
+                message = json.dumps({"ok": True, "value": value if value is not None else True})
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                message = json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+            os.write(write_end, message.encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    data = b""
+    try:
+        while chunk := os.read(read_end, 65536):
+            data += chunk
+    finally:
+        os.close(read_end)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        return None, f"the probe was killed by {signal.Signals(signum).name}"
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        return None, "the probe exited without an answer"
+    if not answer["ok"]:
+        return None, answer["error"]
+    return answer["value"], ""
+
+
+def probe() -> Protections:
+    """Probe every mechanism, each in a child of its own (about 1 ms each)."""
+    try:
+        import pyseccomp  # noqa: F401 - imported here, never first in a forked child
+    except ImportError:
+        pass
+    values: dict[str, object] = {}
+    errors: dict[str, str] = {}
+    for name, check in _PROBES.items():
+        value, error = _in_child(check)
+        if error:
+            errors[name] = error
+        values[name] = value
+    return Protections(
+        euid=os.geteuid(),
+        seccomp=bool(values["seccomp"]),
+        no_new_privs=bool(values["no_new_privs"]),
+        dumpable=bool(values["dumpable"]),
+        pdeathsig=bool(values["pdeathsig"]),
+        user_namespaces=bool(values["user_namespaces"]),
+        mount_namespaces=bool(values["mount_namespaces"]),
+        pid_namespaces=bool(values["pid_namespaces"]),
+        net_namespaces=bool(values["net_namespaces"]),
+        chroot=bool(values["chroot"]),
+        setuid=bool(values["setuid"]),
+        rlimits=bool(values["rlimits"]),
+        landlock=int(values["landlock"] or 0),
+        cgroups=bool(values["cgroups"]),
+        writable=tuple(values["writable"] or ()),
+        errors=errors,
+    )
+
+
+_cached: Protections | None = None
+
+
+def platform_protections() -> Protections:
+    """This process's record, probed on first use."""
+    global _cached
+    if _cached is None:
+        _cached = probe()
+    return _cached

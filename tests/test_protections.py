@@ -1,0 +1,83 @@
+"""The protections record: each mechanism probed in a child of its own, refusals reported, never fatal."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import needs_root
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PROBE = "import json; from runtimes.jail.protections import probe; print(json.dumps(probe().to_dict()))"
+
+
+def probe_under(*restrictions: str) -> dict:
+    """The record as a process under an outer filter sees it."""
+    out = subprocess.run(
+        [sys.executable, os.path.join(HERE, "outer_filter.py"), *restrictions, "--", sys.executable, "-c", PROBE],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def test_the_machine_itself_offers_seccomp_and_limits():
+    from runtimes.jail.protections import probe
+
+    record = probe()
+    assert record.seccomp and record.no_new_privs and record.rlimits and record.pdeathsig, record.errors
+    assert "/tmp" in record.writable
+    assert record.privileged == (os.geteuid() == 0)
+
+
+@needs_root
+def test_refused_prctl_and_seccomp_are_reported():
+    record = probe_under("--eperm", "prctl,seccomp")
+    for name in ("seccomp", "no_new_privs", "dumpable", "pdeathsig"):
+        assert record[name] is False, name
+        assert record["errors"][name]
+    assert "Operation not permitted" in record["errors"]["no_new_privs"]
+    assert record["rlimits"] is True
+
+
+@needs_root
+def test_a_probe_killed_by_sigsys_is_reported_not_fatal():
+    record = probe_under("--sigsys", "unshare")
+    for name in ("user_namespaces", "mount_namespaces", "pid_namespaces", "net_namespaces"):
+        assert record[name] is False
+        assert record["errors"][name] == "the probe was killed by SIGSYS"
+    assert record["seccomp"] is True  # the rest still probed
+
+
+@needs_root
+@pytest.mark.parametrize("uid", [65534])
+def test_an_unprivileged_uid_cannot_change_identity_or_chroot(uid, tmp_path):
+    os.chmod(tmp_path, 0o755)
+    # Debian's interpreter: an unprivileged uid cannot execute the pyenv one (see README)
+    python = "/usr/bin/python3.11"
+    if not os.access(python, os.X_OK):
+        pytest.skip("needs /usr/bin/python3.11 for an unprivileged interpreter")
+    code = (
+        f"import sys; sys.path.insert(0, {ROOT!r}); "
+        "import json; from runtimes.jail import protections as p; "
+        "p._PROBES.pop('seccomp'); "  # pyseccomp lives in a venv this uid cannot read
+        "r = {n: p._in_child(f) for n, f in p._PROBES.items()}; print(json.dumps(r))"
+    )
+    out = subprocess.run(
+        [sys.executable, os.path.join(HERE, "outer_filter.py"), "--uid", str(uid), "--", python, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        timeout=60,
+    )
+    if out.returncode != 0 and "Permission denied" in out.stderr:
+        pytest.skip(f"the project is not readable by uid {uid}: {out.stderr.strip()[-200:]}")
+    record = json.loads(out.stdout)
+    assert record["setuid"][0] is None and "Operation not permitted" in record["setuid"][1]
+    assert record["chroot"][0] is None
+    assert "/etc" not in record["writable"][0]
