@@ -9,8 +9,13 @@ than the queue timeout is refused like an overload.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
+
+# Seconds the current task's run waited for its worker slot (read by the metrics and the run's log line).
+queue_wait: ContextVar[float | None] = ContextVar("sandlot_queue_wait", default=None)
 
 
 class Refused(Exception):
@@ -43,10 +48,12 @@ class Admission:
 
     @asynccontextmanager
     async def worker(self, disconnected: Callable[[], Awaitable[object]]):
+        started = time.monotonic()
         if self._slots.locked():
             await self._wait(disconnected)
         else:
             await self._slots.acquire()
+        queue_wait.set(time.monotonic() - started)
         self.running += 1
         try:
             yield

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 
 from pydantic import ValidationError
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -17,7 +18,10 @@ from starlette.routing import Route
 from handler import envelope
 from handler.admission import Admission, ClientGone, Refused
 from handler.invoker import Invoker, LayerBuildError, SandboxUnavailable
+from handler.metrics import MeteredInvoker, Metrics, metrics_routes
+from handler.middleware import ObservabilityMiddleware
 from handler.models import RunBody, describe
+from handler.openapi import openapi_routes
 from handler.settings import Settings
 from runtimes.payload import LANGUAGES
 
@@ -207,8 +211,13 @@ class SandboxAPI:
         ]
 
 
-def create_app(settings: Settings, invoker: Invoker) -> Starlette:
-    api = SandboxAPI(settings, invoker)
-    app = Starlette(routes=api.routes(), lifespan=api.lifespan)
+def create_app(settings: Settings, invoker: Invoker, metrics: Metrics | None = None) -> Starlette:
+    metrics = metrics or Metrics()
+    api = SandboxAPI(settings, MeteredInvoker(invoker, metrics, log_payloads=settings.SANDLOT_LOG_DEBUG))
+    metrics.watch(api.admission, api.invoker)
+    routes = api.routes() + metrics_routes(settings, metrics) + openapi_routes()
+    edge = Middleware(ObservabilityMiddleware, metrics=metrics, routes={route.path for route in routes})
+    app = Starlette(routes=routes, lifespan=api.lifespan, middleware=[edge])
     app.state.api = api
+    app.state.metrics = metrics
     return app

@@ -1,4 +1,4 @@
-"""The `sandlot` command: serve the API, build dependency layers."""
+"""The `sandlot` command: serve the API, build dependency layers, run a file, check health, show the config."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import logging
 import os
 import secrets
 import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from handler.settings import Settings, SettingsError, load_settings
@@ -61,6 +63,8 @@ def build_app(settings: Settings, layers: LayerManager):
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from handler import logs
+    from handler.metrics import Metrics, parse_metrics_setting, start_separate_listener
     from runtimes.jail import linux
 
     overrides = {}
@@ -69,6 +73,7 @@ def serve(args: argparse.Namespace) -> int:
     if args.host is not None:
         overrides["SANDLOT_HOST"] = args.host
     settings = load_settings(**overrides)
+    log_config = logs.configure(settings.SANDLOT_LOG_FORMAT, settings.SANDLOT_LOG_LEVEL)
     if not settings.API_KEY:
         settings.API_KEY = secrets.token_urlsafe(32)
         print(f"sandlot: API_KEY is not set; this run's key is {settings.API_KEY}", file=sys.stderr, flush=True)
@@ -77,11 +82,17 @@ def serve(args: argparse.Namespace) -> int:
     for language in layers.layers:
         layers.ensure(language)  # builds on first start, showing pip's and npm's progress
     app = build_app(settings, layers)
+    metrics_mode, metrics_host, metrics_port = parse_metrics_setting(settings.SANDLOT_METRICS)
+    if metrics_mode == "address":
+        metrics: Metrics = app.state.metrics
+        start_separate_listener(metrics, metrics_host, metrics_port)
+        logging.getLogger("sandlot.metrics").info("metrics served on %s:%d/metrics", metrics_host, metrics_port)
     uvicorn.run(
         app,
         host=settings.SANDLOT_HOST,
         port=settings.SANDBOX_PORT,
-        log_level="info",
+        log_config=log_config,
+        log_level=settings.SANDLOT_LOG_LEVEL,
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=10,
@@ -97,6 +108,237 @@ def build_layers(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- sandlot run ---------------------------------------------------------------------------------------------------
+
+EXTENSIONS = {".py": "python3", ".js": "nodejs", ".mjs": "nodejs", ".cjs": "nodejs"}
+SANDBOX_FAILED = 125  # the sandbox, not the code, failed (docker run's convention)
+TIMED_OUT = 124  # timeout(1)'s convention
+
+
+def _default_url() -> str:
+    port = os.environ.get("SANDBOX_PORT", "8194")
+    return os.environ.get("SANDLOT_URL", f"http://127.0.0.1:{port}")
+
+
+def _api_key() -> str:
+    return os.environ.get("API_KEY") or load_settings().API_KEY
+
+
+def _run_request(args: argparse.Namespace) -> dict:
+    code = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    language = args.language or EXTENSIONS.get(Path(args.file).suffix.lower())
+    if language is None:
+        raise SettingsError(f"cannot tell the language of {args.file!r}: give --language python3|nodejs")
+    request = {"language": language, "code": code, "enable_network": bool(args.network)}
+    if args.timeout is not None:
+        request["timeout"] = args.timeout
+    if args.memory is not None:
+        request["memory_limit_mb"] = args.memory
+    if args.stdin is not None:
+        request["stdin"] = Path(args.stdin).read_text() if args.stdin != "-" else sys.stdin.read()
+    return request
+
+
+def _print_result(envelope: dict) -> int:
+    """Write the run's streams as they were; the run's exit code, or 125 when the sandbox refused."""
+    if envelope.get("code") != 0 or not isinstance(envelope.get("data"), dict):
+        print(f"sandlot: {envelope.get('message') or envelope}", file=sys.stderr)
+        return SANDBOX_FAILED
+    data = envelope["data"]
+    sys.stdout.write(data.get("stdout", ""))
+    sys.stdout.flush()
+    sys.stderr.write(data.get("stderr", ""))
+    exit_code = data.get("exit_code", 1)
+    if exit_code != 0:
+        own = data.get("error", "").replace(data.get("stderr", ""), "").strip()
+        if own:
+            print(f"sandlot: {own}", file=sys.stderr)
+    sys.stderr.flush()
+    if exit_code == -1 and "error: timeout" in data.get("error", ""):
+        return TIMED_OUT
+    return exit_code if 0 <= exit_code <= 255 else 1
+
+
+def run_file(args: argparse.Namespace) -> int:
+    request = _run_request(args)
+    if args.local:
+        return _print_result(_run_locally(request))
+    import httpx
+
+    try:
+        response = httpx.post(
+            args.url.rstrip("/") + "/v1/sandbox/run",
+            json=request,
+            headers={"X-Api-Key": _api_key()},
+            timeout=(args.timeout or 60) + 30,
+        )
+    except httpx.HTTPError as exc:
+        print(f"sandlot: cannot reach {args.url}: {exc}", file=sys.stderr)
+        return SANDBOX_FAILED
+    if response.status_code == 401:
+        print("sandlot: the service refused the key (set API_KEY)", file=sys.stderr)
+        return SANDBOX_FAILED
+    try:
+        envelope = response.json()
+    except ValueError:
+        print(f"sandlot: HTTP {response.status_code}: {response.text[:200]}", file=sys.stderr)
+        return SANDBOX_FAILED
+    return _print_result(envelope)
+
+
+def _run_locally(request: dict) -> dict:
+    """The run through this machine's runtimes, in this process: the service's validation, jail and result."""
+    import asyncio
+
+    from handler import envelope
+    from handler.invoker import LocalInvoker, SandboxUnavailable
+    from handler.models import RunBody, describe
+    from runtimes.jail import linux
+
+    settings = load_settings()
+    try:
+        body = RunBody.model_validate(request)
+    except ValueError as exc:
+        errors = exc.errors() if hasattr(exc, "errors") else []
+        return {"code": -400, "message": describe(errors) or str(exc), "data": None}
+    if body.enable_network and not settings.ENABLE_NETWORK:
+        return {"code": -400, "message": envelope.NETWORK_DISABLED, "data": None}
+    linux.set_dumpable(False)
+    with _captured_output() as machinery:  # layer builds and runtime logs stay out of the run's streams
+        try:
+            layers = layer_manager(settings)
+            if body.language in layers.layers:
+                layers.ensure(body.language)
+            invoker = LocalInvoker({body.language: _runtime(settings, layers, body.language)})
+            return {"code": 0, "message": "success", "data": asyncio.run(_invoke_once(invoker, body))}
+        except (SandboxUnavailable, LayerBuildError) as exc:
+            machinery.seek(0)
+            return {"code": -500, "message": f"{exc}\n{machinery.read()[-2000:]}".strip(), "data": None}
+
+
+async def _invoke_once(invoker, body) -> dict:
+    from handler.invoker import SandboxUnavailable
+
+    await invoker.start()
+    try:
+        if not invoker.ready():
+            status = invoker.status()[body.language]
+            raise SandboxUnavailable(status.get("error") or f"the {body.language} runtime did not start")
+        return await invoker.invoke(body.run_request())
+    finally:
+        await invoker.stop()
+
+
+def _runtime(settings: Settings, layers: LayerManager, language: str):
+    from runtimes.nodejs.runtime import NodeRuntime
+    from runtimes.python.runtime import PythonRuntime
+
+    config = settings.runtime_config(python_layer=layers.current("python3"), nodejs_layer=layers.current("nodejs"))
+    return {"python3": PythonRuntime, "nodejs": NodeRuntime}[language](config)
+
+
+@contextmanager
+def _captured_output():
+    """fds 1 and 2 (child processes' too) go to a temporary file inside the block; yields it for reading."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile("w+", errors="replace") as capture:
+        os.dup2(capture.fileno(), 1)
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield capture
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def _add_run(commands) -> None:
+    cmd = commands.add_parser("run", help="run a file in the sandbox; its output as it was, its exit code")
+    cmd.add_argument("file", help="the code (`-`: read it from stdin)")
+    cmd.add_argument("--language", choices=["python3", "nodejs"], help="default: from the file's extension")
+    cmd.add_argument(
+        "--url", default=_default_url(), help="the service (default SANDLOT_URL or 127.0.0.1:SANDBOX_PORT)"
+    )
+    cmd.add_argument("--timeout", type=float, default=None, help="seconds (default: the service's)")
+    cmd.add_argument("--memory", type=int, default=None, help="memory limit, MB (default: the service's)")
+    cmd.add_argument("--stdin", default=None, help="a file handed to the run as its stdin")
+    cmd.add_argument("--network", action=argparse.BooleanOptionalAction, default=False, help="allow network")
+    cmd.add_argument("--local", action="store_true", help="run through this machine's runtimes, without a service")
+    cmd.set_defaults(func=run_file)
+
+
+# ---- sandlot health ------------------------------------------------------------------------------------------------
+
+
+def health(args: argparse.Namespace) -> int:
+    """Readiness and the protections in force; 0 only when ready."""
+    import httpx
+
+    base = args.url.rstrip("/")
+    try:
+        ready = httpx.get(base + "/health", timeout=10)
+    except httpx.HTTPError as exc:
+        print(f"unreachable: {base}: {exc}")
+        return 1
+    print(f"{'ready' if ready.status_code == 200 else 'not ready'} ({base}/health: HTTP {ready.status_code})")
+    key = os.environ.get("API_KEY", "")
+    if key:
+        try:
+            detail = httpx.get(base + "/v1/sandbox/health", headers={"X-Api-Key": key}, timeout=10)
+            data = detail.json().get("data") or {} if detail.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            data = {}
+        for language, state in sorted((data.get("runtimes") or {}).items()):
+            protections = state.get("protections") or {}
+            listed = ", ".join(k if v is True else f"{k}={v}" for k, v in protections.items() if v)
+            missing = ", ".join(k for k, v in protections.items() if not v)
+            print(f"{language}: {'ready' if state.get('ready') else 'not ready'}")
+            print(f"  in force: {listed or '-'}")
+            print(f"  missing:  {missing or '-'}")
+            if state.get("error"):
+                print(f"  error:    {state['error']}")
+    else:
+        print("(set API_KEY to see the protections in force)")
+    return 0 if ready.status_code == 200 else 1
+
+
+def _add_health(commands) -> None:
+    cmd = commands.add_parser("health", help="is the service ready, and which protections are in force")
+    cmd.add_argument(
+        "--url", default=_default_url(), help="the service (default SANDLOT_URL or 127.0.0.1:SANDBOX_PORT)"
+    )
+    cmd.set_defaults(func=health)
+
+
+# ---- sandlot config ------------------------------------------------------------------------------------------------
+
+
+def show_config(args: argparse.Namespace) -> int:
+    from handler.settings_report import settings_in_force
+
+    rows = settings_in_force()
+    if args.json:
+        import json
+
+        print(json.dumps(rows, indent=2))
+        return 0
+    width = max(len(row["name"]) for row in rows)
+    for row in rows:
+        print(f"{row['name']:<{width}}  {row['value']!s:<40}  ({row['source']})")
+    return 0
+
+
+def _add_config(commands) -> None:
+    cmd = commands.add_parser("config", help="the settings in force and where each came from (secrets masked)")
+    cmd.add_argument("--json", action="store_true", help="as JSON")
+    cmd.set_defaults(func=show_config)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sandlot", description="Run untrusted Python and Node.js code.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -109,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     build_cmd = layer_commands.add_parser("build", help="build the dependency layers (shows pip's and npm's progress)")
     build_cmd.add_argument("--language", choices=["python3", "nodejs", "all"], default="all")
     build_cmd.set_defaults(func=build_layers)
+    _add_run(commands)
+    _add_health(commands)
+    _add_config(commands)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -78,44 +78,96 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", populate_by_name=True)
 
     # dify-sandbox's settings
-    API_KEY: str = ""
-    SANDBOX_PORT: int = Field(8194, ge=1, le=65535)
-    MAX_WORKERS: int = Field(4, ge=1, le=256)
-    MAX_REQUESTS: int = Field(50, ge=1)
-    WORKER_TIMEOUT: float = Field(15, gt=0)
-    ENABLE_NETWORK: bool = True
-    ENABLE_PRELOAD: bool = False
-    ALLOWED_SYSCALLS: Annotated[list[int], NoDecode] = []
-    HTTP_PROXY: str = ""
-    HTTPS_PROXY: str = ""
-    SOCKS5_PROXY: str = ""
-    PIP_MIRROR_URL: str = ""
-    PYTHON_DEPS_UPDATE_INTERVAL: str = ""
-    PYTHON_PATH: str = Field(default_factory=default_python)
-    NODEJS_PATH: str = "/usr/bin/node"
+    API_KEY: str = Field(
+        "", description="the `X-Api-Key` clients must send; `sandlot serve` prints a random one when unset"
+    )
+    SANDBOX_PORT: int = Field(8194, ge=1, le=65535, description="port")
+    MAX_WORKERS: int = Field(4, ge=1, le=256, description="runs executing at once (also children kept ready)")
+    MAX_REQUESTS: int = Field(50, ge=1, description="requests in flight; more get HTTP 503")
+    WORKER_TIMEOUT: float = Field(15, gt=0, description="default run timeout, seconds")
+    ENABLE_NETWORK: bool = Field(True, description="whether runs may ask for network")
+    ENABLE_PRELOAD: bool = Field(False, description="run the request's `preload` (inside the jail, before the code)")
+    ALLOWED_SYSCALLS: Annotated[list[int], NoDecode] = Field(
+        [],
+        description="comma-separated numbers added to the allow-list "
+        "(process creation, exec, ptrace, mount, namespaces refused)",
+    )
+    HTTP_PROXY: str = Field("", description="handed to user code (visible to it)")
+    HTTPS_PROXY: str = Field("", description="handed to user code (visible to it)")
+    SOCKS5_PROXY: str = Field("", description="handed to user code as `ALL_PROXY` (visible to it)")
+    PIP_MIRROR_URL: str = Field("", description="index used when building the Python layer")
+    PYTHON_DEPS_UPDATE_INTERVAL: str = Field(
+        "", description="rebuild the Python layer periodically (`30m`, `1h`, seconds); empty: never"
+    )
+    PYTHON_PATH: str = Field(
+        default_factory=default_python,
+        description="interpreter of the runs",
+        json_schema_extra={"shown_default": "the service's interpreter"},
+    )
+    NODEJS_PATH: str = Field(
+        "/usr/bin/node", description="node binary; without it nodejs runs get `-500` and Python still serves"
+    )
 
     # Sandlot's own
-    SANDLOT_BACKEND: Literal["local", "lambda"] = "local"
-    SANDLOT_HOST: str = "0.0.0.0"
-    SANDLOT_DATA_DIR: str = Field(default_factory=default_data_dir)
-    SANDLOT_PYTHON_REQUIREMENTS: str = ""
-    SANDLOT_PYTHON_PRELOAD: Annotated[list[str], NoDecode] = []  # empty: every module the layer provides
-    SANDLOT_PIP_FIND_LINKS: str = ""  # a local wheelhouse: build the Python layer without an index
-    SANDLOT_NODEJS_PACKAGE: str = ""  # package.json of the Node.js layer (its package-lock.json beside it)
-    SANDLOT_BUILD_UID: int = Field(0, ge=0)  # uid layer builds run as (0: SANDLOT_UID_BASE - 1)
-    SANDLOT_MAX_TIMEOUT: float = Field(60, gt=0)
-    SANDLOT_MEMORY_LIMIT_MB: int = Field(512, ge=16)
-    SANDLOT_MAX_MEMORY_LIMIT_MB: int = Field(2048, ge=16)
-    SANDLOT_OUTPUT_LIMIT_BYTES: int = Field(4 * 1024 * 1024, ge=1024)
-    SANDLOT_MAX_BODY_BYTES: int = Field(5 * 1024 * 1024, ge=1024)
-    SANDLOT_QUEUE_TIMEOUT: float = Field(30, gt=0)
-    SANDLOT_TMP_SIZE_MB: int = Field(64, ge=1)
-    SANDLOT_TMP_FILES: int = Field(2048, ge=16)
-    SANDLOT_REQUIRE_SECCOMP: bool = True
-    SANDLOT_JAIL: Literal["auto", "full", "reduced"] = "auto"
-    SANDLOT_UID_BASE: int = Field(1_500_000_000, ge=65536, le=4_000_000_000)
-    SANDLOT_ZYGOTE_MAX_FORKS: int = Field(2000, ge=10)
-    SANDLOT_EGRESS_ALLOW: Annotated[list[IPvAnyNetwork], NoDecode] = []
+    SANDLOT_BACKEND: Literal["local", "lambda"] = Field(
+        "local", description="where runs execute: `local` runtimes, or `lambda` functions"
+    )
+    SANDLOT_HOST: str = Field("0.0.0.0", description="address to bind")
+    SANDLOT_DATA_DIR: str = Field(
+        default_factory=default_data_dir,
+        description="where layers live (not under /tmp)",
+        json_schema_extra={"shown_default": "/var/lib/sandlot (root), ~/.cache/sandlot"},
+    )
+    SANDLOT_PYTHON_REQUIREMENTS: str = Field(
+        "",
+        description="the Python layer's requirements (default `layers/python/requirements.txt`; "
+        "`dependencies/python-requirements.txt` is honoured too)",
+    )
+    SANDLOT_PYTHON_PRELOAD: Annotated[list[str], NoDecode] = Field(
+        [], description="comma-separated modules the Python zygote imports; empty: every module of the layer"
+    )
+    SANDLOT_PIP_FIND_LINKS: str = Field(
+        "", description="a local wheelhouse (world-readable): build the Python layer with `--no-index`"
+    )
+    SANDLOT_NODEJS_PACKAGE: str = Field(
+        "", description="the Node.js layer's package.json, its lock beside it (default `layers/nodejs/package.json`)"
+    )
+    SANDLOT_BUILD_UID: int = Field(0, ge=0, description="uid layer builds run as (0: `SANDLOT_UID_BASE - 1`)")
+    SANDLOT_MAX_TIMEOUT: float = Field(60, gt=0, description="cap on a request's `timeout`, seconds")
+    SANDLOT_MEMORY_LIMIT_MB: int = Field(512, ge=16, description="default `memory_limit_mb` of a run")
+    SANDLOT_MAX_MEMORY_LIMIT_MB: int = Field(2048, ge=16, description="cap on a request's `memory_limit_mb`")
+    SANDLOT_OUTPUT_LIMIT_BYTES: int = Field(4 * 1024 * 1024, ge=1024, description="stdout + stderr cap of a run")
+    SANDLOT_MAX_BODY_BYTES: int = Field(5 * 1024 * 1024, ge=1024, description="request body cap")
+    SANDLOT_QUEUE_TIMEOUT: float = Field(30, gt=0, description="longest wait for a worker before HTTP 503, seconds")
+    SANDLOT_TMP_SIZE_MB: int = Field(64, ge=1, description="size of a run's `/tmp` (full jail)")
+    SANDLOT_TMP_FILES: int = Field(2048, ge=16, description="files in a run's `/tmp` (full jail)")
+    SANDLOT_REQUIRE_SECCOMP: bool = Field(True, description="refuse runs when the seccomp filter cannot be installed")
+    SANDLOT_JAIL: Literal["auto", "full", "reduced"] = Field(
+        "auto", description="jail mode: `full` (root), `reduced` (no chroot/uid), `auto` (from the protections record)"
+    )
+    SANDLOT_UID_BASE: int = Field(
+        1_500_000_000, ge=65536, le=4_000_000_000, description="first uid of the run uid blocks (1024 uids each)"
+    )
+    SANDLOT_ZYGOTE_MAX_FORKS: int = Field(2000, ge=10, description="forks before the zygote is replaced")
+    SANDLOT_EGRESS_ALLOW: Annotated[list[IPvAnyNetwork], NoDecode] = Field(
+        [],
+        description="comma-separated CIDRs runs with network may reach although private "
+        "(loopback, link-local and private ranges are refused by default, as root with nft)",
+    )
+
+    # operations: metrics and logs
+    SANDLOT_METRICS: str = Field(
+        "key",
+        description="`/metrics`: `key` (served behind the API key, as `X-Api-Key` or `Authorization: Bearer`), "
+        "`off`, or `HOST:PORT` (served without a key on that address only)",
+    )
+    SANDLOT_LOG_FORMAT: Literal["json", "text"] = Field(
+        "json", description="`json`: one JSON object a line (uvicorn's too); `text`: plain lines for a terminal"
+    )
+    SANDLOT_LOG_LEVEL: Literal["debug", "info", "warning", "error"] = Field("info", description="lowest level logged")
+    SANDLOT_LOG_DEBUG: bool = Field(
+        False, description="also log each run's code, stdin, stdout and stderr (tenants' data: for debugging only)"
+    )
 
     @field_validator("ALLOWED_SYSCALLS", "SANDLOT_PYTHON_PRELOAD", "SANDLOT_EGRESS_ALLOW", mode="before")
     @classmethod
@@ -137,6 +189,14 @@ class Settings(BaseSettings):
         from layers.manager import parse_interval
 
         parse_interval(value)
+        return value
+
+    @field_validator("SANDLOT_METRICS")
+    @classmethod
+    def _metrics(cls, value: str) -> str:
+        from handler.metrics import parse_metrics_setting
+
+        parse_metrics_setting(value)
         return value
 
     @property

@@ -1,0 +1,257 @@
+"""Prometheus metrics (prometheus-client): runs, waits, refusals, runtimes and layers.
+
+Runs are counted by language and outcome, classified from the run result
+alone (exit code and error text, as DESIGN.md fixes them), by a wrapper around
+whatever Invoker serves the API. Admission (in flight, waiting), the runtimes'
+zygote starts and the layer in use are read at scrape time from their status,
+so nothing below the invoker seam knows about metrics. Process metrics come
+from the library's own collectors.
+
+`SANDLOT_METRICS` says where /metrics is served: `key` (on the API's port,
+behind the API key), `off`, or `HOST:PORT` (a separate listener, no key).
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from starlette.requests import Request
+from starlette.responses import Response
+
+from handler.admission import queue_wait
+from handler.logs import current_request
+from runtimes.jail.supervisor import SandboxUnavailable
+
+OUTCOMES = ("ok", "error", "timeout", "forbidden_syscall", "output_limit", "memory_limit", "refused")
+_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30)
+
+
+def parse_metrics_setting(value: str) -> tuple[str, str, int]:
+    """("key"|"off"|"address", host, port) from SANDLOT_METRICS, or ValueError saying what is accepted."""
+    if value in ("key", "off"):
+        return value, "", 0
+    host, sep, port = value.rpartition(":")
+    if sep and port.isdigit() and 0 < int(port) < 65536:
+        return "address", host.strip("[]") or "0.0.0.0", int(port)
+    raise ValueError("must be `key`, `off` or HOST:PORT")
+
+
+def classify(result: dict) -> str:
+    """A run's outcome from its result: the error text DESIGN.md fixes for each case."""
+    error = str(result.get("error") or "")
+    if result.get("exit_code") == 0 and not error:
+        return "ok"
+    lowered = error.lower()
+    if "error: timeout" in lowered:
+        return "timeout"
+    if "output limit exceeded" in lowered:
+        return "output_limit"
+    if "memoryerror" in lowered or "memory limit" in lowered or "heap out of memory" in lowered:
+        return "memory_limit"
+    if "operation not permitted" in lowered:
+        return "forbidden_syscall"
+    return "error"
+
+
+class Metrics:
+    """One registry per app, so that several apps in one process never share counts."""
+
+    def __init__(self) -> None:
+        disable_created_metrics()  # no *_created series: counters' start times are noise to a dashboard
+        self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self.runs = Counter(
+            "sandlot_runs", "Runs by language and outcome", ["language", "outcome"], registry=self.registry
+        )
+        self.run_duration = Histogram(
+            "sandlot_run_duration_seconds",
+            "Time a run took in the invoker (jail and code), by language",
+            ["language"],
+            buckets=_DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.queue_wait = Histogram(
+            "sandlot_queue_wait_seconds",
+            "Time a run waited for a worker before it started",
+            buckets=_WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.http_responses = Counter(
+            "sandlot_http_responses",
+            "HTTP responses by route and status (401: wrong key, 503: overloaded or not ready)",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        self.layer_builds = Counter(
+            "sandlot_layer_builds",
+            "Dependency layer rebuilds asked for through the API, by result",
+            ["language", "result"],
+            registry=self.registry,
+        )
+        for outcome in OUTCOMES:  # every outcome shows from the first scrape, at 0
+            for language in ("python3", "nodejs"):
+                self.runs.labels(language, outcome)
+
+    def watch(self, admission: Any, invoker: Any) -> None:
+        """Read admission's and the runtimes' state at every scrape."""
+        self.registry.register(_StateCollector(admission, invoker))
+
+    def exposition(self) -> Response:
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+class _StateCollector:
+    """Gauges and counters read from status() at scrape time."""
+
+    def __init__(self, admission: Any, invoker: Any):
+        self.admission = admission
+        self.invoker = invoker
+
+    def describe(self):
+        return []  # values only exist at scrape time
+
+    def collect(self):
+        admission = self.admission.status()
+        yield GaugeMetricFamily("sandlot_requests_in_flight", "Run requests being handled", admission["in_flight"])
+        yield GaugeMetricFamily("sandlot_runs_in_flight", "Runs executing now", admission["running"])
+        yield GaugeMetricFamily("sandlot_runs_waiting", "Runs waiting for a worker", admission["waiting"])
+        ready = GaugeMetricFamily("sandlot_runtime_ready", "1 when the language's runtime serves", labels=["language"])
+        starts = CounterMetricFamily(
+            "sandlot_zygote_starts",
+            "Zygotes started per runtime (the first, replacements after max forks, restarts after a crash, "
+            "new layers): restarts are starts - 1",
+            labels=["language"],
+        )
+        children = GaugeMetricFamily("sandlot_ready_children", "Jailed children waiting for a run", labels=["language"])
+        layer = InfoMetricFamily("sandlot_layer", "The dependency layer in use", labels=["language"])
+        try:
+            status = self.invoker.status()
+        except Exception:  # noqa: BLE001 - a scrape must not fail because a runtime is down
+            status = {}
+        for language, state in sorted(status.items()):
+            if not isinstance(state, dict):
+                continue
+            ready.add_metric([language], 1 if state.get("ready") else 0)
+            if "zygote_generation" in state:
+                starts.add_metric([language], state["zygote_generation"] or 0)
+            if "ready_children" in state:
+                children.add_metric([language], state["ready_children"] or 0)
+            layer.add_metric([language], {"path": str(state.get("layer") or "")})
+        yield from (ready, starts, children, layer)
+
+
+class MeteredInvoker:
+    """An Invoker that times and classifies each run and counts layer builds; everything else passes through."""
+
+    def __init__(self, invoker: Any, metrics: Metrics, log_payloads: bool = False):
+        self.inner = invoker
+        self.metrics = metrics
+        self.log_payloads = log_payloads
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def stop(self) -> None:
+        await self.inner.stop()
+
+    def ready(self) -> bool:
+        return self.inner.ready()
+
+    def status(self) -> dict:
+        return self.inner.status()
+
+    def dependencies(self, language: str) -> list[dict[str, str]]:
+        return self.inner.dependencies(language)
+
+    async def invoke(self, request) -> dict:
+        waited = queue_wait.get()
+        if waited is not None:
+            self.metrics.queue_wait.observe(waited)
+        facts: dict[str, Any] = {"language": request.language, "queue_wait": round(waited or 0.0, 6)}
+        context = current_request.get()
+        if context is not None:
+            context.run = facts
+        if self.log_payloads:
+            facts.update(code=request.code, stdin=request.stdin)
+        started = time.monotonic()
+        try:
+            result = await self.inner.invoke(request)
+        except SandboxUnavailable as exc:
+            facts.update(outcome="refused", reason=str(exc))
+            self.metrics.runs.labels(request.language, "refused").inc()
+            raise
+        duration = time.monotonic() - started
+        outcome = classify(result)
+        self.metrics.runs.labels(request.language, outcome).inc()
+        self.metrics.run_duration.labels(request.language).observe(duration)
+        facts.update(
+            outcome=outcome,
+            duration=round(duration, 6),
+            exit_code=result.get("exit_code"),
+            stdout_bytes=len(str(result.get("stdout") or "").encode()),
+            stderr_bytes=len(str(result.get("stderr") or "").encode()),
+            truncated=bool(result.get("truncated")),
+        )
+        if self.log_payloads:
+            facts.update(stdout=result.get("stdout"), stderr=result.get("stderr"), error=result.get("error"))
+        return result
+
+    async def update_dependencies(self, language: str) -> None:
+        try:
+            await self.inner.update_dependencies(language)
+        except Exception:
+            self.metrics.layer_builds.labels(language, "failed").inc()
+            raise
+        self.metrics.layer_builds.labels(language, "ok").inc()
+
+
+def scrape_authorized(request: Request, key: bytes) -> bool:
+    """The API key as X-Api-Key or as a bearer token (what Prometheus' `authorization` sends)."""
+    given = request.headers.get("x-api-key", "")
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token:
+        given = token.strip()
+    return bool(key) and hmac.compare_digest(given.encode(), key)
+
+
+def start_separate_listener(metrics: Metrics, host: str, port: int):
+    """Serve /metrics without a key on its own address (prometheus-client's own server, in a thread)."""
+    from prometheus_client import start_http_server
+
+    return start_http_server(port, addr=host, registry=metrics.registry)
+
+
+def metrics_routes(settings: Any, metrics: Metrics) -> list:
+    """GET /metrics on the API's port when SANDLOT_METRICS is `key` (behind the API key); none otherwise."""
+    from starlette.routing import Route
+
+    if parse_metrics_setting(settings.SANDLOT_METRICS)[0] != "key":
+        return []
+    key = settings.API_KEY.encode()
+
+    async def scrape(request: Request) -> Response:
+        if not scrape_authorized(request, key):
+            return Response(status_code=401, headers={"WWW-Authenticate": 'Bearer realm="sandlot"'})
+        return metrics.exposition()
+
+    return [Route("/metrics", scrape, methods=["GET"])]

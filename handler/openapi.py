@@ -1,0 +1,345 @@
+"""The API description: OpenAPI 3.1 built from the pydantic models of request, result and envelope.
+
+Served without auth at `GET /openapi.json`, with a plain HTML summary at
+`GET /docs` (no scripts, nothing fetched from elsewhere). Each route lists its
+auth and every answer DESIGN.md gives it, the envelope codes included.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import models_json_schema
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse
+from starlette.routing import Route
+
+from handler.models import RunBody
+
+# ---- the bodies, as pydantic models (the run request is handler.models.RunBody) ----------------------------------
+
+
+class RunResult(BaseModel):
+    """`data` of a run's success envelope: also when the user's code failed."""
+
+    model_config = ConfigDict(extra="allow")
+
+    stdout: str = Field(description="the run's stdout, byte-exact (UTF-8, invalid bytes replaced)")
+    stderr: str = Field(description="the run's stderr, byte-exact")
+    error: str = Field(
+        description="empty when exit_code is 0; otherwise `process exited with code N`, the sandbox's own lines "
+        "(`error: timeout`, `error: output limit exceeded`, `error: operation not permitted`, "
+        "`error: memory limit exceeded`) and the full stderr"
+    )
+    exit_code: int = Field(description="the process's exit code; -1 on timeout or output cap; 128+N for signal N")
+    duration: float | None = Field(None, description="seconds the run took")
+    truncated: bool | None = Field(None, description="output was cut at the output cap")
+
+
+class Package(BaseModel):
+    name: str
+    version: str
+
+
+class DependencyList(BaseModel):
+    dependencies: list[Package]
+
+
+class HealthDetail(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    ready: bool
+    backend: str
+    runtimes: dict[str, Any] = Field(description="per language: state, protections in force, platform record, layer")
+    limits: dict[str, Any]
+    admission: dict[str, Any]
+
+
+class LanguageBody(BaseModel):
+    language: Literal["python3", "nodejs"] = "python3"
+
+
+class RunEnvelope(BaseModel):
+    code: Literal[0]
+    message: Literal["success"]
+    data: RunResult
+
+
+class DependenciesEnvelope(BaseModel):
+    code: Literal[0]
+    message: Literal["success"]
+    data: DependencyList
+
+
+class HealthEnvelope(BaseModel):
+    code: Literal[0]
+    message: Literal["success"]
+    data: HealthDetail
+
+
+class EmptyEnvelope(BaseModel):
+    code: Literal[0]
+    message: Literal["success"]
+    data: dict[str, Any]
+
+
+class BadRequest(BaseModel):
+    """HTTP 400: malformed JSON, missing or empty code, wrong types, unsupported language."""
+
+    code: Literal[-400]
+    message: str
+    data: None
+
+
+class Refusal(BaseModel):
+    """HTTP 200 without a result: network asked for while disabled (-400), sandbox unavailable (-500)."""
+
+    code: Literal[-400, -500]
+    message: str
+    data: None
+
+
+class TooManyRequests(BaseModel):
+    """HTTP 503: more than MAX_REQUESTS in flight, or no worker within the queue timeout."""
+
+    code: Literal[-503]
+    message: Literal["Too many requests"]
+    data: None
+
+
+class ClientGone(BaseModel):
+    """HTTP 499: the client went away while its run waited (nobody reads it)."""
+
+    code: Literal[-499]
+    message: str
+    data: None
+
+
+MODELS: list[type[BaseModel]] = [
+    RunBody,
+    LanguageBody,
+    RunEnvelope,
+    DependenciesEnvelope,
+    HealthEnvelope,
+    EmptyEnvelope,
+    BadRequest,
+    Refusal,
+    TooManyRequests,
+    ClientGone,
+]
+
+# ---- the document -------------------------------------------------------------------------------------------------
+
+
+def _json(model: str | list[str], description: str) -> dict:
+    names = [model] if isinstance(model, str) else model
+    refs = [{"$ref": f"#/components/schemas/{name}"} for name in names]
+    schema = refs[0] if len(refs) == 1 else {"oneOf": refs}
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_UNAUTHORIZED = {"description": "missing or wrong X-Api-Key (empty body, as dify-sandbox answers)"}
+_LANGUAGE_QUERY = {
+    "name": "language",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "string", "enum": ["python3", "nodejs"], "default": "python3"},
+}
+_KEY = [{"ApiKey": []}]
+
+
+def _operation(summary: str, responses: dict, *, auth: bool = True, **more: Any) -> dict:
+    operation = {"summary": summary, "responses": responses, "security": _KEY if auth else [], **more}
+    if auth:
+        operation["responses"] = {**responses, "401": _UNAUTHORIZED}
+    return operation
+
+
+def _paths() -> dict:
+    return {
+        "/health": {
+            "get": _operation(
+                "Readiness: runs can be served",
+                {
+                    "200": {
+                        "description": "ready",
+                        "content": {"application/json": {"schema": {"type": "string", "const": "ok"}}},
+                    },
+                    "503": {
+                        "description": "not ready: a runtime is down or a layer is missing",
+                        "content": {"application/json": {"schema": {"type": "string"}}},
+                    },
+                },
+                auth=False,
+            )
+        },
+        "/v1/sandbox/health": {
+            "get": _operation(
+                "Protections in force, runtimes, layer in use, limits", {"200": _json("HealthEnvelope", "detail")}
+            )
+        },
+        "/v1/sandbox/run": {
+            "post": _operation(
+                "Run code in the jail",
+                {
+                    "200": _json(
+                        ["RunEnvelope", "Refusal"],
+                        "the run's result (also when the code failed), or a refusal: network disabled (-400), "
+                        "sandbox unavailable (-500)",
+                    ),
+                    "400": _json("BadRequest", "the request is not a valid run request"),
+                    "499": _json("ClientGone", "the client went away while waiting for a worker"),
+                    "503": _json("TooManyRequests", "overloaded"),
+                },
+                requestBody={
+                    "required": True,
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RunBody"}}},
+                },
+            )
+        },
+        "/v1/sandbox/dependencies": {
+            "get": _operation(
+                "Packages in the dependency layer",
+                {
+                    "200": _json("DependenciesEnvelope", "name and version of each package"),
+                    "400": _json("BadRequest", "unsupported language"),
+                },
+                parameters=[_LANGUAGE_QUERY],
+            )
+        },
+        "/v1/sandbox/dependencies/update": {
+            "post": _operation(
+                "Rebuild the layer and switch to it",
+                {
+                    "200": _json(["EmptyEnvelope", "Refusal"], "rebuilt, or -500 with pip's or npm's error"),
+                    "400": _json("BadRequest", "malformed body or unsupported language"),
+                },
+                requestBody={
+                    "required": False,
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/LanguageBody"}}},
+                },
+            )
+        },
+        "/v1/sandbox/dependencies/refresh": {
+            "get": _operation(
+                "Rebuild the layer, then list it",
+                {
+                    "200": _json(["DependenciesEnvelope", "Refusal"], "the new list, or -500 with the build's error"),
+                    "400": _json("BadRequest", "unsupported language"),
+                },
+                parameters=[_LANGUAGE_QUERY],
+            )
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics (only with SANDLOT_METRICS=key; otherwise on their own address)",
+                "security": [{"ApiKey": []}, {"Bearer": []}],
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    "401": _UNAUTHORIZED,
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "OpenAPI 3.1",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+            }
+        },
+        "/docs": {
+            "get": {
+                "summary": "A readable summary of this document",
+                "security": [],
+                "responses": {"200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}},
+            }
+        },
+    }
+
+
+def openapi_document() -> dict:
+    _, schemas = models_json_schema(
+        [(model, "validation") for model in MODELS], ref_template="#/components/schemas/{model}"
+    )
+    _describe_run_body(schemas["$defs"]["RunBody"]["properties"])
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Sandlot",
+            "version": _version(),
+            "description": "Runs untrusted Python and Node.js code; wire-compatible with dify-sandbox.",
+        },
+        "paths": _paths(),
+        "components": {
+            "schemas": schemas.get("$defs", {}),
+            "securitySchemes": {
+                "ApiKey": {"type": "apiKey", "in": "header", "name": "X-Api-Key"},
+                "Bearer": {"type": "http", "scheme": "bearer", "description": "the API key (for /metrics)"},
+            },
+        },
+    }
+
+
+def _describe_run_body(properties: dict) -> None:
+    """What pydantic cannot say from RunRequest's types alone: the languages, and timeout's bound as JSON Schema."""
+    properties["language"].update(enum=["python3", "nodejs"], description="other values get HTTP 400")
+    properties["timeout"] = {
+        "anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "null"}],
+        "default": None,
+        "description": "seconds; capped by the server's maximum",
+    }
+    properties["memory_limit_mb"]["description"] = "capped by the server's maximum"
+    properties["enable_network"]["description"] = "true while the server's ENABLE_NETWORK is false gets -400"
+    properties["preload"]["description"] = "run in the jail before the code, only when ENABLE_PRELOAD is true"
+    properties["dependencies"]["description"] = "accepted and ignored: a request never installs anything"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sandlot")
+    except PackageNotFoundError:
+        return "0"
+
+
+def docs_page(document: dict) -> str:
+    rows = []
+    for path, operations in document["paths"].items():
+        for method, op in operations.items():
+            auth = "key" if op.get("security") else "none"
+            answers = ", ".join(sorted(op["responses"]))
+            rows.append(
+                f"<tr><td>{method.upper()}</td><td><code>{html.escape(path)}</code></td><td>{auth}</td>"
+                f"<td>{html.escape(op['summary'])}</td><td>{answers}</td></tr>"
+            )
+    return (
+        "<!doctype html><html><head><meta charset=utf-8><title>Sandlot API</title></head><body>"
+        "<h1>Sandlot API</h1><p>The full description is <a href=/openapi.json>/openapi.json</a> (OpenAPI 3.1).</p>"
+        "<table border=1 cellpadding=4><tr><th>method</th><th>route</th><th>auth</th><th>what</th><th>HTTP</th></tr>"
+        + "".join(rows)
+        + "</table></body></html>"
+    )
+
+
+def openapi_routes() -> list[Route]:
+    document = openapi_document()
+    page = docs_page(document)
+
+    async def spec(request: Request) -> JSONResponse:
+        return JSONResponse(document)
+
+    async def docs(request: Request) -> HTMLResponse:
+        return HTMLResponse(page)
+
+    return [Route("/openapi.json", spec, methods=["GET"]), Route("/docs", docs, methods=["GET"])]
