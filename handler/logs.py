@@ -69,10 +69,15 @@ class TextFormatter(logging.Formatter):
         line = super().format(record)
         extras = {k: v for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")}
         if extras:
-            line += " " + " ".join(
-                f"{k}={v!r}" if isinstance(v, str) and " " in v else f"{k}={v}" for k, v in extras.items()
-            )
+            line += " " + " ".join(f"{k}={_one_line(v)}" for k, v in extras.items())
         return line
+
+
+def _one_line(value: object) -> str:
+    """A value on one line: strings with spaces or control characters quoted and escaped."""
+    if isinstance(value, str) and (not value or not value.isprintable() or " " in value):
+        return repr(value)
+    return str(value)
 
 
 def logging_config(log_format: str = "json", level: str = "info") -> dict:

@@ -5,7 +5,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from service import IS_ROOT, Service  # noqa: E402
+from service import IS_ROOT, Service, free_port  # noqa: E402
 
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: chroot, setuid and mounts")
 
@@ -22,3 +22,21 @@ def service():
 def client(service):
     with service.client() as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def narrow():
+    """One run at a time, no node, metrics on their own address, plain-text logs with payloads."""
+    metrics_port = free_port()
+    svc = Service(
+        MAX_REQUESTS="1",
+        MAX_WORKERS="1",
+        NODEJS_PATH="/nonexistent/node",
+        SANDLOT_METRICS=f"127.0.0.1:{metrics_port}",
+        SANDLOT_LOG_FORMAT="text",
+        SANDLOT_LOG_DEBUG="true",
+    )
+    svc.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    svc.start()
+    yield svc
+    svc.stop()
