@@ -125,17 +125,23 @@ def _api_key() -> str:
 
 
 def _run_request(args: argparse.Namespace) -> dict:
-    code = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
     language = args.language or EXTENSIONS.get(Path(args.file).suffix.lower())
     if language is None:
         raise SettingsError(f"cannot tell the language of {args.file!r}: give --language python3|nodejs")
+    try:
+        code = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    except OSError as exc:
+        raise SettingsError(f"cannot read {args.file}: {exc.strerror}") from exc
     request = {"language": language, "code": code, "enable_network": bool(args.network)}
     if args.timeout is not None:
         request["timeout"] = args.timeout
     if args.memory is not None:
         request["memory_limit_mb"] = args.memory
     if args.stdin is not None:
-        request["stdin"] = Path(args.stdin).read_text() if args.stdin != "-" else sys.stdin.read()
+        try:
+            request["stdin"] = Path(args.stdin).read_text() if args.stdin != "-" else sys.stdin.read()
+        except OSError as exc:
+            raise SettingsError(f"cannot read {args.stdin}: {exc.strerror}") from exc
     return request
 
 
@@ -355,7 +361,10 @@ def main(argv: list[str] | None = None) -> int:
     _add_health(commands)
     _add_config(commands)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet = args.command in ("run", "health", "config")  # their output is the answer, not a log
+    logging.basicConfig(
+        level=logging.WARNING if quiet else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         return args.func(args)
     except SettingsError as exc:
