@@ -83,15 +83,21 @@ class SandboxAPI:
             log.exception("the sandbox failed to start")
             return
         for language, status in self.invoker.status().items():
+            record = {
+                "language": language,
+                "protections": status.get("protections"),
+                "platform": status.get("platform"),
+            }
             if status.get("ready"):
                 log.info(
                     "%s runtime ready; protections in force: %s; platform: %s",
                     language,
                     status.get("protections"),
                     status.get("platform"),
+                    extra=record,
                 )
             else:
-                log.error("%s runtime not ready: %s", language, status.get("error"))
+                log.error("%s runtime not ready: %s", language, status.get("error"), extra=record)
 
     # ---- routes ---------------------------------------------------------------
 

@@ -22,8 +22,9 @@ def free_port() -> int:
 
 
 class Service:
-    def __init__(self, cwd: str | None = None, **env: str):
+    def __init__(self, cwd: str | None = None, launcher: list[str] | None = None, **env: str):
         self.cwd = cwd
+        self.launcher = launcher or []  # e.g. tests/outer_filter.py ... --: the service starts under it
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -40,7 +41,7 @@ class Service:
     def start(self, wait: bool = True) -> Service:
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "handler.cli", "serve"],
+            [*self.launcher, sys.executable, "-m", "handler.cli", "serve"],
             env={**self.env, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))},
             cwd=self.cwd,
             stdout=self.log,
