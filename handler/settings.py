@@ -115,6 +115,7 @@ class Settings(BaseSettings):
     SANDLOT_JAIL: Literal["auto", "full", "reduced"] = "auto"
     SANDLOT_UID_BASE: int = Field(1_500_000_000, ge=65536, le=4_000_000_000)
     SANDLOT_ZYGOTE_MAX_FORKS: int = Field(2000, ge=10)
+    SANDLOT_ZYGOTE_MAX_AGE: float = Field(300, ge=0)  # seconds; 0: replaced by forks only
     SANDLOT_EGRESS_ALLOW: Annotated[list[IPvAnyNetwork], NoDecode] = []
 
     @field_validator("ALLOWED_SYSCALLS", "SANDLOT_PYTHON_PRELOAD", "SANDLOT_EGRESS_ALLOW", mode="before")
@@ -187,6 +188,7 @@ class Settings(BaseSettings):
             jail=self.SANDLOT_JAIL,
             uid_base=self.SANDLOT_UID_BASE,
             zygote_max_forks=self.SANDLOT_ZYGOTE_MAX_FORKS,
+            zygote_max_age=self.SANDLOT_ZYGOTE_MAX_AGE,
             run_env=proxies,
             egress_allow=tuple(str(n) for n in self.SANDLOT_EGRESS_ALLOW),
         )
