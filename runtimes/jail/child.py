@@ -15,9 +15,12 @@ import fcntl
 import os
 import resource
 import signal
+import socket
 from dataclasses import dataclass
 
 from runtimes.jail import linux, seccomp_policy
+
+RUN_HOSTNAME = "sandbox"  # what uname() tells a run (as root, in a UTS namespace of its own)
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,8 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...]) -> Non
     os.closerange(len(fds), max_fd())
 
     if plan.privileged:
-        linux.unshare(linux.CLONE_NEWNS)
+        linux.unshare(linux.CLONE_NEWNS | linux.CLONE_NEWUTS)  # harden-b: UTS too, the host's name stays
+        socket.sethostname(RUN_HOSTNAME)
         linux.mount(
             "sandlot-tmp",
             "/tmp",
