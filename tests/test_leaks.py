@@ -14,6 +14,22 @@ from service import Service, descendants, wait_for
 from handler.settings import SettingsError, load_settings
 
 
+@pytest.fixture(scope="module")
+def reduced_service():
+    try:
+        svc = Service(SANDLOT_JAIL="reduced").start()
+    except RuntimeError as exc:
+        pytest.skip(f"the reduced jail is not offered here: {exc}")
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(params=["default", "reduced"])
+def jailed(request, service):
+    """The service as it starts here (the root jail as root), and the reduced jail."""
+    return service if request.param == "default" else request.getfixturevalue("reduced_service")
+
+
 def run(service, code, language="python3", **fields):
     envelope = service.run(code, language=language, **fields)
     assert envelope["code"] == 0, envelope
@@ -58,18 +74,38 @@ def probe_pids(service) -> list[int]:
     return [1, service.process.pid, *descendants(service.process.pid)[:2], beyond]
 
 
-def test_a_python_run_cannot_tell_which_pids_exist(service):
-    pids = probe_pids(service)
-    data = run(service, PY_PIDS.format(pids=pids))
+def test_a_python_run_cannot_tell_which_pids_exist(jailed):
+    pids = probe_pids(jailed)
+    data = run(jailed, PY_PIDS.format(pids=pids))
     lines = data["stdout"].splitlines()
     assert lines[:-1] == [f"{pid} EPERM EPERM EPERM EPERM EPERM EPERM" for pid in pids], data
     assert lines[-1] == "self True True", data
 
 
-def test_a_nodejs_run_cannot_tell_which_pids_exist(service):
-    pids = probe_pids(service)
-    data = run(service, JS_PIDS.format(pids=pids), "nodejs")
+def test_a_nodejs_run_cannot_tell_which_pids_exist(jailed):
+    pids = probe_pids(jailed)
+    data = run(jailed, JS_PIDS.format(pids=pids), "nodejs")
     assert data["stdout"].splitlines() == [f"{pid} EPERM" for pid in pids] + ["self ok"], data
+
+
+SIGNAL_OWNER = """
+import ctypes, fcntl, os, errno
+libc = ctypes.CDLL(None, use_errno=True)
+r, w = os.pipe()
+for name, command, arg in (('F_SETOWN', 8, {pid}), ('F_SETSIG', 10, 9), ('F_SETOWN_EX', 15, 0)):
+    ctypes.set_errno(0)
+    result = libc.fcntl(r, command, ctypes.c_long(arg))
+    print(name, errno.errorcode.get(ctypes.get_errno(), 'ok') if result == -1 else 'ok')
+ctypes.set_errno(0)
+result = libc.ioctl(r, 0x8901, ctypes.byref(ctypes.c_int({pid})))  # FIOSETOWN
+print('FIOSETOWN', errno.errorcode.get(ctypes.get_errno(), 'ok') if result == -1 else 'ok')
+"""
+
+
+def test_no_signal_owner_can_be_set_on_a_descriptor(jailed):
+    # F_SETOWN + F_SETSIG + O_ASYNC would have the kernel signal another process on the run's behalf
+    data = run(jailed, SIGNAL_OWNER.format(pid=jailed.process.pid))
+    assert data["stdout"] == "F_SETOWN EPERM\nF_SETSIG EPERM\nF_SETOWN_EX EPERM\nFIOSETOWN EPERM\n", data
 
 
 # ---- locks on shared files -----------------------------------------------------------
@@ -102,15 +138,15 @@ for path in ('/etc/hosts', '/dev/null', json.__file__):
 """
 
 
-def test_a_lock_on_a_shared_file_is_not_seen_by_a_concurrent_run(service):
+def test_a_lock_on_a_shared_file_is_not_seen_by_a_concurrent_run(jailed):
     with ThreadPoolExecutor(2) as pool:
-        holder = pool.submit(run, service, HOLDER)
-        prober = pool.submit(run, service, PROBER)
+        holder = pool.submit(run, jailed, HOLDER)
+        prober = pool.submit(run, jailed, PROBER)
         assert holder.result()["stdout"] == "holding\n", holder.result()
         assert prober.result()["stdout"] == "hosts free free\nnull free free\n__init__.py free free\n", prober.result()
 
 
-def test_locks_on_the_runs_own_files_still_work(service):
+def test_locks_on_the_runs_own_files_still_work(jailed):
     code = (
         "import fcntl, sqlite3\n"
         "with open('/tmp/l', 'w') as f:\n"
@@ -121,7 +157,7 @@ def test_locks_on_the_runs_own_files_still_work(service):
         "db.commit()\n"
         "print(db.execute('select sum(v) from t').fetchone()[0])\n"
     )
-    assert run(service, code)["stdout"] == "3\n"
+    assert run(jailed, code)["stdout"] == "3\n"
 
 
 # ---- how long runs share a zygote's secrets -------------------------------------------
@@ -168,8 +204,8 @@ SERVICE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         ("nodejs", "console.log(new Error('mine').stack)", "at main.js:1:"),
     ],
 )
-def test_error_texts_do_not_show_the_services_paths(service, language, code, expected):
-    data = run(service, code, language)
+def test_error_texts_do_not_show_the_services_paths(jailed, language, code, expected):
+    data = run(jailed, code, language)
     text = data["error"] + data["stdout"] + data["stderr"]
     assert expected in text, data
     for secret in ("runner.py", "wrapper.js", "runtimes/", SERVICE_ROOT):

@@ -88,6 +88,26 @@ def netns_service(world):
         yield world.service
 
 
+@pytest.fixture(scope="module")
+def reduced_service(world):
+    """The reduced jail (no uid or tree of its own) in the host namespace, where it is offered."""
+    with inside(world.host):
+        try:
+            svc = Service(SANDLOT_JAIL="reduced").start()
+        except RuntimeError as exc:
+            pytest.skip(f"the reduced jail is not offered here: {exc}")
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(params=["full", "reduced"])
+def jailed(request, world):
+    """What seccomp holds, in each mode: the root jail, and the reduced one."""
+    service = world.service if request.param == "full" else request.getfixturevalue("reduced_service")
+    with inside(world.host):
+        yield service
+
+
 def run(service, code, language="python3", **fields):
     envelope = service.run(code, language=language, **fields)
     assert envelope["code"] == 0, envelope
@@ -137,8 +157,8 @@ def test_a_run_with_network_reaches_the_outside_and_no_host_or_private_address(w
 
 
 @pytest.mark.parametrize("language", LANGUAGES)
-def test_a_run_without_network_reaches_nothing(world, netns_service, language):
-    data = run(netns_service, connect_code(language, [(PUBLIC, CANARY_PORT)]), language, enable_network=False)
+def test_a_run_without_network_reaches_nothing(world, jailed, language):
+    data = run(jailed, connect_code(language, [(PUBLIC, CANARY_PORT)]), language, enable_network=False)
     assert outcome(data["stdout"]) == {(PUBLIC, CANARY_PORT): REFUSED}, data
 
 
@@ -172,9 +192,9 @@ setTimeout(() => {}, 300);
 
 
 @pytest.mark.parametrize("language", LANGUAGES)
-def test_a_run_cannot_listen_or_bind(netns_service, language):
+def test_a_run_cannot_listen_or_bind(jailed, language):
     code = PY_LISTEN if language == "python3" else JS_LISTEN
-    data = run(netns_service, code, language, enable_network=True)
+    data = run(jailed, code, language, enable_network=True)
     if language == "python3":
         assert data["stdout"] == "bind 1\nlisten 1\nbind 1\n", data
     else:
@@ -214,18 +234,18 @@ server.listen('\\0sandlot-run-node', () => console.log('listening'));
 
 @pytest.mark.parametrize("network", [True, False])
 @pytest.mark.parametrize("language", LANGUAGES)
-def test_no_abstract_unix_socket_of_the_host_or_another_run(world, netns_service, language, network):
+def test_no_abstract_unix_socket_of_the_host_or_another_run(world, jailed, language, network):
     name = world.abstract.getsockname()
     name = name.decode(errors="replace") if isinstance(name, bytes) else name
     code = (PY_UNIX if language == "python3" else JS_UNIX).format(name=name)
-    data = run(netns_service, code, language, enable_network=network)
+    data = run(jailed, code, language, enable_network=network)
     if language == "python3":
         assert data["stdout"] == "connect 1\nbind 1\npair ok\n", data
     else:
         assert sorted(data["stdout"].split("\n")) == ["", "connect EPERM", "listen EPERM"], data
 
 
-def test_two_concurrent_runs_cannot_talk_over_unix_sockets(netns_service):
+def test_two_concurrent_runs_cannot_talk_over_unix_sockets(jailed):
     listener = (
         "import socket, time\n"
         "try:\n"
@@ -242,8 +262,8 @@ def test_two_concurrent_runs_cannot_talk_over_unix_sockets(netns_service):
         "except OSError as e:\n    print('talker', e.errno)\n"
     )
     with ThreadPoolExecutor(2) as pool:
-        first = pool.submit(run, netns_service, listener, enable_network=True)
-        second = pool.submit(run, netns_service, talker, enable_network=True)
+        first = pool.submit(run, jailed, listener, enable_network=True)
+        second = pool.submit(run, jailed, talker, enable_network=True)
         assert first.result()["stdout"] == "listener 1\n"
         assert second.result()["stdout"] == "talker 1\n"
 
@@ -278,8 +298,8 @@ print('resolved', socket.getaddrinfo('localhost', 80, type=socket.SOCK_STREAM)[0
 
 
 @pytest.mark.parametrize("network", [True, False])
-def test_no_netlink_no_interface_list_no_raw_socket_python(netns_service, network):
-    data = run(netns_service, PY_NETLINK, enable_network=network)
+def test_no_netlink_no_interface_list_no_raw_socket_python(jailed, network):
+    data = run(jailed, PY_NETLINK, enable_network=network)
     assert data["stdout"] == ("sock_diag 1\nroute 1\nif_nameindex 1\nifconf 1\nraw 1\nraw 1\nresolved 127.0.0.1\n"), (
         data
     )
@@ -295,8 +315,8 @@ dns.lookup('localhost', { family: 4 }, (err, address) => console.log('resolved',
 
 
 @pytest.mark.parametrize("network", [True, False])
-def test_no_interface_list_nodejs(netns_service, network):
-    data = run(netns_service, JS_NETLINK, "nodejs", enable_network=network)
+def test_no_interface_list_nodejs(jailed, network):
+    data = run(jailed, JS_NETLINK, "nodejs", enable_network=network)
     lines = data["stdout"].splitlines()
     assert "sl-h" not in data["stdout"] and HOST_ADDRESS not in data["stdout"], data
     assert lines[0] in ("interfaces []", 'interfaces "EPERM"', 'interfaces "ERR_SYSTEM_ERROR"'), data
