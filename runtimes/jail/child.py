@@ -4,9 +4,9 @@ Order matters: descriptors first (nothing of the zygote's may leak), then the
 private /tmp (needs root), then the identity drop (after which nothing can be
 undone), then limits. A small filter keeps signals and rlimit changes to the
 child itself (seccomp_policy.fence_for): without root the kernel would let it
-signal the service; with root, its answers would tell which pids exist. The allow-list filter is
-loaded by the language runner once it has read the run's options from its pipe,
-before the first line of user code.
+signal the service; with root, its answers would tell which pids exist. The
+allow-list filter is loaded by the language runner once it has read the run's
+options from its pipe, before the first line of user code.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...]) -> Non
     os.closerange(len(fds), max_fd())
 
     if plan.privileged:
-        linux.unshare(linux.CLONE_NEWNS | linux.CLONE_NEWUTS)  # harden-b: UTS too, the host's name stays
+        linux.unshare(linux.CLONE_NEWNS | linux.CLONE_NEWUTS)  # UTS: the host's name stays the host's
         socket.sethostname(RUN_HOSTNAME)
         linux.mount(
             "sandlot-tmp",
