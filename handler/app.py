@@ -27,6 +27,8 @@ from runtimes.payload import LANGUAGES
 
 log = logging.getLogger("sandlot.api")
 
+TOO_DEEP = "malformed JSON body: nested too deeply"
+
 
 class BodyTooLarge(Exception):
     pass
@@ -150,6 +152,8 @@ class SandboxAPI:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
             return envelope.bad_request("malformed JSON body")
+        except RecursionError:
+            return envelope.bad_request(TOO_DEEP)
         if not isinstance(data, dict):
             return envelope.bad_request("the body must be a JSON object")
         if "language" in data and data["language"] not in LANGUAGES:
@@ -187,6 +191,8 @@ class SandboxAPI:
             data = json.loads(await request.body() or b"{}")
         except ValueError:
             return envelope.bad_request("malformed JSON body")
+        except RecursionError:
+            return envelope.bad_request(TOO_DEEP)
         language = self._language(data.get("language", "python3")) if isinstance(data, dict) else None
         return await self._rebuild(language, lambda: {})
 

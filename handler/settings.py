@@ -149,6 +149,9 @@ class Settings(BaseSettings):
         1_500_000_000, ge=65536, le=4_000_000_000, description="first uid of the run uid blocks (1024 uids each)"
     )
     SANDLOT_ZYGOTE_MAX_FORKS: int = Field(2000, ge=10, description="forks before the zygote is replaced")
+    SANDLOT_ZYGOTE_MAX_AGE: float = Field(
+        300, ge=0, description="seconds before the zygote is replaced (fresh hash secret, addresses); 0: by forks only"
+    )
     SANDLOT_EGRESS_ALLOW: Annotated[list[IPvAnyNetwork], NoDecode] = Field(
         [],
         description="comma-separated CIDRs runs with network may reach although private "
@@ -247,6 +250,7 @@ class Settings(BaseSettings):
             jail=self.SANDLOT_JAIL,
             uid_base=self.SANDLOT_UID_BASE,
             zygote_max_forks=self.SANDLOT_ZYGOTE_MAX_FORKS,
+            zygote_max_age=self.SANDLOT_ZYGOTE_MAX_AGE,
             run_env=proxies,
             egress_allow=tuple(str(n) for n in self.SANDLOT_EGRESS_ALLOW),
         )

@@ -6,13 +6,14 @@ the serial tells rebuilds apart. A finished layer is never written again; a new
 build goes next to it and the runtime switches over. Builds are serialized.
 
 Several instances may share a data directory: each holds a shared flock on every
-layer it uses, and a layer is removed only when an exclusive lock can be had,
-that is when no instance uses it any more.
+layer it uses, from the moment it starts building it (the scratch directory is
+locked before the build and renamed into place with the lock held), and a layer,
+finished or not, is removed only when an exclusive lock can be had, that is when
+no instance uses or builds it any more (runtimes/dirlock.py).
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from runtimes.dirlock import remove_if_unlocked
+from runtimes.dirlock import TRASH, Gone, lock_shared, remove_if_unlocked
 
 log = logging.getLogger("sandlot.layers")
 
@@ -53,29 +54,36 @@ class LayerStore:
         key = self.key()
         if not self.root.is_dir():
             return None
-        candidates = [p for p in self.root.iterdir() if p.name.startswith(key + "-") and ".build" not in p.name]
-        return max(candidates, key=lambda p: p.stat().st_mtime, default=None)
+        candidates = [p for p in self.root.iterdir() if p.name.startswith(key + "-") and _finished(p.name)]
+        return max(candidates, key=_mtime, default=None)
 
     def ensure(self) -> str:
         """A layer for the current sources: an existing one, or a new build. Collects unused ones."""
-        found = self.existing()
-        self.current = str(found) if found else self.rebuild()
-        self.use(self.current)
+        while True:
+            found = self.existing()
+            if found is None:
+                self.current = self.rebuild()  # held from the start of its build
+                break
+            try:
+                self.use(str(found))
+            except (Gone, FileNotFoundError):
+                continue  # another instance removed it just now: look again
+            self.current = str(found)
+            break
         self.collect()
         return self.current
 
     def use(self, path: str) -> None:
-        """Say (with a shared lock) that this instance runs on path: nobody removes it meanwhile."""
+        """Say (with a shared lock) that this instance runs on path: nobody removes it meanwhile.
+        Raises Gone if another instance was removing it."""
         if path in self._held:
             return
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        self._held[path] = fd
+        self._held[path] = lock_shared(path)
 
     def collect(self) -> None:
-        """Remove every finished layer that no instance uses."""
+        """Remove every layer, finished or left half-built by a dead build, that no instance uses or builds."""
         for path in self.root.iterdir() if self.root.is_dir() else []:
-            if ".build" not in path.name and str(path) not in self._held:
+            if str(path) not in self._held:
                 self._remove_if_unused(str(path))
 
     def rebuild(self) -> str:
@@ -87,13 +95,16 @@ class LayerStore:
             scratch = target.with_name(target.name + ".build")
             shutil.rmtree(scratch, ignore_errors=True)
             scratch.mkdir(mode=0o755)
+            held = lock_shared(scratch)  # no other instance's collect() removes it, built or not
             try:
                 self._build(scratch)
                 make_readable(scratch)
-                os.rename(scratch, target)
+                os.rename(scratch, target)  # the same directory: our lock stays on it
             except BaseException:
+                os.close(held)
                 shutil.rmtree(scratch, ignore_errors=True)
                 raise
+            self._held[str(target)] = held
             return str(target)
 
     def retire(self, path: str) -> None:
@@ -109,6 +120,17 @@ class LayerStore:
         # another instance may run on it: whoever retires it last removes it
         if remove_if_unlocked(path):
             log.info("removed unused layer %s", path)
+
+
+def _finished(name: str) -> bool:
+    return ".build" not in name and TRASH not in name
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:  # removed by another instance since we listed it
+        return 0.0
 
 
 def make_readable(root: Path) -> None:

@@ -53,6 +53,7 @@ class RuntimeConfig:
     uid_base: int = 1_500_000_000
     uid_count: int = 1024
     zygote_max_forks: int = 2000
+    zygote_max_age: float = 300.0  # seconds; 0: replaced by forks only
     run_env: dict[str, str] = field(default_factory=dict)  # proxies handed to user code
     egress_allow: tuple[str, ...] = ()  # networks runs may reach although private
 

@@ -1,10 +1,40 @@
-"""Directories shared by several service instances: in use while some process holds a flock on them."""
+"""Directories shared by several service instances: in use while some process holds a flock on them.
+
+A user holds a shared lock on the directory itself; whoever removes it first takes
+the exclusive lock and, still holding it, renames the directory out of the way
+(`<name>.trash-<n>`), so that a user who opened the old name meanwhile finds, once
+it has its lock, that the name no longer leads there (`lock_shared` says so).
+"""
 
 from __future__ import annotations
 
 import fcntl
 import os
 import shutil
+import time
+
+TRASH = ".trash-"
+
+
+class Gone(FileNotFoundError):
+    pass
+
+
+def lock_shared(path: str | os.PathLike) -> int:
+    """A descriptor holding a shared lock on the directory at path; Gone if it is being removed."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise Gone(f"{path} was removed while we waited for it")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def remove_if_unlocked(path: str | os.PathLike) -> bool:
@@ -14,10 +44,16 @@ def remove_if_unlocked(path: str | os.PathLike) -> bool:
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        trash = f"{os.fspath(path)}{TRASH}{time.time_ns()}" if TRASH not in os.fspath(path) else os.fspath(path)
+        try:
+            os.rename(path, trash)
+        except OSError:
+            return False  # someone else removed it first
     finally:
         os.close(fd)
-    shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(trash, ignore_errors=True)
     return True

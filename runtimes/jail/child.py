@@ -2,10 +2,11 @@
 
 Order matters: descriptors first (nothing of the zygote's may leak), then the
 private /tmp (needs root), then the identity drop (after which nothing can be
-undone), then limits. Without root, a small filter keeps signals and rlimit
-changes to the child itself (seccomp_policy.fence_for). The allow-list filter is
-loaded by the language runner once it has read the run's options from its pipe,
-before the first line of user code.
+undone), then limits. A small filter keeps signals and rlimit changes to the
+child itself (seccomp_policy.fence_for): without root the kernel would let it
+signal the service; with root, its answers would tell which pids exist. The
+allow-list filter is loaded by the language runner once it has read the run's
+options from its pipe, before the first line of user code.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ import fcntl
 import os
 import resource
 import signal
+import socket
 from dataclasses import dataclass
 
 from runtimes.jail import linux, seccomp_policy
+
+RUN_HOSTNAME = "sandbox"  # what uname() tells a run (as root, in a UTS namespace of its own)
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,8 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...]) -> Non
     os.closerange(len(fds), max_fd())
 
     if plan.privileged:
-        linux.unshare(linux.CLONE_NEWNS)
+        linux.unshare(linux.CLONE_NEWNS | linux.CLONE_NEWUTS)  # UTS: the host's name stays the host's
+        socket.sethostname(RUN_HOSTNAME)
         linux.mount(
             "sandlot-tmp",
             "/tmp",
@@ -67,12 +72,13 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...]) -> Non
         os.environ["HOME"] = os.environ["TMPDIR"] = tmpdir
     os.chdir(tmpdir)
     linux.set_no_new_privs()
-    if not plan.privileged:  # same uid as the service: only a filter keeps it from signalling it
-        fence = seccomp_policy.fence_for(os.getpid())
-        try:
-            fence.load()
-        except OSError:
-            pass  # no seccomp here: the runner refuses to run, unless the operator opted out of seccomp
+    # Signals only to itself: without root the kernel would let it signal the service (same uid);
+    # with root, "not permitted" versus "no such process" would tell it which pids exist.
+    fence = seccomp_policy.fence_for(os.getpid())
+    try:
+        fence.load()
+    except OSError:
+        pass  # no seccomp here: the runner refuses to run, unless the operator opted out of seccomp
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (plan.max_open_files, plan.max_open_files))

@@ -1,10 +1,15 @@
-"""Egress rules for runs with network: no loopback, link-local (cloud metadata) or private ranges.
+"""Egress rules for runs with network: the outside, and nothing of the host or its networks.
 
 An nftables table per uid block matches the socket owner's uid, so it applies
-to the runs of this instance and nothing else. The resolvers of resolv.conf
-(port 53) and the configured proxies stay reachable; operators can allow more
-ranges. Without nft (or without root) the rules are not in force, and the
-health detail says so.
+to the runs of this instance and nothing else. Refused: loopback, link-local
+(cloud metadata), private, shared, documentation, benchmarking, multicast and
+reserved ranges, the IPv6 prefixes that embed IPv4 addresses (NAT64, 6to4,
+Teredo), and every address of the host itself: the kernel's routing table
+decides (`fib daddr type local`), so an address the host gains after start is
+refused too, Sandlot's own port and services bound to 0.0.0.0 included. The
+resolvers of resolv.conf (port 53) and the configured proxies stay reachable;
+operators can allow more ranges. Without nft (or without root) the rules are not
+in force, and the health detail says so.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from urllib.parse import urlsplit
 
 log = logging.getLogger("sandlot.jail")
 
+# IANA's special-purpose registries: nothing here is an ordinary host on the internet.
 DENIED_V4 = (
     "0.0.0.0/8",
     "10.0.0.0/8",
@@ -25,11 +31,33 @@ DENIED_V4 = (
     "127.0.0.0/8",
     "169.254.0.0/16",
     "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.0.2.0/24",
+    "192.88.99.0/24",
     "192.168.0.0/16",
+    "198.18.0.0/15",
+    "198.51.100.0/24",
+    "203.0.113.0/24",
     "224.0.0.0/4",
     "240.0.0.0/4",
 )
-DENIED_V6 = ("::1/128", "::/128", "::ffff:0:0/96", "fc00::/7", "fe80::/10", "ff00::/8")
+DENIED_V6 = (
+    "::/128",
+    "::1/128",
+    "::ffff:0:0/96",
+    "64:ff9b::/96",
+    "64:ff9b:1::/48",
+    "100::/64",
+    "2001::/23",
+    "2001:db8::/32",
+    "2002::/16",
+    "fc00::/7",
+    "fe80::/10",
+    "fec0::/10",
+    "ff00::/8",
+)
+# The host's own addresses, whatever they are now: its routing table knows them.
+HOST_ADDRESS_TYPES = "local, broadcast, anycast, multicast"
 
 
 def resolvers(path: str = "/etc/resolv.conf") -> list[str]:
@@ -83,6 +111,7 @@ class EgressFilter:
             rules.append(f"{owner} {_family(address)} daddr {address} tcp dport {port} accept")
         for network in self.allow:
             rules.append(f"{owner} {_family(network)} daddr {network} accept")
+        rules.append(f"{owner} fib daddr type {{ {HOST_ADDRESS_TYPES} }} reject")
         rules.append(f"{owner} ip daddr {{ {', '.join(DENIED_V4)} }} reject")
         rules.append(f"{owner} ip6 daddr {{ {', '.join(DENIED_V6)} }} reject")
         body = "\n".join(f"    {rule}" for rule in rules)

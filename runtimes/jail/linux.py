@@ -13,6 +13,7 @@ import platform
 _libc = ctypes.CDLL(None, use_errno=True)
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
 
 MS_RDONLY = 0x1
 MS_NOSUID = 0x2

@@ -4,8 +4,8 @@ A child serves exactly one run. Children come in variants (what a runner must
 know before the run arrives, e.g. Node's network filter): each variant has its
 own number of children kept ready; others are forked on demand. A child's uid
 and private /tmp go back only once the zygote has reaped it. After `max_forks`
-forks a new zygote is started (fresh address-space layout and hash seed) and the
-old one leaves once its last child has ended.
+forks, or `max_age` seconds, a new zygote is started (fresh address-space layout
+and hash seed) and the old one leaves once its last child has ended.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
@@ -37,12 +38,15 @@ class ChildPool:
         tmp_parent: str | None,
         targets: dict[Variant, int],
         max_forks: int,
+        max_age: float = 0.0,  # seconds a zygote serves before it is replaced (0: no limit)
     ):
         self._start_zygote = start_zygote
         self._uids = uids
         self._tmp_parent = tmp_parent
         self.targets = targets
         self._max_forks = max_forks
+        self._max_age = max_age
+        self._zygote_born = 0.0  # time.monotonic() when the current zygote took over
         self._zygote: Zygote | None = None
         self._owner: dict[int, Zygote] = {}  # child pid -> the zygote that forked it
         self._retired: list[Zygote] = []
@@ -115,10 +119,15 @@ class ChildPool:
         if self._zygote is None or not self._zygote.alive:
             await self._restart()
         assert self._zygote is not None
-        if self._zygote.forks >= self._max_forks and not self._rotating:
+        if self._zygote_worn_out() and not self._rotating:
             self._rotating = True
             self._background(self._rotate())
         return self._zygote
+
+    def _zygote_worn_out(self) -> bool:
+        """Forks and age both bound how long runs share the zygote's layout and hash secret."""
+        aged = self._max_age > 0 and time.monotonic() - self._zygote_born >= self._max_age
+        return self._zygote.forks >= self._max_forks or aged
 
     async def _restart(self) -> None:
         async with self._restart_lock:
@@ -138,6 +147,7 @@ class ChildPool:
             self.last_error = str(exc)
             raise
         zygote.on_exit.append(self._on_zygote_exit)
+        self._zygote_born = time.monotonic()
         self.generation += 1
         self.last_error = ""
         return zygote

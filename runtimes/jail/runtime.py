@@ -85,7 +85,12 @@ class JailedRuntime:
             tmp_parent = self._claim_identities()
             self._tree_root = tempfile.mkdtemp(prefix=f"sandlot-root-{self.language}-")
             self.pool = ChildPool(
-                self._start_zygote, self._uids, tmp_parent, self.ready_targets(), config.zygote_max_forks
+                self._start_zygote,
+                self._uids,
+                tmp_parent,
+                self.ready_targets(),
+                config.zygote_max_forks,
+                max_age=config.zygote_max_age,
             )
             self.pool.on_retired.append(self.zygote_retired)
             self.report = await self.pool.start()

@@ -6,6 +6,17 @@ Process creation is refused: fork and vfork fail with EPERM, clone only passes
 with CLONE_THREAD (threads keep working), clone3 answers ENOSYS so that glibc
 falls back to clone. execve is only admitted where a runtime must exec its own
 interpreter (Node), and then only until the interpreter stacks its own filter.
+
+Nothing a run may call shows it the host or another run. With network a run may
+open TCP and UDP sockets over IPv4 and IPv6 and connect them, nothing else: no
+bind, listen or accept (nothing reaches it), no unix socket but socketpair (no
+abstract socket of the host or another run), no netlink (no view of the host's
+sockets or interfaces), no raw socket. No ioctl of the socket range (interfaces,
+routes, a socket's namespace) in any run. Calls that take a pid take 0 (the
+caller) only; kill and friends are fenced to the run's own pid by fence_for.
+Locks are the run's own: flock and fcntl record locks succeed without taking a
+lock, since a run is one process and its lock could only be seen by another run
+(on a shared read-only file: the layer, /etc/hosts, /dev/null).
 """
 
 from __future__ import annotations
@@ -21,7 +32,9 @@ CLONE_THREAD = 0x00010000
 AF_UNIX = 1
 AF_INET = 2
 AF_INET6 = 10
-AF_NETLINK = 16
+SOCK_STREAM = 1
+SOCK_DGRAM = 2
+SOCK_TYPE_MASK = 0xF  # the rest of socket()'s type argument is SOCK_NONBLOCK and SOCK_CLOEXEC
 
 # What any interpreter needs to run code that computes, reads its tree and
 # writes to its pipes and its own /tmp.
@@ -85,14 +98,11 @@ BASE_SYSCALLS = (
     "fsync",
     "fdatasync",
     "fallocate",
-    "flock",
-    "fcntl",
     "dup",
     "dup2",
     "dup3",
     "pipe",
     "pipe2",
-    "ioctl",
     "sendfile",
     "copy_file_range",
     "fadvise64",
@@ -117,9 +127,6 @@ BASE_SYSCALLS = (
     "rt_sigtimedwait",
     "rt_sigsuspend",
     "sigaltstack",
-    "kill",
-    "tgkill",
-    "tkill",
     "pause",
     "alarm",
     "setitimer",
@@ -148,24 +155,16 @@ BASE_SYSCALLS = (
     "getresgid",
     "getgroups",
     "getpgrp",
-    "getpgid",
-    "getsid",
     "getrlimit",
-    "prlimit64",
     "getrusage",
-    "getpriority",
     "uname",
     "sysinfo",
     "sched_yield",
-    "sched_getaffinity",
-    "sched_getparam",
-    "sched_getscheduler",
     "sched_get_priority_max",
     "sched_get_priority_min",
     # threads
     "futex",
     "set_robust_list",
-    "get_robust_list",
     "set_tid_address",
     "rseq",
     "arch_prctl",
@@ -206,8 +205,58 @@ BASE_SYSCALLS = (
     "getpeername",
 )
 
-NETWORK_SYSCALLS = ("connect", "bind", "listen", "accept", "accept4")
-NETWORK_FAMILIES = (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK)
+# With network: a client's calls. No bind, listen or accept: nothing reaches a run from outside.
+NETWORK_SYSCALLS = ("connect",)
+NETWORK_FAMILIES = (AF_INET, AF_INET6)
+NETWORK_TYPES = (SOCK_STREAM, SOCK_DGRAM)
+
+# Calls that name a process: a run may only name itself (0), so that "no such process"
+# and "not permitted" cannot tell it which pids exist. (argument index of the pid)
+SELF_ONLY = {
+    "getpgid": 0,
+    "getsid": 0,
+    "sched_getaffinity": 0,
+    "sched_getparam": 0,
+    "sched_getscheduler": 0,
+    "get_robust_list": 0,
+    "prlimit64": 0,
+    "getpriority": 1,  # (which, who): who 0 is the caller, its process group or its uid
+}
+
+# fcntl commands a run may use, by number (glibc's names); record locks are answered below.
+FCNTL_ALLOWED = (
+    0,  # F_DUPFD
+    1,  # F_GETFD
+    2,  # F_SETFD
+    3,  # F_GETFL
+    4,  # F_SETFL
+    5,  # F_GETLK
+    9,  # F_GETOWN
+    11,  # F_GETSIG
+    16,  # F_GETOWN_EX
+    36,  # F_OFD_GETLK
+    1025,  # F_GETLEASE
+    1030,  # F_DUPFD_CLOEXEC
+    1031,  # F_SETPIPE_SZ
+    1032,  # F_GETPIPE_SZ
+    1033,  # F_ADD_SEALS
+    1034,  # F_GET_SEALS
+)
+FCNTL_LOCKS = (6, 7, 37, 38)  # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW: succeed, lock nothing
+# ioctl commands carry a type byte (bits 8-15). 0x89 is the socket range (SIOCGIFCONF lists
+# interfaces from any socket, socketpair included; SIOCGSKNS opens the network namespace),
+# 0x8B the wireless one. Every other type is allowed: (mask, value) pairs covering 0x00-0xFF
+# but those two, tested on bits 8-15 only, which the kernel reads whatever the upper bits say.
+IOCTL_ALLOWED_TYPES = (
+    (0x8000, 0x0000),  # 0x00-0x7F
+    (0xF800, 0x8000),  # 0x80-0x87
+    (0xFF00, 0x8800),  # 0x88
+    (0xFF00, 0x8A00),  # 0x8A
+    (0xFC00, 0x8C00),  # 0x8C-0x8F
+    (0xF000, 0x9000),  # 0x90-0x9F
+    (0xE000, 0xA000),  # 0xA0-0xBF
+    (0xC000, 0xC000),  # 0xC0-0xFF
+)
 
 # ALLOWED_SYSCALLS may add to the list, never these: process creation, exec,
 # tracing, mounts, namespaces and the like stay closed whatever the operator says.
@@ -262,7 +311,79 @@ NEVER_ALLOWED = frozenset(
         "request_key",
         "pidfd_open",
         "pidfd_getfd",
+        "pidfd_send_signal",
         "kcmp",
+        # what the jail closes by arguments: an unconditional rule would lift the condition
+        "socket",
+        "socketcall",
+        "socketpair",
+        "bind",
+        "listen",
+        "accept",
+        "accept4",
+        "ioctl",
+        "fcntl",
+        "flock",
+        "kill",
+        "tgkill",
+        "tkill",
+        "rt_sigqueueinfo",
+        "rt_tgsigqueueinfo",
+        *SELF_ONLY,
+        # shared kernel objects that outlive a run or cross runs
+        "io_uring_setup",
+        "io_uring_enter",
+        "io_uring_register",
+        "memfd_create",
+        "memfd_secret",
+        "shmget",
+        "shmat",
+        "shmdt",
+        "shmctl",
+        "semget",
+        "semop",
+        "semtimedop",
+        "semctl",
+        "msgget",
+        "msgsnd",
+        "msgrcv",
+        "msgctl",
+        "mq_open",
+        "mq_unlink",
+        "mq_timedsend",
+        "mq_timedreceive",
+        "mq_notify",
+        "mq_getsetattr",
+        "inotify_init",
+        "inotify_init1",
+        "inotify_add_watch",
+        "fanotify_init",
+        "fanotify_mark",
+        "name_to_handle_at",
+        "open_by_handle_at",
+        "process_madvise",
+        "personality",
+        "setpriority",
+        "sched_setaffinity",
+        "sched_setscheduler",
+        "sched_setparam",
+        "ioprio_set",
+        "ioprio_get",
+        "migrate_pages",
+        "move_pages",
+        "syslog",
+        "acct",
+        "quotactl",
+        "iopl",
+        "ioperm",
+        "sethostname",
+        "setdomainname",
+        "settimeofday",
+        "clock_settime",
+        "clock_adjtime",
+        "adjtimex",
+        "mknod",
+        "mknodat",
     }
 )
 
@@ -281,7 +402,9 @@ def check_extra_syscalls(numbers: list[int]) -> None:
         except Exception as exc:  # libseccomp does not know it
             raise ValueError(f"ALLOWED_SYSCALLS: {number} is not a system call on this machine") from exc
         if name in NEVER_ALLOWED:
-            raise ValueError(f"ALLOWED_SYSCALLS: {number} ({name}) may not be allowed")
+            raise ValueError(
+                f"ALLOWED_SYSCALLS: {number} ({name}) may not be allowed: it would reopen what the jail closes"
+            )
 
 
 def _allow(flt: pyseccomp.SyscallFilter, name: str, *args: pyseccomp.Arg) -> None:
@@ -305,9 +428,27 @@ def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) 
     _allow(flt, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, CLONE_THREAD, CLONE_THREAD))
     flt.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
     _allow(flt, "socketpair", pyseccomp.Arg(0, pyseccomp.EQ, AF_UNIX))
+    for name, index in SELF_ONLY.items():
+        _allow(flt, name, pyseccomp.Arg(index, pyseccomp.EQ, 0))
+    for command in FCNTL_ALLOWED:
+        _allow(flt, "fcntl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, command))
+    for command in FCNTL_LOCKS:
+        flt.add_rule(pyseccomp.ERRNO(0), "fcntl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, command))
+    flt.add_rule(pyseccomp.ERRNO(0), "flock")
+    for mask, value in IOCTL_ALLOWED_TYPES:
+        _allow(flt, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, mask, value))
+    # kill, tgkill and tkill: allowed here, narrowed to the run's own pid by fence_for
+    for name in ("kill", "tgkill", "tkill"):
+        _allow(flt, name)
     if network:
         for family in NETWORK_FAMILIES:
-            _allow(flt, "socket", pyseccomp.Arg(0, pyseccomp.EQ, family))
+            for kind in NETWORK_TYPES:
+                _allow(
+                    flt,
+                    "socket",
+                    pyseccomp.Arg(0, pyseccomp.EQ, family),
+                    pyseccomp.Arg(1, pyseccomp.MASKED_EQ, SOCK_TYPE_MASK, kind),
+                )
         for name in NETWORK_SYSCALLS:
             _allow(flt, name)
     if allow_exec:

@@ -73,10 +73,35 @@ function main(args) {
 
   const size = readExact(4).readUInt32LE(0);
   const request = JSON.parse(readExact(size).toString('utf8'));
+  Error.prepareStackTrace = userStack;
   const script = new vm.Script(request.code, { filename: 'main.js' });
   script.runInThisContext();
   process.on('uncaughtExceptionMonitor', () => { crashing = true; });
   process.on('exit', exitNow);
+}
+
+// Stack traces as node prints them, cut where the user's script was entered (node:vm): the
+// frames below (this wrapper, node's loader) would show the service's own paths.
+const OWN_FILE = (() => {
+  const saved = Error.prepareStackTrace;
+  Error.prepareStackTrace = (error, trace) => trace;
+  const trace = new Error().stack;
+  Error.prepareStackTrace = saved;
+  return trace[0].getFileName();
+})();
+const { toString: errorToString } = Error.prototype;
+const { join } = Array.prototype;
+
+function userStack(error, trace) {
+  let end = 0;
+  while (end < trace.length && trace[end].getFileName() !== OWN_FILE) end++;
+  let text;
+  try {
+    text = apply(errorToString, error, []);
+  } catch {
+    text = '<error>';
+  }
+  return end === 0 ? text : `${text}\n    at ${apply(join, apply(slice, trace, [0, end]), ['\n    at '])}`;
 }
 
 let crashing = false; // node prints an uncaught exception after 'exit': leave that exit to node

@@ -159,9 +159,18 @@ def execute(code: str, preload: str) -> int:
     except SystemExit as exc:
         status = _exit_status(exc)
     except BaseException as exc:  # noqa: BLE001 - printed like the interpreter would
-        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+        _print_exception(exc)
         status = 1
     return _finish(status)
+
+
+def _print_exception(exc: BaseException) -> None:
+    """The traceback the interpreter would print for a script: from the user's first frame on,
+    none of the runner's (they would show where the service lives)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb)
 
 
 def _compile(source: str, filename: str):
@@ -187,8 +196,8 @@ def _finish(status: int) -> int:
         import atexit
 
         atexit._run_exitfuncs()
-    except BaseException:  # noqa: BLE001
-        traceback.print_exc()
+    except BaseException as exc:  # noqa: BLE001
+        _print_exception(exc)
         status = status or 1
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -1,0 +1,337 @@
+"""A run with network reaches the outside and nothing else; a run without network has none.
+
+The service runs in a network namespace this module makes ("host", with an address of
+its own), next to an "outside" namespace holding canary listeners on the metadata,
+private, documentation and one "public" address (tests/netns.py). No packet leaves them.
+Each canary is first reached by the test itself, so a refusal seen from a run is the
+jail's doing, not a missing route.
+"""
+
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import needs_root
+from netns import CANARY_PORT, DOCUMENTATION, HOST_ADDRESS, METADATA, PRIVATE, PUBLIC, Canary, World, inside
+from service import IS_ROOT, Service, wait_for
+
+pytestmark = needs_root
+
+REFUSED = "refused"
+
+PY_CONNECT = """
+import socket
+for host, port in {targets!r}:
+    try:
+        with socket.create_connection((host, port), timeout=3) as s:
+            print(host, port, 'connected', s.recv(64).decode().strip())
+    except OSError as e:
+        print(host, port, 'refused' if e.errno in (1, 111, 113) else f'error {{e.errno}}')
+"""
+
+JS_CONNECT = """
+const net = require('net');
+const targets = {targets};
+(async () => {{
+  for (const [host, port] of targets) {{
+    const line = await new Promise((resolve) => {{
+      const s = net.connect({{ host, port, timeout: 3000 }});
+      let got = '';
+      s.on('data', (d) => {{ got += d; }});
+      s.on('end', () => resolve(`${{host}} ${{port}} connected ${{got.trim()}}`));
+      s.on('timeout', () => {{ s.destroy(); resolve(`${{host}} ${{port}} error timeout`); }});
+      s.on('error', (e) => resolve(`${{host}} ${{port}} ${{
+        ['ECONNREFUSED', 'EPERM', 'EHOSTUNREACH'].includes(e.code) ? 'refused' : 'error ' + e.code}}`));
+    }});
+    console.log(line);
+  }}
+}})();
+"""
+
+
+def connect_code(language: str, targets: list[tuple[str, int]]) -> str:
+    if language == "python3":
+        return PY_CONNECT.format(targets=targets)
+    return JS_CONNECT.format(targets=[list(t) for t in targets])
+
+
+@pytest.fixture(scope="module")
+def world():
+    if not IS_ROOT:
+        pytest.skip("needs root: network namespaces")
+    built = World(f"{os.getpid()}")
+    try:
+        built.build()
+        with inside(built.host):
+            built.host_service = Canary("0.0.0.0", 0)  # a host service bound to every address
+            built.abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            built.abstract.bind(f"\0sandlot-canary-{os.getpid()}")
+            built.abstract.listen(8)
+            built.service = Service(SANDLOT_HOST="0.0.0.0").start()
+        yield built
+    finally:
+        service = getattr(built, "service", None)
+        if service is not None:
+            service.stop()
+        if hasattr(built, "host_service"):
+            built.host_service.close()
+            built.abstract.close()
+        built.destroy()
+
+
+@pytest.fixture
+def netns_service(world):
+    """The service in the host namespace; this test's thread (and its threads) in there too."""
+    with inside(world.host):
+        yield world.service
+
+
+@pytest.fixture(scope="module")
+def reduced_service(world):
+    """The reduced jail (no uid or tree of its own) in the host namespace, where it is offered."""
+    with inside(world.host):
+        try:
+            svc = Service(SANDLOT_JAIL="reduced").start()
+        except RuntimeError as exc:
+            pytest.skip(f"the reduced jail is not offered here: {exc}")
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(params=["full", "reduced"])
+def jailed(request, world):
+    """What seccomp holds, in each mode: the root jail, and the reduced one."""
+    service = world.service if request.param == "full" else request.getfixturevalue("reduced_service")
+    with inside(world.host):
+        yield service
+
+
+def run(service, code, language="python3", **fields):
+    envelope = service.run(code, language=language, **fields)
+    assert envelope["code"] == 0, envelope
+    return envelope["data"]
+
+
+def outcome(stdout: str) -> dict[tuple[str, int], str]:
+    found = {}
+    for line in stdout.splitlines():
+        host, port, what = line.split(" ", 2)
+        found[(host, int(port))] = what
+    return found
+
+
+LANGUAGES = ["python3", "nodejs"]
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_a_run_with_network_reaches_the_outside_and_no_host_or_private_address(world, netns_service, language):
+    service = netns_service
+    assert service.detail()["runtimes"][language]["protections"]["egress_filter"] is True
+    forbidden = [
+        (METADATA, CANARY_PORT),
+        *[(a, CANARY_PORT) for a in PRIVATE],
+        *[(a, CANARY_PORT) for a in DOCUMENTATION],
+        (HOST_ADDRESS, world.host_service.port),  # the host's own address, a service on 0.0.0.0
+        (HOST_ADDRESS, service.port),  # Sandlot itself, on its default bind
+        ("127.0.0.1", service.port),
+    ]
+    targets = [(PUBLIC, CANARY_PORT), *forbidden]
+    # the test itself reaches every one: only the jail stands between a run and them
+    before_control = {a: c.hits for a, c in world.canaries.items()}
+    for host, port in targets:
+        socket.create_connection((host, port), timeout=3).close()
+    control = {a: before_control[a] + sum(1 for h, _ in targets if h == a) for a in world.canaries}
+    assert wait_for(lambda: {a: c.hits for a, c in world.canaries.items()} == control)
+    hits_before = control
+    started = time.monotonic()
+    data = run(service, connect_code(language, targets), language, enable_network=True, timeout=20)
+    seen = outcome(data["stdout"])
+    assert seen[(PUBLIC, CANARY_PORT)] == f"connected canary {PUBLIC}", data
+    for target in forbidden:
+        assert seen[target] == REFUSED, (target, data)
+    assert time.monotonic() - started < 10  # refused at once, not left to time out
+    expected = {a: hits_before[a] + (1 if a == PUBLIC else 0) for a in world.canaries}
+    assert wait_for(lambda: {a: c.hits for a, c in world.canaries.items()} == expected)
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_a_run_without_network_reaches_nothing(world, jailed, language):
+    data = run(jailed, connect_code(language, [(PUBLIC, CANARY_PORT)]), language, enable_network=False)
+    assert outcome(data["stdout"]) == {(PUBLIC, CANARY_PORT): REFUSED}, data
+
+
+PY_LISTEN = """
+import socket
+for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+    s = socket.socket(socket.AF_INET, kind)
+    try:
+        s.bind(('0.0.0.0', 0))
+        print('bound', s.getsockname()[1])
+    except OSError as e:
+        print('bind', e.errno)
+    if kind == socket.SOCK_STREAM:
+        try:
+            s.listen(1)
+            print('listening', s.getsockname()[1])
+        except OSError as e:
+            print('listen', e.errno)
+"""
+
+JS_LISTEN = """
+const net = require('net'), dgram = require('dgram');
+const server = net.createServer();
+server.on('error', (e) => console.log('tcp', e.code));
+server.listen(0, '0.0.0.0', () => console.log('listening', server.address().port));
+const udp = dgram.createSocket('udp4');
+udp.on('error', (e) => { console.log('udp', e.code); udp.close(); });
+udp.bind(0, () => console.log('bound', udp.address().port));
+setTimeout(() => {}, 300);
+"""
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_a_run_cannot_listen_or_bind(jailed, language):
+    code = PY_LISTEN if language == "python3" else JS_LISTEN
+    data = run(jailed, code, language, enable_network=True)
+    if language == "python3":
+        assert data["stdout"] == "bind 1\nlisten 1\nbind 1\n", data
+    else:
+        assert sorted(data["stdout"].split("\n")) == ["", "tcp EPERM", "udp EPERM"], data
+
+
+PY_UNIX = """
+import socket
+name = {name!r}
+try:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(name)
+    print('connected')
+except OSError as e:
+    print('connect', e.errno)
+try:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind('\\0sandlot-run-' + str(id(s)))
+    print('bound')
+except OSError as e:
+    print('bind', e.errno)
+a, b = socket.socketpair()
+a.sendall(b'pair ok')
+print(b.recv(16).decode())
+"""
+
+JS_UNIX = """
+const net = require('net');
+const s = net.connect({{ path: {name!r} }});
+s.on('connect', () => {{ console.log('connected'); s.destroy(); }});
+s.on('error', (e) => console.log('connect', e.code));
+const server = net.createServer();
+server.on('error', (e) => console.log('listen', e.code));
+server.listen('\\0sandlot-run-node', () => console.log('listening'));
+"""
+
+
+@pytest.mark.parametrize("network", [True, False])
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_no_abstract_unix_socket_of_the_host_or_another_run(world, jailed, language, network):
+    name = world.abstract.getsockname()
+    name = name.decode(errors="replace") if isinstance(name, bytes) else name
+    code = (PY_UNIX if language == "python3" else JS_UNIX).format(name=name)
+    data = run(jailed, code, language, enable_network=network)
+    if language == "python3":
+        assert data["stdout"] == "connect 1\nbind 1\npair ok\n", data
+    else:
+        assert sorted(data["stdout"].split("\n")) == ["", "connect EPERM", "listen EPERM"], data
+
+
+def test_two_concurrent_runs_cannot_talk_over_unix_sockets(jailed):
+    listener = (
+        "import socket, time\n"
+        "try:\n"
+        "    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "    s.bind('\\0sandlot-between-runs')\n    s.listen(1)\n    print('listening')\n"
+        "    s.settimeout(3)\n    s.accept()\n    print('accepted')\n"
+        "except OSError as e:\n    print('listener', e.errno)\n"
+    )
+    talker = (
+        "import socket, time\ntime.sleep(0.5)\n"
+        "try:\n"
+        "    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "    s.connect('\\0sandlot-between-runs')\n    print('connected')\n"
+        "except OSError as e:\n    print('talker', e.errno)\n"
+    )
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(run, jailed, listener, enable_network=True)
+        second = pool.submit(run, jailed, talker, enable_network=True)
+        assert first.result()["stdout"] == "listener 1\n"
+        assert second.result()["stdout"] == "talker 1\n"
+
+
+PY_NETLINK = """
+import socket, fcntl, struct, array
+for proto, name in ((4, 'sock_diag'), (0, 'route')):
+    try:
+        socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, proto)
+        print(name, 'opened')
+    except OSError as e:
+        print(name, e.errno)
+try:
+    print('interfaces', socket.if_nameindex())
+except OSError as e:
+    print('if_nameindex', e.errno)
+a, b = socket.socketpair()
+buf = array.array('B', bytes(4096))
+try:  # SIOCGIFCONF works on any socket, a socketpair included
+    fcntl.ioctl(a.fileno(), 0x8912, struct.pack('iL', 4096, buf.buffer_info()[0]))
+    print('ifconf listed')
+except OSError as e:
+    print('ifconf', e.errno)
+for kind in (socket.SOCK_RAW, socket.SOCK_PACKET if hasattr(socket, 'SOCK_PACKET') else 10):
+    try:
+        socket.socket(socket.AF_INET, kind, 1)
+        print('raw opened')
+    except OSError as e:
+        print('raw', e.errno)
+print('resolved', socket.getaddrinfo('localhost', 80, type=socket.SOCK_STREAM)[0][4][0])
+"""
+
+
+@pytest.mark.parametrize("network", [True, False])
+def test_no_netlink_no_interface_list_no_raw_socket_python(jailed, network):
+    data = run(jailed, PY_NETLINK, enable_network=network)
+    assert data["stdout"] == ("sock_diag 1\nroute 1\nif_nameindex 1\nifconf 1\nraw 1\nraw 1\nresolved 127.0.0.1\n"), (
+        data
+    )
+
+
+JS_NETLINK = """
+const os = require('os'), dns = require('dns');
+let interfaces;
+try { interfaces = Object.keys(os.networkInterfaces()); } catch (e) { interfaces = e.code || e.message; }
+console.log('interfaces', JSON.stringify(interfaces));
+dns.lookup('localhost', { family: 4 }, (err, address) => console.log('resolved', err ? err.code : address));
+"""
+
+
+@pytest.mark.parametrize("network", [True, False])
+def test_no_interface_list_nodejs(jailed, network):
+    data = run(jailed, JS_NETLINK, "nodejs", enable_network=network)
+    lines = data["stdout"].splitlines()
+    assert "sl-h" not in data["stdout"] and HOST_ADDRESS not in data["stdout"], data
+    assert lines[0] in ("interfaces []", 'interfaces "EPERM"', 'interfaces "ERR_SYSTEM_ERROR"'), data
+    assert lines[1] == "resolved 127.0.0.1", data
+
+
+HOSTNAME = {
+    "python3": "import os, socket\nprint(os.uname().nodename, socket.gethostname())",
+    "nodejs": "const os = require('os');\nconsole.log(os.hostname(), os.hostname())",
+}
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_a_run_does_not_learn_the_hosts_name(service, language):
+    host = socket.gethostname()
+    data = run(service, HOSTNAME[language], language)
+    assert data["stdout"] == "sandbox sandbox\n", data
+    assert host not in data["stdout"]
