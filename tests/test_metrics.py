@@ -162,3 +162,22 @@ def test_outcomes_are_read_from_the_result(result, outcome):
     from handler.metrics import classify
 
     assert classify(result) == outcome
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed"),
+    [("key", ("key", "", 0)), ("off", ("off", "", 0)), ("127.0.0.1:9464", ("address", "127.0.0.1", 9464))],
+)
+def test_the_metrics_setting_takes_key_off_or_an_address(value, parsed):
+    from handler.settings import load_settings, parse_metrics_setting
+
+    assert parse_metrics_setting(value) == parsed
+    assert value == load_settings(SANDLOT_METRICS=value).SANDLOT_METRICS
+
+
+@pytest.mark.parametrize("value", ["public", "host:", "host:99999", ":x"])
+def test_a_bad_metrics_setting_stops_start_up_naming_it(value):
+    from handler.settings import SettingsError, load_settings
+
+    with pytest.raises(SettingsError, match="SANDLOT_METRICS"):
+        load_settings(SANDLOT_METRICS=value)
