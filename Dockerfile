@@ -14,8 +14,9 @@ RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libseccomp2 nftables ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 
-# node for nodejs runs (Debian bookworm's own is 18)
+# node for nodejs runs (Debian bookworm's own is 18), and npm beside it for the Node.js layer's builds
 COPY --from=node /usr/local/bin/node /usr/local/bin/node
+COPY --from=node /usr/local/lib/node_modules/npm /usr/local/lib/node_modules/npm
 
 # the package, into a world-readable venv (layer builds run pip from it as an unprivileged uid)
 COPY pyproject.toml README.md /opt/sandlot/src/

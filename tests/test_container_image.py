@@ -83,6 +83,10 @@ def test_port_data_dir_and_dify_places_agree_with_the_settings(dockerfile):
     assert workdir == "/"  # conf/config.yaml and dependencies/ resolve to dify-sandbox's /conf and /dependencies
     assert str(python_layer.DIFY_REQUIREMENTS).startswith("dependencies/")
     node = env["NODEJS_PATH"]
+    npm = os.path.join(os.path.dirname(os.path.dirname(node)), "lib", "node_modules", "npm")  # where layers look
+    assert any(
+        value.startswith("--from=node") and value.split()[-1] == npm for value in instructions(dockerfile, "COPY")
+    )
     assert any(
         value.startswith("--from=node") and value.split()[-1] == node for value in instructions(dockerfile, "COPY")
     )
