@@ -11,7 +11,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from handler.settings import Settings, SettingsError, load_settings
+from handler.settings import Settings, SettingsError, load_settings, parse_metrics_setting
 from layers import nodejs as node_layer
 from layers import python as python_layer
 from layers.manager import Layer, LayerManager
@@ -64,7 +64,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from handler import logs
-    from handler.metrics import Metrics, parse_metrics_setting, start_separate_listener
+    from handler.metrics import Metrics, start_separate_listener
     from runtimes.jail import linux
 
     overrides = {}

@@ -34,21 +34,12 @@ from starlette.responses import Response
 
 from handler.admission import queue_wait
 from handler.logs import current_request
+from handler.settings import parse_metrics_setting
 from runtimes.jail.supervisor import SandboxUnavailable
 
 OUTCOMES = ("ok", "error", "timeout", "forbidden_syscall", "output_limit", "memory_limit", "refused")
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30)
-
-
-def parse_metrics_setting(value: str) -> tuple[str, str, int]:
-    """("key"|"off"|"address", host, port) from SANDLOT_METRICS, or ValueError saying what is accepted."""
-    if value in ("key", "off"):
-        return value, "", 0
-    host, sep, port = value.rpartition(":")
-    if sep and port.isdigit() and 0 < int(port) < 65536:
-        return "address", host.strip("[]") or "0.0.0.0", int(port)
-    raise ValueError("must be `key`, `off` or HOST:PORT")
 
 
 def classify(result: dict) -> str:

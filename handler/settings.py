@@ -42,6 +42,16 @@ class SettingsError(ValueError):
     pass
 
 
+def parse_metrics_setting(value: str) -> tuple[str, str, int]:
+    """("key"|"off"|"address", host, port) from SANDLOT_METRICS, or ValueError saying what is accepted."""
+    if value in ("key", "off"):
+        return value, "", 0
+    host, sep, port = value.rpartition(":")
+    if sep and port.isdigit() and 0 < int(port) < 65536:
+        return "address", host.strip("[]") or "0.0.0.0", int(port)
+    raise ValueError("must be `key`, `off` or HOST:PORT")
+
+
 def _dig(data: dict, dotted: str) -> Any:
     for part in dotted.split("."):
         if not isinstance(data, dict) or part not in data:
@@ -197,8 +207,6 @@ class Settings(BaseSettings):
     @field_validator("SANDLOT_METRICS")
     @classmethod
     def _metrics(cls, value: str) -> str:
-        from handler.metrics import parse_metrics_setting
-
         parse_metrics_setting(value)
         return value
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from service import API_KEY
 
@@ -128,3 +129,55 @@ def test_refused_runs_are_counted_as_refused(narrow):
 def test_a_separate_metrics_address_serves_without_key_and_the_api_port_does_not(narrow):
     assert scrape(narrow.metrics_url)  # no key needed there
     assert httpx.get(narrow.url + "/metrics", headers={"X-Api-Key": API_KEY}).status_code == 404
+
+
+def test_a_failed_layer_build_is_counted(narrow):
+    before = scrape(narrow.metrics_url)
+    with narrow.client() as client:
+        answer = client.post("/v1/sandbox/dependencies/update", json={"language": "nodejs"}).json()
+    assert answer["code"] == -500  # no node here, so no layer to build
+    after = scrape(narrow.metrics_url)
+    key = ("sandlot_layer_builds_total", (("language", "nodejs"), ("result", "failed")))
+    assert after[key] - before.get(key, 0) == 1
+
+
+@pytest.mark.parametrize(
+    ("result", "outcome"),
+    [
+        ({"exit_code": 0, "error": ""}, "ok"),
+        ({"exit_code": 2, "error": "process exited with code 2\nValueError: x"}, "error"),
+        ({"exit_code": -1, "error": "error: timeout"}, "timeout"),
+        ({"exit_code": -1, "error": "error: output limit exceeded"}, "output_limit"),
+        ({"exit_code": 1, "error": "process exited with code 1\nMemoryError"}, "memory_limit"),
+        ({"exit_code": -1, "error": "error: memory limit exceeded"}, "memory_limit"),
+        (
+            {"exit_code": 134, "error": "FATAL ERROR: Reached heap limit - JavaScript heap out of memory"},
+            "memory_limit",
+        ),
+        ({"exit_code": 1, "error": "PermissionError: [Errno 1] Operation not permitted"}, "forbidden_syscall"),
+        ({"exit_code": 159, "error": "error: operation not permitted"}, "forbidden_syscall"),
+    ],
+)
+def test_outcomes_are_read_from_the_result(result, outcome):
+    from handler.metrics import classify
+
+    assert classify(result) == outcome
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed"),
+    [("key", ("key", "", 0)), ("off", ("off", "", 0)), ("127.0.0.1:9464", ("address", "127.0.0.1", 9464))],
+)
+def test_the_metrics_setting_takes_key_off_or_an_address(value, parsed):
+    from handler.settings import load_settings, parse_metrics_setting
+
+    assert parse_metrics_setting(value) == parsed
+    assert value == load_settings(SANDLOT_METRICS=value).SANDLOT_METRICS
+
+
+@pytest.mark.parametrize("value", ["public", "host:", "host:99999", ":x"])
+def test_a_bad_metrics_setting_stops_start_up_naming_it(value):
+    from handler.settings import SettingsError, load_settings
+
+    with pytest.raises(SettingsError, match="SANDLOT_METRICS"):
+        load_settings(SANDLOT_METRICS=value)

@@ -1,0 +1,45 @@
+# The Sandlot service image: a drop-in for Dify's `sandbox` service (port 8194, API_KEY).
+#   docker build -t sandlot .
+#   docker run -p 8194:8194 -e API_KEY=... --cap-add SYS_ADMIN --cap-add NET_ADMIN \
+#              --security-opt apparmor=unconfined sandlot
+# What the container needs for the full jail, and what happens without it: README, "Running in a container".
+# (Lambda runtime images are built from infra/ and runtimes/<language>/, not from this file.)
+
+FROM node:20-bookworm-slim AS node
+
+FROM python:3.11-slim-bookworm
+
+# libseccomp2: the filters; nftables: egress rules for runs with network; ca-certificates: the runs' CA bundle
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libseccomp2 nftables ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
+
+# node for nodejs runs (Debian bookworm's own is 18), and npm beside it for the Node.js layer's builds
+COPY --from=node /usr/local/bin/node /usr/local/bin/node
+COPY --from=node /usr/local/lib/node_modules/npm /usr/local/lib/node_modules/npm
+
+# the package, into a world-readable venv (layer builds run pip from it as an unprivileged uid)
+COPY pyproject.toml README.md /opt/sandlot/src/
+COPY handler /opt/sandlot/src/handler
+COPY runtimes /opt/sandlot/src/runtimes
+COPY layers /opt/sandlot/src/layers
+RUN python3.11 -m venv /opt/sandlot/venv \
+    && /opt/sandlot/venv/bin/pip install --no-cache-dir /opt/sandlot/src \
+    && rm -rf /opt/sandlot/src
+
+ENV PATH=/opt/sandlot/venv/bin:$PATH \
+    NODEJS_PATH=/usr/local/bin/node \
+    SANDBOX_PORT=8194 \
+    SANDLOT_DATA_DIR=/var/lib/sandlot
+
+# dify-sandbox's places, relative to the working directory: /conf/config.yaml and
+# /dependencies/python-requirements.txt, so Dify's volume mounts work unchanged.
+WORKDIR /
+COPY conf/config.yaml.example /conf/config.yaml.example
+VOLUME ["/var/lib/sandlot"]
+EXPOSE 8194
+
+HEALTHCHECK --interval=10s --timeout=5s --start-period=120s \
+    CMD ["sandlot", "health"]
+ENTRYPOINT ["sandlot"]
+CMD ["serve"]

@@ -1,0 +1,112 @@
+"""The service image and the compose file, checked without Docker: entry point, copied paths, Dify's contract."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import tomllib
+
+import pytest
+import yaml
+from dockerfile_parse import DockerfileParser
+
+from handler import cli
+from handler.settings import Settings
+from layers import python as python_layer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> DockerfileParser:
+    parser = DockerfileParser(path=os.path.join(ROOT, "Dockerfile"))
+    return parser
+
+
+def instructions(parser: DockerfileParser, name: str) -> list[str]:
+    return [i["value"] for i in parser.structure if i["instruction"] == name]
+
+
+def final_stage(parser: DockerfileParser) -> list[dict]:
+    starts = [n for n, i in enumerate(parser.structure) if i["instruction"] == "FROM"]
+    return parser.structure[starts[-1] :]
+
+
+def test_the_entry_point_is_the_sandlot_command_serving(dockerfile):
+    entrypoint = json.loads(instructions(dockerfile, "ENTRYPOINT")[-1])
+    command = json.loads(instructions(dockerfile, "CMD")[-1])
+    assert entrypoint == ["sandlot"] and command == ["serve"]
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        assert tomllib.load(f)["project"]["scripts"]["sandlot"] == "handler.cli:main"
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([*command, "--help"])
+    assert exit_.value.code == 0
+    health = [i["value"] for i in final_stage(dockerfile) if i["instruction"] == "HEALTHCHECK"][0]
+    assert health.split("CMD", 1)[1].strip() == '["sandlot", "health"]'
+
+
+def test_every_copied_path_exists_and_holds_every_package(dockerfile):
+    copied = []
+    for value in instructions(dockerfile, "COPY"):
+        if value.startswith("--from="):
+            continue
+        *sources, _ = value.split()
+        for source in sources:
+            assert os.path.exists(os.path.join(ROOT, source)), source
+            copied.append(source)
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)
+    for package in project["tool"]["setuptools"]["packages"]:
+        assert package.split(".")[0] in copied, package  # pip install in the image gets all of it
+    for package, files in project["tool"]["setuptools"]["package-data"].items():
+        for name in files:
+            assert os.path.exists(os.path.join(ROOT, *package.split("."), name))
+    assert {"pyproject.toml", "README.md"} <= set(copied)  # the build reads both
+
+
+def test_nothing_copied_is_left_out_of_the_build_context(dockerfile):
+    with open(os.path.join(ROOT, ".dockerignore")) as f:
+        ignored = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    for value in instructions(dockerfile, "COPY"):
+        if not value.startswith("--from="):
+            for source in value.split()[:-1]:
+                assert not any(fnmatch.fnmatch(source, pattern) for pattern in ignored), source
+
+
+def test_port_data_dir_and_dify_places_agree_with_the_settings(dockerfile):
+    env = dockerfile.envs
+    assert instructions(dockerfile, "EXPOSE") == [str(Settings.model_fields["SANDBOX_PORT"].default)]
+    assert env["SANDBOX_PORT"] == "8194"
+    assert env["SANDLOT_DATA_DIR"] in instructions(dockerfile, "VOLUME")[0]
+    workdir = [i["value"] for i in final_stage(dockerfile) if i["instruction"] == "WORKDIR"][-1]
+    assert workdir == "/"  # conf/config.yaml and dependencies/ resolve to dify-sandbox's /conf and /dependencies
+    assert str(python_layer.DIFY_REQUIREMENTS).startswith("dependencies/")
+    node = env["NODEJS_PATH"]
+    npm = os.path.join(os.path.dirname(os.path.dirname(node)), "lib", "node_modules", "npm")  # where layers look
+    assert any(
+        value.startswith("--from=node") and value.split()[-1] == npm for value in instructions(dockerfile, "COPY")
+    )
+    assert any(
+        value.startswith("--from=node") and value.split()[-1] == node for value in instructions(dockerfile, "COPY")
+    )
+
+
+def test_compose_replaces_difys_sandbox_service_unchanged():
+    with open(os.path.join(ROOT, "docker-compose.yaml")) as f:
+        compose = yaml.safe_load(f)
+    sandbox = compose["services"]["sandbox"]
+    environment = sandbox["environment"]
+    # the names Dify's own compose file sets for its sandbox service
+    assert {"API_KEY", "WORKER_TIMEOUT", "ENABLE_NETWORK", "HTTP_PROXY", "HTTPS_PROXY", "SANDBOX_PORT"} <= set(
+        environment
+    )
+    assert environment["API_KEY"] == "${SANDBOX_API_KEY:-dify-sandbox}"
+    assert environment["SANDBOX_PORT"] == "${SANDBOX_PORT:-8194}"
+    for name in environment:
+        assert name in Settings.model_fields or name == "GIN_MODE", name
+    targets = {volume.split(":")[1] for volume in sandbox["volumes"]}
+    assert {"/conf", "/dependencies", "/var/lib/sandlot"} <= targets
+    assert "ssrf_proxy_network" in sandbox["networks"]
+    assert sandbox["healthcheck"]["test"] == ["CMD", "sandlot", "health"]
+    assert {"SYS_ADMIN", "NET_ADMIN"} <= set(sandbox["cap_add"])
