@@ -99,8 +99,9 @@ class Settings(BaseSettings):
     ENABLE_PRELOAD: bool = Field(False, description="run the request's `preload` (inside the jail, before the code)")
     ALLOWED_SYSCALLS: Annotated[list[int], NoDecode] = Field(
         [],
-        description="comma-separated numbers added to the allow-list "
-        "(process creation, exec, ptrace, mount, namespaces refused)",
+        description="comma-separated numbers added to the allow-list; start-up refuses what would reopen the "
+        "jail: process creation, exec, ptrace, mount, namespaces, sockets, io_uring, memfd, SysV and POSIX IPC, "
+        "inotify, and the calls the filter narrows by argument (kill, ioctl, fcntl, flock, pid-taking calls)",
     )
     HTTP_PROXY: str = Field("", description="handed to user code (visible to it)")
     HTTPS_PROXY: str = Field("", description="handed to user code (visible to it)")
@@ -164,8 +165,8 @@ class Settings(BaseSettings):
     )
     SANDLOT_EGRESS_ALLOW: Annotated[list[IPvAnyNetwork], NoDecode] = Field(
         [],
-        description="comma-separated CIDRs runs with network may reach although private "
-        "(loopback, link-local and private ranges are refused by default, as root with nft)",
+        description="comma-separated CIDRs runs with network may reach although refused by default (the host's "
+        "own addresses, loopback, link-local, private and other special-purpose ranges are, as root with nft)",
     )
 
     # operations: metrics and logs
