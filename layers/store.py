@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from runtimes.dirlock import TRASH, Gone, lock_shared, remove_if_unlocked
+from runtimes.dirlock import TRASH, lock_shared, remove_if_unlocked
 
 log = logging.getLogger("sandlot.layers")
 
@@ -66,7 +66,7 @@ class LayerStore:
                 break
             try:
                 self.use(str(found))
-            except (Gone, FileNotFoundError):
+            except FileNotFoundError:  # dirlock.Gone too
                 continue  # another instance removed it just now: look again
             self.current = str(found)
             break
