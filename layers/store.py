@@ -23,9 +23,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from runtimes.dirlock import TRASH, Gone, lock_shared, remove_if_unlocked
+from runtimes.dirlock import TRASH, lock_shared, remove_if_unlocked
 
 log = logging.getLogger("sandlot.layers")
+
+STALE_BUILD_SECONDS = 3600.0  # a build directory untouched this long, and unlocked, was left by a dead build
 
 
 class LayerBuildError(RuntimeError):
@@ -66,7 +68,7 @@ class LayerStore:
                 break
             try:
                 self.use(str(found))
-            except (Gone, FileNotFoundError):
+            except FileNotFoundError:  # dirlock.Gone too
                 continue  # another instance removed it just now: look again
             self.current = str(found)
             break
@@ -81,10 +83,14 @@ class LayerStore:
         self._held[path] = lock_shared(path)
 
     def collect(self) -> None:
-        """Remove every layer, finished or left half-built by a dead build, that no instance uses or builds."""
+        """Remove every layer, finished or left half-built by a dead build, that no instance uses or builds.
+        A half-built one must also be idle for a while: an instance of an older Sandlot builds unlocked."""
         for path in self.root.iterdir() if self.root.is_dir() else []:
-            if str(path) not in self._held:
-                self._remove_if_unused(str(path))
+            if str(path) in self._held:
+                continue
+            if ".build" in path.name and time.time() - _mtime(path) < STALE_BUILD_SECONDS:
+                continue
+            self._remove_if_unused(str(path))
 
     def rebuild(self) -> str:
         """Build a new layer directory from the sources; the old one stays until retired."""

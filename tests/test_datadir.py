@@ -71,13 +71,18 @@ def test_a_layer_being_built_survives_another_instance_collecting(root, sources)
     assert (Path(result["path"]) / "module.py").read_text() == "VALUE = 2\n"
 
 
-def test_a_half_built_layer_of_a_dead_build_is_collected(root, sources):
+def test_a_half_built_layer_of_a_dead_build_is_collected_once_idle(root, sources):
     root.mkdir(parents=True)
     stale = root / "0123456789abcdef-1.build"
     stale.mkdir()
     (stale / "partial").write_text("x")
+    recent = root / "0123456789abcdef-2.build"  # perhaps an older Sandlot's build (those are not locked)
+    recent.mkdir()
+    long_ago = os.stat(stale).st_mtime - 2 * 3600
+    os.utime(stale, (long_ago, long_ago))
     store_for(root, sources).ensure()
     assert not stale.exists()
+    assert recent.is_dir()
 
 
 def test_an_unused_layer_is_collected_and_a_used_one_is_not(root, sources, tmp_path):

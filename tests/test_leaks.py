@@ -149,9 +149,9 @@ def test_a_lock_on_a_shared_file_is_not_seen_by_a_concurrent_run(jailed):
 def test_locks_on_the_runs_own_files_still_work(jailed):
     code = (
         "import fcntl, sqlite3\n"
-        "with open('/tmp/l', 'w') as f:\n"
+        "with open('l', 'w') as f:\n"
         "    fcntl.flock(f, fcntl.LOCK_EX)\n    fcntl.lockf(f, fcntl.LOCK_EX)\n    fcntl.lockf(f, fcntl.LOCK_UN)\n"
-        "db = sqlite3.connect('/tmp/x.db')\n"
+        "db = sqlite3.connect('x.db')  # in the run's own directory\n"
         "db.execute('create table t (v)')\n"
         "db.executemany('insert into t values (?)', [(1,), (2,)])\n"
         "db.commit()\n"

@@ -416,6 +416,7 @@ def _allow(flt: pyseccomp.SyscallFilter, name: str, *args: pyseccomp.Arg) -> Non
 
 def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) -> pyseccomp.SyscallFilter:
     """The allow-list for one run. Build once per process, load in each child."""
+    check_extra_syscalls(list(extra))  # whoever built the config (a Lambda's environment too)
     flt = pyseccomp.SyscallFilter(pyseccomp.ERRNO(errno.EPERM))
     try:  # a binary tree instead of a linear list: every system call of a run pays for the lookup
         flt.set_attr(pyseccomp.Attr.CTL_OPTIMIZE, 2)

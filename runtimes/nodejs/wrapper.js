@@ -73,6 +73,7 @@ function main(args) {
 
   const size = readExact(4).readUInt32LE(0);
   const request = JSON.parse(readExact(size).toString('utf8'));
+  learnOwnFile();
   Error.prepareStackTrace = userStack;
   const script = new vm.Script(request.code, { filename: 'main.js' });
   script.runInThisContext();
@@ -81,20 +82,22 @@ function main(args) {
 }
 
 // Stack traces as node prints them, cut where the user's script was entered (node:vm): the
-// frames below (this wrapper, node's loader) would show the service's own paths.
-const OWN_FILE = (() => {
-  const saved = Error.prepareStackTrace;
-  Error.prepareStackTrace = (error, trace) => trace;
-  const trace = new Error().stack;
-  Error.prepareStackTrace = saved;
-  return trace[0].getFileName();
-})();
+// frames below (this wrapper, node's loader) would show the service's own paths. The
+// wrapper's file name is learnt as the run starts (in a snapshot it is the one it was built from).
+let ownFile = null;
 const { toString: errorToString } = Error.prototype;
 const { join } = Array.prototype;
 
+function learnOwnFile() {
+  Error.prepareStackTrace = (error, trace) => trace;
+  const trace = new Error().stack;
+  Error.prepareStackTrace = undefined;
+  ownFile = Array.isArray(trace) && trace.length ? trace[0].getFileName() : null;
+}
+
 function userStack(error, trace) {
   let end = 0;
-  while (end < trace.length && trace[end].getFileName() !== OWN_FILE) end++;
+  while (end < trace.length && trace[end].getFileName() !== ownFile) end++;
   let text;
   try {
     text = apply(errorToString, error, []);

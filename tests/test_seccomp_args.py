@@ -1,0 +1,176 @@
+"""The filter's argument checks, call by call, in a forked child that loads it (root or not).
+
+These are the raw system calls a hostile run would make, including values with the
+upper 32 bits set: the kernel reads only the lower ones of an int argument, so a check
+that compared all 64 would be walked around.
+"""
+
+import ctypes
+import errno
+import json
+import os
+import socket
+import struct
+
+import pytest
+
+from runtimes.jail import seccomp_policy
+from runtimes.jail.linux import set_no_new_privs
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+
+SYS = {"socket": 41, "ioctl": 16, "fcntl": 72, "flock": 73, "kill": 62, "getpgid": 121, "listen": 50, "bind": 49}
+HIGH = 1 << 32
+
+
+def syscall(name: str, *args) -> str:
+    ctypes.set_errno(0)
+    result = libc.syscall(SYS[name], *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+    if result == -1:
+        return errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+    return "ok"
+
+
+def in_filter(network: bool, probe) -> dict:
+    """probe() run in a child under the run's filters (allow-list and pid fence); its answers."""
+    program = seccomp_policy.compile_program(seccomp_policy.build(network))
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        try:
+            set_no_new_privs()
+            seccomp_policy.fence_for(os.getpid()).load()
+            program.load()
+            answer = probe()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            answer = {"raised": repr(exc)}
+        os.write(write_end, json.dumps(answer).encode())
+        os._exit(0)
+    os.close(write_end)
+    data = b""
+    while chunk := os.read(read_end, 65536):
+        data += chunk
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def sockets() -> dict:
+    kinds = {
+        "inet stream": (socket.AF_INET, socket.SOCK_STREAM, 0),
+        "inet6 dgram nonblock": (socket.AF_INET6, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK, 0),
+        "inet raw": (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP),
+        "inet packet": (socket.AF_INET, 10, 0),
+        "unix stream": (socket.AF_UNIX, socket.SOCK_STREAM, 0),
+        "netlink route": (socket.AF_NETLINK, socket.SOCK_RAW, 0),
+        "netlink sock_diag": (socket.AF_NETLINK, socket.SOCK_RAW, 4),
+        "packet": (17, socket.SOCK_RAW, 0),
+        "inet with high bits": (socket.AF_INET | HIGH, socket.SOCK_STREAM, 0),
+        "unix with high bits": (socket.AF_UNIX | HIGH, socket.SOCK_STREAM, 0),
+    }
+    found = {name: syscall("socket", *args) for name, args in kinds.items()}
+    fd = libc.socket(socket.AF_INET, socket.SOCK_STREAM, 0)
+    found["listen"] = syscall("listen", fd, 1) if fd >= 0 else "no socket"
+    found["bind"] = syscall("bind", fd, b"\x02\x00" + bytes(14), 16) if fd >= 0 else "no socket"
+    return found
+
+
+@pytest.mark.parametrize("network", [True, False])
+def test_socket_families_and_kinds(network):
+    found = in_filter(network, sockets)
+    allowed = "ok" if network else "EPERM"
+    assert found == {
+        "inet stream": allowed,
+        "inet6 dgram nonblock": allowed,
+        "inet raw": "EPERM",
+        "inet packet": "EPERM",
+        "unix stream": "EPERM",
+        "netlink route": "EPERM",
+        "netlink sock_diag": "EPERM",
+        "packet": "EPERM",
+        "inet with high bits": "EPERM",
+        "unix with high bits": "EPERM",
+        "listen": "EPERM" if network else "no socket",
+        "bind": "EPERM" if network else "no socket",
+    }
+
+
+def ioctls() -> dict:
+    a, b = socket.socketpair()
+    r, w = os.pipe()
+    buf = ctypes.create_string_buffer(64)
+    return {
+        "SIOCGIFCONF": syscall("ioctl", a.fileno(), 0x8912, buf),
+        "SIOCGIFCONF high bits": syscall("ioctl", a.fileno(), HIGH | 0x8912, buf),
+        "SIOCGSKNS": syscall("ioctl", a.fileno(), 0x894C, 0),
+        "SIOCGIWNAME": syscall("ioctl", a.fileno(), 0x8B01, buf),
+        "TCGETS on a pipe": syscall("ioctl", r, 0x5401, buf),  # allowed: the kernel says "not a tty"
+        "FIONREAD": syscall("ioctl", r, 0x541B, buf),
+        "FIOCLEX": syscall("ioctl", w, 0x5451, 0),
+    }
+
+
+def test_ioctl_refuses_the_socket_and_wireless_ranges_only():
+    assert in_filter(True, ioctls) == {
+        "SIOCGIFCONF": "EPERM",
+        "SIOCGIFCONF high bits": "EPERM",
+        "SIOCGSKNS": "EPERM",
+        "SIOCGIWNAME": "EPERM",
+        "TCGETS on a pipe": "ENOTTY",
+        "FIONREAD": "ok",
+        "FIOCLEX": "ok",
+    }
+
+
+def locks_and_pids() -> dict:
+    fd = os.open("/dev/null", os.O_RDONLY)
+    lock = ctypes.create_string_buffer(struct.pack("hhqqi", 1, 0, 0, 0, 0))  # F_WRLCK
+    return {
+        "flock": syscall("flock", fd, 2),
+        "F_SETLK": syscall("fcntl", fd, 6, lock),
+        "F_SETLK high bits": syscall("fcntl", fd, HIGH | 6, lock),
+        "F_OFD_SETLKW": syscall("fcntl", fd, 38, lock),
+        "F_GETFD": syscall("fcntl", fd, 1, 0),
+        "F_SETOWN high bits": syscall("fcntl", fd, HIGH | 8, 1),
+        "F_SETSIG": syscall("fcntl", fd, 10, 9),
+        "kill 1": syscall("kill", 1, 0),
+        "kill self": syscall("kill", os.getpid(), 0),
+        "kill group": syscall("kill", 0, 0),
+        "getpgid 1": syscall("getpgid", 1),
+        "getpgid 0 high bits": syscall("getpgid", HIGH),
+        "getpgid 0": syscall("getpgid", 0),
+    }
+
+
+def test_locks_succeed_without_locking_and_pids_are_the_callers_only():
+    assert in_filter(False, locks_and_pids) == {
+        "flock": "ok",
+        "F_SETLK": "ok",
+        "F_SETLK high bits": "ok",
+        "F_OFD_SETLKW": "ok",
+        "F_GETFD": "ok",
+        "F_SETOWN high bits": "EPERM",
+        "F_SETSIG": "EPERM",
+        "kill 1": "EPERM",
+        "kill self": "ok",
+        "kill group": "EPERM",
+        "getpgid 1": "EPERM",
+        "getpgid 0 high bits": "EPERM",
+        "getpgid 0": "ok",
+    }
+
+
+def test_a_lock_taken_under_the_filter_is_not_held():
+    """What another run would see: no lock at all on the shared file."""
+    import fcntl
+
+    def take() -> dict:
+        with open("/etc/hosts", "rb") as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with open("/proc/locks") as locks:
+                inode = os.fstat(f.fileno()).st_ino
+                return {"held": any(f":{inode} " in line for line in locks)}
+
+    assert in_filter(False, take) == {"held": False}
