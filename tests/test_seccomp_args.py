@@ -41,7 +41,7 @@ def in_filter(network: bool, probe) -> dict:
         os.close(read_end)
         try:
             set_no_new_privs()
-            seccomp_policy.fence_for(os.getpid()).load()
+            seccomp_policy.fence_program(os.getpid()).load()
             program.load()
             answer = probe()
         except BaseException as exc:  # noqa: BLE001 - reported to the test
@@ -174,3 +174,9 @@ def test_a_lock_taken_under_the_filter_is_not_held():
                 return {"held": any(f":{inode} " in line for line in locks)}
 
     assert in_filter(False, take) == {"held": False}
+
+
+@pytest.mark.parametrize("pid", [1, 2, 300, 32767, 65536, 4194304])
+def test_the_fence_copied_for_a_pid_is_the_fence_built_for_it(pid):
+    built = seccomp_policy.compile_program(seccomp_policy.fence_for(pid))
+    assert bytes(seccomp_policy.fence_program(pid)._buffer) == bytes(built._buffer)

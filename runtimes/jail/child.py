@@ -74,7 +74,7 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...]) -> Non
     linux.set_no_new_privs()
     # Signals only to itself: without root the kernel would let it signal the service (same uid);
     # with root, "not permitted" versus "no such process" would tell it which pids exist.
-    fence = seccomp_policy.fence_for(os.getpid())
+    fence = seccomp_policy.fence_program(os.getpid())
     try:
         fence.load()
     except OSError:
