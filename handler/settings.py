@@ -112,7 +112,7 @@ class Settings(BaseSettings):
     SANDLOT_TMP_SIZE_MB: int = Field(64, ge=1)
     SANDLOT_TMP_FILES: int = Field(2048, ge=16)
     SANDLOT_REQUIRE_SECCOMP: bool = True
-    SANDLOT_JAIL: Literal["auto", "full", "reduced"] = "auto"
+    SANDLOT_JAIL: Literal["auto", "full", "userns", "reduced", "single"] = "auto"
     SANDLOT_UID_BASE: int = Field(1_500_000_000, ge=65536, le=4_000_000_000)
     SANDLOT_ZYGOTE_MAX_FORKS: int = Field(2000, ge=10)
     SANDLOT_EGRESS_ALLOW: Annotated[list[IPvAnyNetwork], NoDecode] = []
