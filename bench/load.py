@@ -13,6 +13,7 @@ The short form runs in the tests (tests/test_load.py); the long form is run by h
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import random
@@ -188,13 +189,29 @@ def leftovers(below: list[int], of_block: list[int], uid_ranges: list[list[int]]
     tables = ""
     if os.geteuid() == 0:
         out = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
-        tables = " ".join(t for t in out.split() if any(t == f"sandlot_{r[0]}" for r in uid_ranges))
+        unclaimed = [r for r in uid_ranges if not block_claimed(r[0])]  # a live instance's table is its own
+        tables = " ".join(t for t in out.split() if any(t == f"sandlot_{r[0]}" for r in unclaimed))
     return {
         "processes": [p for p in below if os.path.exists(f"/proc/{p}")],
         "uid_processes": [p for p in of_block if os.path.exists(f"/proc/{p}")],
         "mounts": mounts,
         "rules": tables,
     }
+
+
+def block_claimed(first_uid: int, lock_dir: str = "/run/sandlot") -> bool:
+    """Whether a live instance holds the uid block starting at first_uid (runtimes/jail/uids.py)."""
+    try:
+        fd = os.open(os.path.join(lock_dir, f"uids-{first_uid}.lock"), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def make_service(mode: str, workers: int) -> Service:
