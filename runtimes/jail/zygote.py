@@ -49,7 +49,8 @@ class Zygote:
         self.poller = select.poll()
         self.vm_size = _VmSize()
         self.lifeline = os.pidfd_open(os.getpid())  # children learn through it whether the zygote still lives
-        self.proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # kept: the tree has no /proc
+        # userns: children map their ids through it (the tree has no /proc)
+        self.proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if self.plan.mode == USERNS else -1
         self.state = self.runner.prepare(config["runner_config"])
         self.report: dict = {"mode": self.plan.mode, **self.state.report}
 
