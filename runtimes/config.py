@@ -46,7 +46,7 @@ class RuntimeConfig:
     enable_preload: bool = False
     require_seccomp: bool = True
     extra_syscalls: tuple[int, ...] = ()
-    jail: str = "auto"  # auto | full | reduced
+    jail: str = "auto"  # auto | full | userns (reduced) | single: see runtimes/jail/modes.py
     # One run at a time and nothing of it left before the next (a Lambda instance): a platform
     # without a uid or namespaces per run may serve then, and only then.
     one_run_at_a_time: bool = False
@@ -59,9 +59,10 @@ class RuntimeConfig:
 
     @property
     def privileged(self) -> bool:
+        """Whether the full jail is asked for or expected (root). The mode in use is JailedRuntime.mode."""
         if self.jail == "full":
             return True
-        if self.jail == "reduced":
+        if self.jail in ("reduced", "userns", "single"):
             return False
         return os.geteuid() == 0
 

@@ -36,16 +36,20 @@ class Service:
             **env,
         }
         self.process: subprocess.Popen | None = None
+        self.python = sys.executable  # tests/unprivileged.py: an interpreter another uid can run
+        self.user: int | None = None  # start the service as this uid (and gid), no groups
         self.log_path = f"/tmp/sandlot-test-{self.port}.log"
 
     def start(self, wait: bool = True) -> Service:
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        identity = {"user": self.user, "group": self.user, "extra_groups": []} if self.user is not None else {}
         self.process = subprocess.Popen(
-            [*self.launcher, sys.executable, "-m", "handler.cli", "serve"],
+            [*self.launcher, self.python, "-m", "handler.cli", "serve"],
             env={**self.env, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))},
             cwd=self.cwd,
             stdout=self.log,
             stderr=subprocess.STDOUT,
+            **identity,
         )
         if wait:
             try:
@@ -161,3 +165,14 @@ def uid_of(pid: int) -> int:
             if line.startswith("Uid:"):
                 return int(line.split()[1])
     raise LookupError(pid)
+
+
+def expected_processes(svc) -> int:
+    """What should live below the service: each running runtime's zygote and its ready children
+    (two processes each where runs have a PID namespace: its init and the process that will run)."""
+    total = 0
+    for rt in svc.detail()["runtimes"].values():
+        if rt["zygote"] == "running":
+            per_child = 2 if rt["protections"].get("pid_namespace") else 1
+            total += 1 + per_child * rt["ready_children"]
+    return total

@@ -1,12 +1,29 @@
 """What a freshly forked child does to itself before it may see user code.
 
-Order matters: descriptors first (nothing of the zygote's may leak), then the
-private /tmp (needs root), then the identity drop (after which nothing can be
-undone), then limits. A small filter keeps signals and rlimit changes to the
-child itself (seccomp_policy.fence_for): without root the kernel would let it
-signal the service; with root, its answers would tell which pids exist. The
+In the `full` and `userns` modes the zygote forks each child into namespaces of
+its own (namespaces.fork_into): a PID namespace whose first process is this
+child, a mount and an IPC namespace, and in `userns` a user namespace owning
+them. The child confines itself (`confine`), then forks the process that will
+run the code and stays behind as that namespace's init (`be_init`): it waits for
+the run, reports how it ended on a pipe of its own, and exits. When the init
+ends, however it ends (killed by the service, by its parent-death signal when
+the zygote dies), the kernel kills every process of the namespace first, so
+the zygote's report that it ended means nothing of the run is left.
+
+Order matters: the ids of a new user namespace first, then the private /tmp
+(needs the namespace's capabilities), then the identity and capability drop
+(after which nothing can be undone), then the parent-death signal (the kernel
+clears it on a credential change), then descriptors, limits and Landlock. The
 allow-list filter is loaded by the language runner once it has read the run's
 options from its pipe, before the first line of user code.
+
+In `single` mode (no namespaces: a Lambda function) the child is the run
+itself, in a directory of its own under the service's.
+
+In every mode the process that runs the code stacks a small filter that keeps
+signals and rlimit changes to itself (`fence_signals`, seccomp_policy.fence_for):
+sharing a uid, the kernel would let it signal the service; with a uid of its
+own, "not permitted" against "no such process" would tell which pids exist.
 """
 
 from __future__ import annotations
@@ -14,88 +31,140 @@ from __future__ import annotations
 import fcntl
 import os
 import resource
+import select
 import signal
 import socket
+import struct
 from dataclasses import dataclass
 
-from runtimes.jail import linux, seccomp_policy
+from runtimes.jail import landlock, linux, namespaces, seccomp_policy
+from runtimes.jail.modes import FULL, SINGLE, USERNS
+from runtimes.jail.tree import DEVICES
 
-RUN_HOSTNAME = "sandbox"  # what uname() tells a run (as root, in a UTS namespace of its own)
+STATUS = struct.Struct("<ii")  # what an init reports about its run: killed-by-signal flag, code or signal number
+RUN_HOSTNAME = "sandbox"  # what uname() tells a run (in a UTS namespace of its own): the host's name stays the host's
 
 
 @dataclass(frozen=True)
 class ChildPlan:
     """How to confine a child; the same for every child of one zygote."""
 
-    privileged: bool  # root: private mount namespace, tmpfs /tmp, own uid
+    mode: str  # full | userns | single (modes.py)
     tmp_size_bytes: int
     tmp_files: int
     max_open_files: int
     max_threads: int
     max_file_bytes: int
+    landlock: int = 0  # Landlock ABI to use, 0 for none
     tmp_huge_pages: bool = False  # set by the zygote when this kernel's tmpfs takes huge=within_size
 
     @classmethod
     def from_dict(cls, data: dict) -> ChildPlan:
         return cls(**data)
 
+    @property
+    def namespaced(self) -> bool:
+        return self.mode != SINGLE
 
-def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...]) -> None:
+    @property
+    def clone_flags(self) -> int:
+        flags = namespaces.CLONE_NEWPID | namespaces.CLONE_NEWNS | namespaces.CLONE_NEWIPC | linux.CLONE_NEWUTS
+        return flags | namespaces.CLONE_NEWUSER if self.mode == USERNS else flags
+
+
+@dataclass(frozen=True)
+class Handles:
+    """What the zygote lends a new child for its confinement; all closed before user code."""
+
+    lifeline: int  # a pidfd of the zygote: readable once it has exited
+    proc: int  # an open /proc (the tree has none), for the ids of a new user namespace
+    ids: tuple[int, int]  # the zygote's uid and gid (userns: the run's too)
+
+
+def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handles: Handles) -> None:
     """Turn the calling (just forked) process into a jailed one. Raises on any failure.
 
     fds become descriptors 0, 1, 2, ... in that order; every other one is closed.
     """
     os.setsid()
-    linux.set_parent_death_signal(signal.SIGKILL)
     for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in fds]
-    for target, fd in enumerate(high):
-        os.dup2(fd, target)
-    os.closerange(len(fds), max_fd())
-
-    if plan.privileged:
-        linux.unshare(linux.CLONE_NEWNS | linux.CLONE_NEWUTS)  # UTS: the host's name stays the host's
+    gid = uid
+    if plan.mode == USERNS:
+        uid, gid = handles.ids
+        namespaces.map_own_ids(handles.proc, uid, gid)
+    if plan.namespaced:
         socket.sethostname(RUN_HOSTNAME)
         linux.mount(
             "sandlot-tmp",
             "/tmp",
             "tmpfs",
             linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC,
-            tmp_options(plan, uid),
+            tmp_options(plan, uid, gid),
         )
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
+        namespaces.drop_bounding_set()
+        if plan.mode == FULL:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+        namespaces.clear_capabilities()
         tmpdir = "/tmp"
-    else:
+    linux.set_parent_death_signal(signal.SIGKILL)  # after the last credential change, which would clear it
+    if select.select([handles.lifeline], [], [], 0)[0]:
+        os._exit(1)  # the zygote died before the signal was armed: nobody would ever stop this child
+
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in fds]
+    for target, fd in enumerate(high):
+        os.dup2(fd, target)
+    os.closerange(len(fds), max_fd())
+
+    if not plan.namespaced:
         os.environ["HOME"] = os.environ["TMPDIR"] = tmpdir
     os.chdir(tmpdir)
     linux.set_no_new_privs()
-    # Signals only to itself: without root the kernel would let it signal the service (same uid);
-    # with root, "not permitted" versus "no such process" would tell it which pids exist.
-    fence = seccomp_policy.fence_program(os.getpid())
-    try:
-        fence.load()
-    except OSError:
-        pass  # no seccomp here: the runner refuses to run, unless the operator opted out of seccomp
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (plan.max_open_files, plan.max_open_files))
     resource.setrlimit(resource.RLIMIT_FSIZE, (plan.max_file_bytes, plan.max_file_bytes))
-    if plan.privileged:  # counted per uid: only meaningful when the uid is the run's own
+    if plan.namespaced:  # counted per uid as root, per user namespace in userns: the run's own either way
         resource.setrlimit(resource.RLIMIT_NPROC, (plan.max_threads, plan.max_threads))
+    if plan.namespaced and plan.landlock:
+        landlock.restrict(plan.landlock, writable=("/tmp",), devices=DEVICES)
 
 
-def tmp_options(plan: ChildPlan, uid: int) -> str:
-    options = f"size={plan.tmp_size_bytes},nr_inodes={plan.tmp_files},mode=700,uid={uid},gid={uid}"
+def fence_signals() -> None:
+    """In the process that will run the code: signals and rlimit changes for itself only."""
+    try:
+        seccomp_policy.fence_program(os.getpid()).load()
+    except OSError:
+        pass  # no seccomp here: the runner refuses to run, unless the operator opted out of seccomp
+
+
+def be_init(run_pid: int, status_fd: int) -> None:
+    """The namespace's first process: wait for the run, report how it ended, exit (taking all with it)."""
+    os.closerange(0, status_fd)  # the run's pipes are the run's: their EOF must come with its end
+    status = 0
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)  # an init also reaps whatever else ends in its namespace
+        except ChildProcessError:
+            os._exit(1)
+        if pid == run_pid:
+            break
+    signaled = os.WIFSIGNALED(status)
+    os.write(status_fd, STATUS.pack(int(signaled), os.WTERMSIG(status) if signaled else os.WEXITSTATUS(status)))
+    os._exit(0)
+
+
+def tmp_options(plan: ChildPlan, uid: int, gid: int) -> str:
+    options = f"size={plan.tmp_size_bytes},nr_inodes={plan.tmp_files},mode=700,uid={uid},gid={gid}"
     # Big files (a node startup snapshot is copied in for every run) then cost a
     # few huge pages instead of a thousand small ones.
     return options + ",huge=within_size" if plan.tmp_huge_pages else options
 
 
 def tmpfs_takes_huge_pages() -> bool:
-    """Whether a tmpfs mounted on /tmp here may use huge pages (as root, in a mount namespace of one's own)."""
+    """Whether a tmpfs mounted on /tmp here may use huge pages (in a mount namespace of one's own)."""
     try:
         linux.mount(
             "sandlot-probe",

@@ -114,6 +114,13 @@ class ChildPool:
         finally:
             self._filling[variant] -= 1
         self._ready[variant].append(child)
+        child.exited.add_done_callback(lambda _: self._died_ready(variant, child))
+
+    def _died_ready(self, variant: Variant, child: Child) -> None:
+        """A ready child ended before any run had it (killed from outside): replace it."""
+        if child in self._ready[variant]:
+            self._ready[variant].remove(child)
+            self.finish(child)
 
     async def _current_zygote(self) -> Zygote:
         if self._zygote is None or not self._zygote.alive:
@@ -153,6 +160,7 @@ class ChildPool:
         return zygote
 
     def _on_zygote_exit(self, zygote: Zygote) -> None:
+        self._drop_ready_of(zygote)  # dead with it (or dying): neither counted as ready nor handed out
         if zygote is self._zygote and not self._stopping:
             log.warning("the zygote exited; starting a new one")
             self._background(self._recover())
@@ -184,14 +192,16 @@ class ChildPool:
         old, self._zygote = self._zygote, fresh
         if old is not None:
             self._retired.append(old)
-            for ready in self._ready.values():
-                stale = [c for c in ready if self._owner.get(c.pid) is old]
-                for child in stale:  # not worth keeping the old zygote alive for
-                    ready.remove(child)
-                    self.finish(child)
+            self._drop_ready_of(old)  # not worth keeping the old zygote alive for
             await self._stop_retired()
         self._refill()
         return fresh.report
+
+    def _drop_ready_of(self, zygote: Zygote) -> None:
+        for ready in self._ready.values():
+            for child in [c for c in ready if self._owner.get(c.pid) is zygote]:
+                ready.remove(child)
+                self.finish(child)
 
     def uses_tag(self, tag: str) -> bool:
         return any(z.tag == tag for z in [self._zygote, *self._retired] if z is not None)

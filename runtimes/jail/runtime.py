@@ -15,6 +15,7 @@ import pyseccomp
 
 import runtimes
 from runtimes.config import MIB, RuntimeConfig
+from runtimes.jail import modes
 from runtimes.jail.egress import EgressFilter
 from runtimes.jail.execution import execute
 from runtimes.jail.pool import ChildPool
@@ -36,6 +37,8 @@ class JailedRuntime:
         self.pool: ChildPool | None = None
         self.report: dict = {}
         self.platform: Protections | None = None  # what this platform lets the jail do (probed at start)
+        self.mode = ""  # full | userns | single (modes.py), chosen at start
+        self._zygote_uid = -1  # userns as root: the uid zygotes drop to
         self.refused = ""  # a reason runs are refused for good (no seccomp, no jail)
         self.started = False
         self._uids: UidPool | None = None
@@ -82,11 +85,14 @@ class JailedRuntime:
             return
         try:
             self.platform = await asyncio.to_thread(platform_protections)
+            self.mode = modes.select(config.jail, self.platform, config.one_run_at_a_time)
+            log.info("%s jail: %s", self.language, self.mode)
             tmp_parent = self._claim_identities()
             self._tree_root = tempfile.mkdtemp(prefix=f"sandlot-root-{self.language}-")
+            per_run_uids = self._uids if self.mode == modes.FULL else None
             self.pool = ChildPool(
                 self._start_zygote,
-                self._uids,
+                per_run_uids,
                 tmp_parent,
                 self.ready_targets(),
                 config.zygote_max_forks,
@@ -94,6 +100,11 @@ class JailedRuntime:
             )
             self.pool.on_retired.append(self.zygote_retired)
             self.report = await self.pool.start()
+        except modes.JailRefused as exc:
+            self.refused = str(exc)
+            self.started = True
+            log.error("%s runs refused: %s", self.language, self.refused)
+            return
         except Exception as exc:  # noqa: BLE001 - whatever it is, runs get a -500 saying so
             log.exception("%s runtime unavailable: %s", self.language, exc)
             if self.pool is None:
@@ -108,12 +119,17 @@ class JailedRuntime:
         self.started = True
 
     def _claim_identities(self) -> str | None:
-        """As root: a uid block and egress rules for it. Otherwise: a parent for per-run directories."""
+        """As root: a uid block and egress rules for it (userns: one uid of it for the zygotes and their runs).
+        single: a parent for per-run directories. userns without root: nothing (runs keep the service's uid)."""
         config = self.config
-        if not config.privileged:
+        if self.mode == modes.SINGLE:
             self._tmp_parent = tempfile.TemporaryDirectory(prefix=f"sandlot-{self.language}-")
             return self._tmp_parent.name
+        if os.geteuid() != 0:
+            return None
         self._uids = UidPool(config.uid_base, config.uid_count, "/run/sandlot")
+        if self.mode == modes.USERNS:
+            self._zygote_uid = self._uids.acquire()
         self._egress = EgressFilter(
             self._uids.first,
             self._uids.first + self._uids.size - 1,
@@ -130,10 +146,12 @@ class JailedRuntime:
             "import_paths": _import_paths(),
             "runner": self.runner,
             "runner_config": self.runner_config(),
-            "tree": self.tree().to_dict() if config.privileged else None,
+            "tree": self.tree().to_dict() if self.mode in modes.TREE_MODES else None,
             "tree_root": self._tree_root,
+            "zygote_uid": self._zygote_uid,
             "plan": {
-                "privileged": config.privileged,
+                "mode": self.mode,
+                "landlock": self.platform.landlock if self.platform and self.mode in modes.TREE_MODES else 0,
                 "tmp_size_bytes": config.tmp_size_mb * MIB,
                 "tmp_files": config.tmp_files,
                 "max_open_files": config.max_open_files,
@@ -216,13 +234,21 @@ class JailedRuntime:
         }
 
     def protections(self) -> dict:
-        privileged = self.config.privileged
+        """What each run gets in this runtime's mode (README: protections per run)."""
+        mode = self.mode
+        tree = mode in modes.TREE_MODES
+        landlock = self.platform.landlock if self.platform and tree else 0
         return {
+            "mode": mode,
             "fresh_process": True,
             "seccomp": bool(self.report.get("seccomp")),
-            "chroot": privileged,
-            "own_uid": privileged,
-            "private_tmp": "tmpfs" if privileged else "directory",
+            "chroot": tree,  # only the read-only tree is visible (pivot_root)
+            "own_uid": mode == modes.FULL,
+            "user_namespace": mode == modes.USERNS,
+            "pid_namespace": tree,  # the run's processes die with its init; no other process can be named
+            "capabilities": "none",
+            "private_tmp": "tmpfs" if tree else "directory",
+            "landlock": landlock,
             "rlimits": True,
             "scrubbed_environment": True,
             "egress_filter": bool(self._egress and self._egress.installed),

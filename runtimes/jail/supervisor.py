@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 from collections import deque
@@ -56,6 +57,7 @@ class Zygote:
         self._ready: asyncio.Future | None = None
         self._pending: deque[asyncio.Future] = deque()
         self._exits: dict[int, asyncio.Future] = {}
+        self._pidfds: dict[int, int] = {}  # pid -> a pidfd of our own, to see it dead even without the zygote
         self.report: dict = {}
         self.forks = 0
         self.alive = False
@@ -140,12 +142,11 @@ class Zygote:
             if kind == protocol.FORKED:
                 pid = protocol.parse_pid(body)
                 self._exits[pid] = asyncio.get_running_loop().create_future()
+                self._pidfds[pid] = os.dup(fds[0])
                 self._resolve_pending(result=(pid, fds[0]))
             elif kind == protocol.EXITED:
                 pid, signaled, value = protocol.parse_exited(body)
-                future = self._exits.pop(pid, None)
-                if future is not None and not future.done():
-                    future.set_result((signaled, value))
+                self._settle(pid, (signaled, value))
             elif kind == protocol.FORK_FAILED:
                 self._resolve_pending(error=SandboxUnavailable(f"fork failed: {body.decode(errors='replace')}"))
             elif kind == protocol.READY and self._ready and not self._ready.done():
@@ -162,8 +163,32 @@ class Zygote:
         else:
             future.set_result(result)
 
+    def _settle(self, pid: int, result: tuple[bool, int]) -> None:
+        future = self._exits.pop(pid, None)
+        pidfd = self._pidfds.pop(pid, -1)
+        if pidfd >= 0:
+            asyncio.get_running_loop().remove_reader(pidfd)
+            os.close(pidfd)
+        if future is not None and not future.done():
+            future.set_result(result)
+
+    def _orphans_die(self) -> None:
+        """Without the zygote nobody reports: kill what is left and settle each once the kernel says it is dead.
+
+        Its uid and /tmp go back only then (a parent-death signal is on its way too).
+        """
+        loop = asyncio.get_running_loop()
+        for pid, pidfd in list(self._pidfds.items()):
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            loop.add_reader(pidfd, self._settle, pid, (True, signal.SIGKILL))
+        for pid in [p for p in self._exits if p not in self._pidfds]:
+            self._settle(pid, (True, signal.SIGKILL))
+
     def _on_eof(self) -> None:
-        """The zygote is gone; its children died with it (parent-death signal)."""
+        """The zygote is gone; its children die with it (parent-death signal, and our own SIGKILL)."""
         self.alive = False
         if self._control is not None:
             asyncio.get_running_loop().remove_reader(self._control.fileno())
@@ -171,10 +196,7 @@ class Zygote:
             self._ready.set_exception(EOFError("the zygote exited during start-up"))
         while self._pending:
             self._resolve_pending(error=SandboxUnavailable("the zygote exited"))
-        for future in self._exits.values():
-            if not future.done():
-                future.set_result((True, 9))
-        self._exits.clear()
+        self._orphans_die()
         for callback in self.on_exit:
             callback(self)
 
@@ -192,7 +214,7 @@ class Zygote:
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 await asyncio.to_thread(self._process.wait)
-        for future in self._exits.values():
-            if not future.done():
-                future.set_result((True, 9))
-        self._exits.clear()
+        self._orphans_die()
+        remaining = [f for f in self._exits.values() if not f.done()]
+        if remaining:
+            await asyncio.wait(remaining, timeout=10)

@@ -9,6 +9,7 @@ pivots into it; the namespace, and with it every mount, dies with the zygote.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -110,7 +111,26 @@ def bind(root: str, path: str, flags: int, writable: bool = False) -> None:
         open(target, "w").close()  # noqa: SIM115 - an empty file to mount over
     linux.mount(real, target, None, linux.MS_BIND | linux.MS_REC)
     readonly = 0 if writable else linux.MS_RDONLY
-    linux.mount(None, target, None, linux.MS_REMOUNT | linux.MS_BIND | readonly | flags)
+    linux.mount(None, target, None, linux.MS_REMOUNT | linux.MS_BIND | readonly | flags | kept_flags(real))
+
+
+# statvfs flag -> mount flag: what a bind mount must keep (in a user namespace the kernel locks
+# them, and a remount that would clear one fails with EPERM)
+_KEPT = (
+    (os.ST_RDONLY, linux.MS_RDONLY),
+    (os.ST_NOSUID, linux.MS_NOSUID),
+    (os.ST_NODEV, linux.MS_NODEV),
+    (os.ST_NOEXEC, linux.MS_NOEXEC),
+    (os.ST_NOATIME, linux.MS_NOATIME),
+    (os.ST_NODIRATIME, linux.MS_NODIRATIME),
+    (os.ST_RELATIME, linux.MS_RELATIME),
+)
+
+
+def kept_flags(path: str) -> int:
+    """The flags of the mount path is on that a read-only bind of it keeps."""
+    have = os.statvfs(path).f_flag
+    return functools.reduce(lambda acc, pair: acc | (pair[1] if have & pair[0] else 0), _KEPT, 0)
 
 
 def build_and_enter(spec: dict, root: str, writable: tuple[str, ...] = (), tmp_options: str = "") -> None:
@@ -137,7 +157,8 @@ def build_and_enter(spec: dict, root: str, writable: tuple[str, ...] = (), tmp_o
         os.makedirs(os.path.dirname(root + target), exist_ok=True)
         open(root + target, "w").close()  # noqa: SIM115 - an empty file to mount over
         linux.mount(source, root + target, None, linux.MS_BIND)
-        linux.mount(None, root + target, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY | linux.MS_NOSUID)
+        flags = linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY | linux.MS_NOSUID | kept_flags(source)
+        linux.mount(None, root + target, None, flags)
     for path in writable:
         bind(root, path, linux.MS_NOSUID | linux.MS_NODEV, writable=True)
     os.makedirs(root + "/.old", exist_ok=True)

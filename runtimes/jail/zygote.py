@@ -11,6 +11,12 @@ it reads anything, unless its runner says REPORTS_EXIT: then the pipe stays as
 fd 3, where the run's wrapper reports the exit status it is about to exit with.
 The zygote reaps every child through a pidfd and reports how it ended; when the
 service goes away it kills what is left and exits.
+
+In the `full` and `userns` modes each child is the init of namespaces of its own
+(child.py): it forks the process that runs the code and reports, on a status
+pipe only the zygote reads, how that process ended. The zygote reports that
+status once the init has been reaped, which is after the kernel has killed
+everything else in its PID namespace.
 """
 
 from __future__ import annotations
@@ -26,10 +32,12 @@ import socket
 import sys
 import traceback
 
-from runtimes.jail import linux, protocol, tree
-from runtimes.jail.child import ChildPlan, confine, tmpfs_takes_huge_pages
+from runtimes.jail import child, linux, namespaces, protocol, tree
+from runtimes.jail.child import ChildPlan, Handles, confine, tmpfs_takes_huge_pages
+from runtimes.jail.modes import TREE_MODES, USERNS
 
 CHILD_SETUP_FAILED = 125
+STATUS_FD = 4  # an init's end of its status pipe, after stdin, stdout, stderr and ready
 
 
 class Zygote:
@@ -37,16 +45,31 @@ class Zygote:
         self.control = socket.socket(fileno=config["control_fd"])
         self.plan = ChildPlan.from_dict(config["plan"])
         self.runner = importlib.import_module(config["runner"])
-        self.children: dict[int, int] = {}  # pidfd -> pid
+        self.children: dict[int, tuple[int, int]] = {}  # pidfd -> pid, read end of its status pipe (or -1)
         self.poller = select.poll()
         self.vm_size = _VmSize()
+        self.lifeline = os.pidfd_open(os.getpid())  # children learn through it whether the zygote still lives
+        # userns: children map their ids through it (the tree has no /proc)
+        self.proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if self.plan.mode == USERNS else -1
         self.state = self.runner.prepare(config["runner_config"])
-        self.report: dict = {"privileged": self.plan.privileged, **self.state.report}
+        self.report: dict = {"mode": self.plan.mode, **self.state.report}
 
     def confine_tree(self, config: dict) -> None:
-        if self.plan.privileged:
+        mode = self.plan.mode
+        if mode == USERNS and os.geteuid() != 0:  # a user namespace of its own, to build the tree in
+            uid, gid = os.getuid(), os.getgid()
+            linux.unshare(namespaces.CLONE_NEWUSER)
+            namespaces.map_own_ids(self.proc, uid, gid)
+        if mode in TREE_MODES:
             tree.build_and_enter(config["tree"], config["tree_root"])
             self.plan = dataclasses.replace(self.plan, tmp_huge_pages=tmpfs_takes_huge_pages())
+        if mode == USERNS and os.geteuid() == 0:  # root built the tree; nothing after this runs as root
+            uid = int(config["zygote_uid"])
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            linux.set_dumpable(False)
+        self.ids = (os.getuid(), os.getgid())
         for path in config["import_paths"]:
             while path in sys.path:
                 sys.path.remove(path)
@@ -86,25 +109,35 @@ class Zygote:
 
     def _fork(self, uid: int, tmpdir: str, variant: dict, fds: list[int]) -> None:
         address_space = self.vm_size.read()
+        status_r, status_w = os.pipe2(os.O_CLOEXEC) if self.plan.namespaced else (-1, -1)
         try:
-            pid = os.fork()
+            pid = namespaces.fork_into(self.plan.clone_flags) if self.plan.namespaced else os.fork()
         except OSError as exc:
             self.control.send(protocol.FORK_FAILED + str(exc).encode())
-            for fd in fds:
-                os.close(fd)
+            for fd in (*fds, status_r, status_w):
+                if fd >= 0:
+                    os.close(fd)
             return
         if pid == 0:
-            self._become_child(uid, tmpdir, variant, fds, address_space)
+            self._become_child(uid, tmpdir, variant, [*fds, status_w] if status_w >= 0 else fds, address_space)
         pidfd = os.pidfd_open(pid)
-        for fd in fds:
-            os.close(fd)
+        for fd in (*fds, status_w):
+            if fd >= 0:
+                os.close(fd)
         socket.send_fds(self.control, [protocol.forked(pid)], [pidfd])
-        self.children[pidfd] = pid
+        self.children[pidfd] = (pid, status_r)
         self.poller.register(pidfd, select.POLLIN)
 
     def _become_child(self, uid: int, tmpdir: str, variant: dict, fds: list[int], address_space: int) -> None:
         try:
-            confine(self.plan, uid, tmpdir, tuple(fds))  # stdin, stdout, stderr, ready
+            # stdin, stdout, stderr, ready (, status: namespaced only)
+            confine(self.plan, uid, tmpdir, tuple(fds), Handles(self.lifeline, self.proc, self.ids))
+            if self.plan.namespaced:
+                run_pid = os.fork()
+                if run_pid:
+                    child.be_init(run_pid, STATUS_FD)
+                os.close(STATUS_FD)
+            child.fence_signals()
             os.write(3, b"1")
             if not getattr(self.runner, "REPORTS_EXIT", False):
                 os.close(3)
@@ -118,19 +151,36 @@ class Zygote:
 
     def _reap(self, pidfd: int) -> None:
         result = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
-        pid = self.children.pop(pidfd)
+        pid, status_r = self.children.pop(pidfd)
         self.poller.unregister(pidfd)
         os.close(pidfd)
         signaled = result.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
-        self.control.send(protocol.exited(pid, signaled, result.si_status))
+        value = result.si_status
+        if status_r >= 0:  # an init: its run's status, if it lived to report it
+            report = _read_nonblocking(status_r, child.STATUS.size)
+            os.close(status_r)
+            if not signaled and value == 0 and len(report) == child.STATUS.size:
+                flag, value = child.STATUS.unpack(report)
+                signaled = bool(flag)
+        self.control.send(protocol.exited(pid, signaled, value))
 
     def _shutdown(self) -> None:
         for pidfd in self.children:
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        for pidfd in list(self.children):
+        for pidfd, (_pid, status_r) in list(self.children.items()):
             os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
             os.close(pidfd)
+            if status_r >= 0:
+                os.close(status_r)
         self.children.clear()
+
+
+def _read_nonblocking(fd: int, size: int) -> bytes:
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, size)
+    except OSError:
+        return b""
 
 
 class _VmSize:

@@ -8,7 +8,7 @@ import math
 import os
 import subprocess
 
-from runtimes.jail import protocol, tree
+from runtimes.jail import modes, protocol, tree
 from runtimes.jail.runtime import JailedRuntime
 from runtimes.jail.supervisor import Zygote
 from runtimes.nodejs import snapshot
@@ -99,9 +99,9 @@ class NodeRuntime(JailedRuntime):
         return {
             **super().runner_config(),
             "node": self.node,
-            "wrapper": WRAPPER_IN_TREE if self.config.privileged else WRAPPER,
+            "wrapper": WRAPPER_IN_TREE if self.mode in modes.TREE_MODES else WRAPPER,
             "snapshot": self.snapshot.path if self.snapshot else "",
-            "private_snapshot": self.config.privileged,  # each run its own copy, the tree none (runner.py)
+            "private_snapshot": self.mode in modes.TREE_MODES,  # each run its own copy, the tree none (runner.py)
             "snapshot_flags": list(self.snapshot.flags) if self.snapshot else [],
             "snapshot_memory_mb": self.snapshot.memory_mb if self.snapshot else 0,
             "cpu_seconds": math.ceil(self.config.max_timeout) + 1,

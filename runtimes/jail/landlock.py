@@ -1,0 +1,93 @@
+"""Landlock: what a run may touch, enforced by the kernel for it and everything it starts.
+
+A run's domain allows reading and executing the tree, writing its own /tmp and
+the device nodes, and nothing else of the filesystem; no TCP port may be bound
+(ABI 4); no signal may reach, and no abstract unix socket be connected to, a
+process outside the domain (ABI 6: each run's domain is its own, so another
+run, a child waiting for a later run, the zygote and the service are all
+outside). Rights the kernel's ABI does not know are left out, so the same call
+works from ABI 1 up; `restrict` says which ABI it used (0: no Landlock here).
+
+Standard library only (the zygote imports it before it confines itself).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+
+_SYS_CREATE_RULESET = 444  # the same numbers on every architecture
+_SYS_ADD_RULE = 445
+_SYS_RESTRICT_SELF = 446
+_CREATE_RULESET_VERSION = 1
+_RULE_PATH_BENEATH = 1
+
+EXECUTE = 1 << 0
+WRITE_FILE = 1 << 1
+READ_FILE = 1 << 2
+READ_DIR = 1 << 3
+_ABI1_FS = (1 << 13) - 1  # execute .. make_sym
+REFER = 1 << 13  # ABI 2
+TRUNCATE = 1 << 14  # ABI 3
+BIND_TCP = 1 << 0  # ABI 4 (network rights)
+SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
+SCOPE_SIGNAL = 1 << 1
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _call(number: int, *args) -> int:
+    result = _libc.syscall(ctypes.c_long(number), *args)
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"landlock ({number}): {os.strerror(err)}")
+    return result
+
+
+def abi_version() -> int:
+    try:
+        return _call(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    except OSError:
+        return 0
+
+
+def _filesystem_rights(abi: int) -> int:
+    rights = _ABI1_FS
+    if abi >= 2:
+        rights |= REFER
+    if abi >= 3:
+        rights |= TRUNCATE
+    return rights  # device ioctls (ABI 5) stay unhandled: terminals' and pipes' ioctls are harmless
+
+
+def restrict(abi: int, writable: tuple[str, ...], devices: tuple[str, ...]) -> None:
+    """Confine the calling process (no_new_privs must be set) to the rules above."""
+    handled_fs = _filesystem_rights(abi)
+    attr = struct.pack("<Q", handled_fs)
+    if abi >= 4:
+        attr += struct.pack("<Q", BIND_TCP)
+    if abi >= 6:
+        attr += struct.pack("<Q", SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL)
+    buffer = ctypes.create_string_buffer(attr, len(attr))
+    ruleset = _call(_SYS_CREATE_RULESET, buffer, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    try:
+        file_rights = WRITE_FILE | READ_FILE | (TRUNCATE if abi >= 3 else 0)
+        _allow(ruleset, "/", EXECUTE | READ_FILE | READ_DIR)
+        for path in writable:
+            _allow(ruleset, path, handled_fs & ~EXECUTE)
+        for path in devices:
+            if os.path.exists(path):
+                _allow(ruleset, path, file_rights)
+        _call(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0))
+    finally:
+        os.close(ruleset)
+
+
+def _allow(ruleset: int, path: str, rights: int) -> None:
+    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        rule = ctypes.create_string_buffer(struct.pack("<Qi", rights, fd), 12)
+        _call(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH), rule, ctypes.c_uint32(0))
+    finally:
+        os.close(fd)

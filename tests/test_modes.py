@@ -1,0 +1,120 @@
+"""Jail mode selection: from the probed record and SANDLOT_JAIL; a mode that cannot keep tenants apart
+refuses to serve and says why, never runs weakened."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+import unprivileged
+from service import wait_for
+
+from runtimes.jail import modes
+from runtimes.jail.protections import Protections
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+ROOT = Protections(
+    euid=0,
+    seccomp=True,
+    no_new_privs=True,
+    dumpable=True,
+    pdeathsig=True,
+    user_namespaces=True,
+    mount_namespaces=True,
+    pid_namespaces=True,
+    net_namespaces=True,
+    chroot=True,
+    setuid=True,
+    rlimits=True,
+    landlock=7,
+    cgroups=True,
+)
+NOBODY = dataclasses.replace(ROOT, euid=65534, chroot=False, setuid=False, cgroups=False)
+NO_NAMESPACES = dataclasses.replace(
+    NOBODY,
+    user_namespaces=False,
+    mount_namespaces=False,
+    pid_namespaces=False,
+    net_namespaces=False,
+    errors={"user_namespaces": "PermissionError: [Errno 1] Operation not permitted"},
+)
+
+
+@pytest.mark.parametrize(
+    ("requested", "record", "one_at_a_time", "mode"),
+    [
+        ("auto", ROOT, False, modes.FULL),
+        ("auto", NOBODY, False, modes.USERNS),
+        ("auto", NO_NAMESPACES, True, modes.SINGLE),
+        ("full", ROOT, False, modes.FULL),
+        ("userns", ROOT, False, modes.USERNS),
+        ("reduced", ROOT, False, modes.USERNS),
+        ("reduced", NOBODY, False, modes.USERNS),
+        ("single", NO_NAMESPACES, True, modes.SINGLE),
+    ],
+)
+def test_modes_chosen(requested, record, one_at_a_time, mode):
+    assert modes.select(requested, record, one_at_a_time) == mode
+
+
+@pytest.mark.parametrize(
+    ("requested", "record", "one_at_a_time", "why"),
+    [
+        ("auto", NO_NAMESPACES, False, "no jail that keeps tenants apart"),
+        ("full", NOBODY, False, "missing: root"),
+        ("userns", NO_NAMESPACES, False, "user_namespaces (PermissionError"),
+        ("reduced", NO_NAMESPACES, False, "user_namespaces (PermissionError"),
+        ("single", NO_NAMESPACES, False, "one run at a time"),
+        ("single", ROOT, True, "would run user code as root"),
+        ("auto", dataclasses.replace(NO_NAMESPACES, euid=0, setuid=False), True, "no jail"),
+    ],
+)
+def test_modes_refused_with_the_reason(requested, record, one_at_a_time, why):
+    with pytest.raises(modes.JailRefused) as refused:
+        modes.select(requested, record, one_at_a_time)
+    assert why in str(refused.value)
+
+
+def test_a_container_without_user_namespaces_refuses_to_serve():
+    """Unprivileged and no namespaces (a container's filter refuses them): runs are refused, health says why."""
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    svc = unprivileged.service()
+    svc.log = open(svc.log_path, "wb")  # noqa: SIM115 - closed in stop()
+    svc.process = subprocess.Popen(
+        [
+            sys.executable,
+            os.path.join(HERE, "outer_filter.py"),
+            "--uid",
+            str(unprivileged.NOBODY),
+            "--eperm",
+            "unshare",
+            "--",
+            svc.python,
+            "-m",
+            "handler.cli",
+            "serve",
+        ],
+        env={**svc.env, "PYTHONPATH": os.path.dirname(HERE)},
+        cwd="/",
+        stdout=svc.log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        assert wait_for(lambda: _refusal(svc), 60), svc.output()
+        envelope = svc.run("print(1)")
+        assert envelope["code"] == -500 and "no jail that keeps tenants apart" in envelope["message"]
+    finally:
+        svc.stop()
+
+
+def _refusal(svc) -> bool:
+    try:
+        detail = svc.detail()
+    except Exception:  # noqa: BLE001 - not up yet
+        return False
+    return "no jail that keeps tenants apart" in detail["runtimes"]["python3"]["error"]

@@ -1,0 +1,80 @@
+"""A whole service started as an unprivileged uid, as a developer without root would run it.
+
+The pyenv interpreter under /root cannot be executed by another uid, so the
+service runs on a venv made from Debian's /usr/bin/python3.11 in a world-readable
+place, with the project's dependencies from pyproject.toml: built once, cached
+under /var/cache/sandlot-tests (keyed by the dependency list), shared by every
+test session and worktree (an flock serialises builds). Its data dir (layers) is
+kept too, so layers are built once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import tomllib
+
+from service import Service
+
+SYSTEM_PYTHON = "/usr/bin/python3.11"
+NOBODY = 65534
+CACHE = "/var/cache/sandlot-tests"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def unavailable() -> str:
+    """Why an unprivileged service cannot be started here, or ""."""
+    if os.geteuid() != 0:
+        return "needs root to start a service as another uid"
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        return f"needs {SYSTEM_PYTHON} (an interpreter every uid can run)"
+    return ""
+
+
+def _dependencies() -> list[str]:
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    return sorted(project["dependencies"])
+
+
+def venv_python() -> str:
+    """The cached venv's interpreter, built first if missing."""
+    deps = _dependencies()
+    key = hashlib.sha256("\n".join(deps).encode()).hexdigest()[:16]
+    venv = os.path.join(CACHE, f"venv-{key}")
+    python = os.path.join(venv, "bin", "python")
+    os.makedirs(CACHE, mode=0o755, exist_ok=True)
+    with open(os.path.join(CACHE, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(os.path.join(venv, ".complete")):
+            shutil.rmtree(venv, ignore_errors=True)
+            old = os.umask(0o022)
+            try:
+                subprocess.run([SYSTEM_PYTHON, "-m", "venv", venv], check=True)
+                subprocess.run([python, "-m", "pip", "install", "-q", *deps], check=True)
+            finally:
+                os.umask(old)
+            open(os.path.join(venv, ".complete"), "w").close()  # noqa: SIM115
+    return python
+
+
+def data_dir(name: str) -> str:
+    """A data dir the unprivileged service owns, kept between sessions (its layers are built once)."""
+    base = os.environ.get("SANDLOT_DATA_DIR", "/var/lib/sandlot")
+    path = f"{base}-uid{NOBODY}-{name}"
+    os.makedirs(path, mode=0o755, exist_ok=True)
+    os.chown(path, NOBODY, NOBODY)
+    return path
+
+
+def service(**env: str) -> Service:
+    """A Service (not started) that runs as nobody on the cached venv."""
+    env.setdefault("SANDLOT_DATA_DIR", data_dir("service"))
+    env.setdefault("HOME", "/nonexistent")
+    svc = Service(cwd="/", **env)
+    svc.python = venv_python()
+    svc.user = NOBODY
+    return svc
