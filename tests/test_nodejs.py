@@ -294,7 +294,7 @@ def test_a_header_that_is_not_nodes_is_left_alone(tmp_path):
 
 
 def test_each_zygote_starts_on_a_snapshot_of_its_own():
-    root = os.path.join(default_data_dir(), "snapshots")
+    root = os.path.join(os.environ.get("SANDLOT_DATA_DIR") or default_data_dir(), "snapshots")
     before = set(os.listdir(root)) if os.path.isdir(root) else set()
     svc = Service(SANDLOT_ZYGOTE_MAX_FORKS="10", MAX_WORKERS="2").start()
     try:
