@@ -264,8 +264,11 @@ def run(clients: int, seconds: float, mode: str = "auto", hostile_share: float =
     }
     start, end = report["rss_kib_after_warm_up"], report["rss_kib_end"]
     report["rss_growth_percent"] = round(100 * (end - start) / start, 1) if start else None
-    time.sleep(1)
+    deadline = time.monotonic() + 10  # killed at stop, the last processes may take a moment to be gone
     report["leftovers"] = leftovers(below, of_block, uid_ranges)
+    while any(report["leftovers"].values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        report["leftovers"] = leftovers(below, of_block, uid_ranges)
     return report
 
 
