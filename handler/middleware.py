@@ -33,7 +33,7 @@ def _language_of(body: list[bytes]) -> str:
     """The language a refused run asked for, when its body was read before the refusal."""
     try:
         data = json.loads(b"".join(body))
-    except ValueError:
+    except (ValueError, RecursionError):  # a body nested too deeply was refused for that very reason
         return "unknown"
     language = data.get("language") if isinstance(data, dict) else None
     return language if language in ("python3", "nodejs") else "unknown"
