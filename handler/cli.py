@@ -46,7 +46,7 @@ def layer_manager(settings: Settings) -> LayerManager:
 def build_app(settings: Settings, layers: LayerManager):
     """The app with the invoker the settings ask for."""
     from handler.app import create_app
-    from handler.invoker import LocalInvoker
+    from handler.local_invoker import LocalInvoker
     from runtimes.nodejs.runtime import NodeRuntime
     from runtimes.python.runtime import PythonRuntime
 
