@@ -9,6 +9,7 @@ the API function (a zip on Lambda, no libseccomp there) can use it.
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
@@ -101,10 +102,16 @@ def fit_result(result: dict, limit: int, ascii_only: bool = True) -> dict:
         excess = encoded_size(cut, ascii_only) - limit
         if excess <= 0:
             return cut
-        # every character costs at least one byte, stderr twice (it is in error too)
+        # drop about as many characters as the excess is worth at their average encoded size
         if stdout:
-            stdout = stdout[: max(0, len(stdout) - excess)]
+            stdout = stdout[: len(stdout) - _chars_worth(stdout, excess, ascii_only)]
+        elif stderr:
+            stderr = stderr[: len(stderr) - _chars_worth(stderr, (excess + 1) // 2, ascii_only)]  # counted twice
         else:
-            stderr = stderr[: max(0, len(stderr) - (excess + 1) // 2)]
-            if not stderr and encoded_size(dict(cut, stderr="", error=header), ascii_only) > limit:
-                raise ValueError(f"a result cannot fit {limit} bytes")
+            raise ValueError(f"a result cannot fit {limit} bytes")
+
+
+def _chars_worth(text: str, size: int, ascii_only: bool) -> int:
+    """How many characters from the end of text encode to about `size` bytes (at least one)."""
+    per_char = max(1.0, (encoded_size(text, ascii_only) - 2) / len(text))
+    return min(len(text), max(1, math.ceil(size / per_char)))

@@ -84,9 +84,8 @@ class JailedRuntime:
             self.platform = await asyncio.to_thread(platform_protections)
             tmp_parent = self._claim_identities()
             self._tree_root = tempfile.mkdtemp(prefix=f"sandlot-root-{self.language}-")
-            self.pool = ChildPool(
-                self._start_zygote, self._uids, tmp_parent, self.ready_targets(), config.zygote_max_forks
-            )
+            targets = {} if config.one_run_at_a_time else self.ready_targets()  # one-shot runs prepare their own
+            self.pool = ChildPool(self._start_zygote, self._uids, tmp_parent, targets, config.zygote_max_forks)
             self.pool.on_retired.append(self.zygote_retired)
             self.report = await self.pool.start()
         except Exception as exc:  # noqa: BLE001 - whatever it is, runs get a -500 saying so
