@@ -29,3 +29,48 @@ def node_function():
 @pytest.fixture
 def functions(python_function, node_function):
     return {"python3": python_function, "nodejs": node_function}
+
+
+@pytest.fixture(scope="session")
+def invoke_api(python_function, node_function):
+    """Lambda's Invoke API on loopback, in front of the two runtime functions (one instance each)."""
+    from emulation import InvokeAPI
+
+    api = InvokeAPI()
+    api.add("sandlot-python3", [python_function])
+    api.add("sandlot-nodejs", [node_function])
+    yield api
+    api.close()
+
+
+def boto_environment(invoke_api) -> dict[str, str]:
+    """What points boto3 (and so the LambdaInvoker) at the emulation."""
+    return {
+        "AWS_ENDPOINT_URL_LAMBDA": invoke_api.url,
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "SANDLOT_LAMBDA_PYTHON3_FUNCTION": "sandlot-python3",
+        "SANDLOT_LAMBDA_NODEJS_FUNCTION": "arn:aws:lambda:us-east-1:000000000000:function:sandlot-nodejs",
+    }
+
+
+@pytest.fixture(scope="session")
+def api_function(invoke_api):
+    """handler.lambda_function, imported as Lambda would import it, pointed at the emulation."""
+    import importlib
+
+    from service import API_KEY
+
+    saved = dict(os.environ)
+    os.environ.update(boto_environment(invoke_api), API_KEY=API_KEY, SANDLOT_CONFIG="/nonexistent/config.yaml")
+    for name in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        os.environ.pop(name, None)
+    try:
+        sys.modules.pop("handler.lambda_function", None)
+        module = importlib.import_module("handler.lambda_function")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    yield module
