@@ -3,10 +3,7 @@
     python -m awslambdaric runtimes.<language>.lambda_function.handler
 
 Module import is Lambda's init phase. It first re-executes the process without
-the role's credentials (they are in the runtime client's environment, and
-/proc/<pid>/environ of a same-uid process keeps the original block: after the
-exec that block no longer holds them; the function needs none, its logs go to
-stdout). Then it probes the platform (the shared protections record), starts
+the role's credentials (runtimes/credentials.py). Then it probes the platform (the shared protections record), starts
 the zygote (a separately exec'ed process with a clean environment) with the
 layer baked into the image, and prepares the child for the first run, so that
 the first invocation is warm. What goes wrong there raises InitFailure, which
@@ -24,43 +21,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 import threading
+import time
 from collections.abc import Callable
 
 from runtimes.config import RuntimeConfig
+from runtimes.credentials import drop_credentials
 from runtimes.environment import ConfigError, function_environment
 from runtimes.jail.oneshot import OneShotRuns, StrayProcesses
 from runtimes.jail.runtime import JailedRuntime
 from runtimes.payload import LAMBDA_REQUEST_LIMIT, InvalidRequest, Unavailable, fit_result, parse_request
 
 log = logging.getLogger("sandlot.function")
+logging.getLogger("sandlot").setLevel(logging.INFO)  # the init report goes to the function's log
 
-# What the platform puts in the runtime client's environment that a run must never see.
-CREDENTIALS = (
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_SECURITY_TOKEN",
-    "AWS_CONTAINER_AUTHORIZATION_TOKEN",
-    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-)
 DEADLINE_MARGIN = 1.0  # seconds kept back from Lambda's deadline to return a timed-out run's result
 
 
 class InitFailure(RuntimeError):
     """The function cannot serve at all; the message says what the operator must change."""
-
-
-def drop_credentials() -> None:
-    """Re-exec this very command without the credentials in its environment (before any run exists)."""
-    if not any(name in os.environ for name in CREDENTIALS):
-        return
-    env = {k: v for k, v in os.environ.items() if k not in CREDENTIALS}
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
 def transport_escapes_non_ascii() -> bool:
@@ -101,7 +80,9 @@ class RuntimeFunction:
         for layer in (self.config.python_layer, self.config.nodejs_layer):
             if layer and not os.access(layer, os.R_OK | os.X_OK):
                 raise InitFailure(f"the dependency layer {layer} is not readable: rebuild the image")
+        started = time.monotonic()
         await runtime.start()
+        zygote_ready = time.monotonic()
         if runtime.pool is None or not runtime.pool.running:
             reason = runtime.refused or (runtime.pool.last_error if runtime.pool else "") or "unknown"
             await runtime.stop()
@@ -110,8 +91,12 @@ class RuntimeFunction:
         self.runs = OneShotRuns(runtime, list(platform.writable) if platform else [])
         await self.runs.start()
         log.info(
-            "%s runtime function ready; protections in force: %s; platform: %s%s",
+            "%s runtime function ready in %.3f s (zygote %.3f s, first child %.3f s); "
+            "protections in force: %s; platform: %s%s",
             runtime.language,
+            time.monotonic() - started,
+            zygote_ready - started,
+            time.monotonic() - zygote_ready,
             runtime.protections(),
             platform.to_dict() if platform else None,
             f"; runs refused: {runtime.refused}" if runtime.refused else "",

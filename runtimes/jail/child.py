@@ -42,7 +42,10 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...]) -> Non
     fds become descriptors 0, 1, 2, ... in that order; every other one is closed.
     """
     os.setsid()
-    linux.set_parent_death_signal(signal.SIGKILL)
+    try:
+        linux.set_parent_death_signal(signal.SIGKILL)
+    except OSError:
+        pass  # prctl refused (Lambda): the record says so; one-shot runs are killed and reaped by the runtime
     for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in fds]
@@ -66,7 +69,10 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...]) -> Non
     else:
         os.environ["HOME"] = os.environ["TMPDIR"] = tmpdir
     os.chdir(tmpdir)
-    linux.set_no_new_privs()
+    try:
+        linux.set_no_new_privs()
+    except OSError:
+        pass  # prctl refused: then no filter loads either, and the runner refuses unless seccomp is optional
     if not plan.privileged:  # same uid as the service: only a filter keeps it from signalling it
         fence = seccomp_policy.fence_for(os.getpid())
         try:

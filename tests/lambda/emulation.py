@@ -70,12 +70,18 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length)
 
     def _answer(self, status: int, body: bytes = b"", headers: dict | None = None) -> None:
-        self.send_response(status)
+        try:
+            self.send_response(status)
+        except (BrokenPipeError, ConnectionResetError):
+            return
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the caller is gone (a killed runtime, a test shutting down)
 
     def _error(self, status: int, error_type: str, message: str) -> None:
         body = json.dumps({"errorType": error_type, "errorMessage": message}).encode()
