@@ -83,11 +83,17 @@ class RuntimeFunction:
         started = time.monotonic()
         await runtime.start()
         zygote_ready = time.monotonic()
-        if runtime.pool is None or not runtime.pool.running:
+        platform = runtime.platform
+        if platform is not None and not platform.seccomp and self.config.require_seccomp:
+            # the record decides (a probe child killed by SIGSYS must not pass for a filter that loads);
+            # the function still answers the probe, and refuses runs saying why
+            runtime.refused = f"the seccomp filter cannot be installed here: {platform.errors.get('seccomp', '')}"
+            if runtime.pool is not None and not runtime.pool.running:
+                await runtime.stop()  # no zygote restarts in the background for runs that will never come
+        elif runtime.pool is None or not runtime.pool.running:
             reason = runtime.refused or (runtime.pool.last_error if runtime.pool else "") or "unknown"
             await runtime.stop()
             raise InitFailure(f"the {runtime.language} jail could not start here: {reason}")
-        platform = runtime.platform
         self.runs = OneShotRuns(runtime, list(platform.writable) if platform else [])
         await self.runs.start()
         log.info(
@@ -113,7 +119,7 @@ class RuntimeFunction:
             raise InvalidRequest(f"this function runs {runtime.language} code, not {request.language}")
         if runtime.refused:
             raise Unavailable(runtime.refused)
-        if not request.enable_network and not runtime.report.get("seccomp"):
+        if not request.enable_network and not self.runs.filter_in_force:
             raise Unavailable("enable_network false cannot be enforced here: no seccomp filter can be installed")
         timeout = self.config.clamp_timeout(request.timeout)
         remaining = getattr(context, "get_remaining_time_in_millis", None)

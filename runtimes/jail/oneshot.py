@@ -234,6 +234,12 @@ class OneShotRuns:
             raise ValueError("runs that share the runtime's uid cannot be swept as root: use the full jail")
         self.runs = 0
 
+    @property
+    def filter_in_force(self) -> bool:
+        """The zygote loads the seccomp filter, and the platform's record agrees that it can."""
+        platform = self.runtime.platform
+        return bool(self.runtime.report.get("seccomp")) and (platform is None or platform.seccomp)
+
     def default_variant(self) -> tuple:
         request = RunRequest.model_construct(
             language=self.runtime.language, code="", enable_network=True, memory_limit_mb=None
@@ -297,7 +303,7 @@ class OneShotRuns:
         self.runtime.pool.finish(child)
         if child.tmpdir:
             _remove(child.tmpdir)
-        if not self.runtime.report.get("seccomp"):  # with the filter, a run cannot create a process
+        if not self.filter_in_force:  # with the filter, a run cannot create a process
             await asyncio.to_thread(kill_strays, child.uid)
         if self.scratch is not None:
             removed = self.scratch.clean()

@@ -120,8 +120,8 @@ def test_init_failure_names_a_bad_setting():
 
 
 SECRET_HUNT = r"""
-import os, re
-secrets = SECRETS
+import os
+secrets = [s[::-1] for s in SECRETS]  # the event carries them reversed: only this process holds them forwards
 found = []
 def look(where, data):
     for s in secrets:
@@ -130,6 +130,8 @@ def look(where, data):
 look("os.environ", "\n".join(f"{k}={v}" for k, v in os.environ.items()).encode())
 pids = [p for p in os.listdir("/proc") if p.isdigit()] if os.path.isdir("/proc") else []
 for pid in pids:
+    if pid == str(os.getpid()):
+        continue
     try:
         look(f"/proc/{pid}/environ", open(f"/proc/{pid}/environ", "rb").read())
     except OSError:
@@ -154,7 +156,7 @@ print("FOUND" if found else "clean", sorted(set(found)))
 
 
 def test_no_run_can_print_the_credentials(functions):
-    code = SECRET_HUNT.replace("SECRETS", repr(list(FAKE_CREDENTIALS.values())))
+    code = SECRET_HUNT.replace("SECRETS", repr([s[::-1] for s in FAKE_CREDENTIALS.values()]))
     result = result_of(functions["python3"], {"language": "python3", "code": code})
     for secret in FAKE_CREDENTIALS.values():
         assert secret not in json.dumps(result)
