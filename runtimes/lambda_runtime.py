@@ -136,10 +136,7 @@ class RuntimeFunction:
 
     async def _run(self, request, timeout: float) -> dict:
         assert self.runs is not None
-        try:
-            return await self.runs.run(request, timeout)
-        finally:
-            self.runs.prepare_later()
+        return await self.runs.run(request, timeout)
 
     def action(self, event: dict) -> dict:
         name = event.get("action")

@@ -5,8 +5,10 @@ uid of the runtime itself, and a process of the same uid is reachable through
 /proc/<pid>/fd and /proc/<pid>/mem. So, on top of a JailedRuntime started with
 `one_run_at_a_time` (its pool then keeps no children ready):
 
-- the child for the next run is prepared only after the current run is gone,
-  and no other prepared child exists while a run executes;
+- where runs share the runtime's uid, the child for the next run is prepared
+  only after the current run is gone (while its result is being posted), and
+  no other prepared child exists while a run executes; where each run has a uid
+  of its own (root), the next child is prepared while the run executes;
 - `run` returns only when the run's process has been reaped by the zygote, every
   other process of the run's uid that the runtime did not start itself (the
   runtime process and its own children, i.e. the zygote) is killed, and what the
@@ -268,8 +270,9 @@ class OneShotRuns:
             log.warning("could not prepare a child for the next run: %s", exc)
 
     def prepare_later(self) -> None:
-        """Prepare once the result is on its way (the next run waits for it)."""
-        self._preparing = asyncio.get_running_loop().create_task(self.prepare())
+        """Prepare in the background (the next run waits for it)."""
+        if self._preparing is None or self._preparing.done():
+            self._preparing = asyncio.get_running_loop().create_task(self.prepare())
 
     async def run(self, request: RunRequest, timeout: float) -> dict:
         runtime = self.runtime
@@ -282,10 +285,13 @@ class OneShotRuns:
             raise SandboxUnavailable(f"the {runtime.language} runtime is not running")
         child = await self._child_for(runtime.variant(request))
         self.runs += 1
+        if not self.shares_uid:
+            self.prepare_later()  # a uid of its own: the run cannot reach it, so it may be prepared now
         try:
             outcome = await execute(child, runtime.encode(request, timeout), timeout, runtime.config.output_limit)
         finally:
             await self._end(child)
+            self.prepare_later()  # sharing the uid: only now, while the result is on its way
         return outcome.to_result()
 
     async def _child_for(self, variant: tuple) -> Child:
