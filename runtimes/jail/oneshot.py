@@ -8,7 +8,7 @@ uid of the runtime itself, and a process of the same uid is reachable through
 - where runs share the runtime's uid, the child for the next run is prepared
   only after the current run is gone (while its result is being posted), and
   no other prepared child exists while a run executes; where each run has a uid
-  of its own (root), the next child is prepared while the run executes;
+  of its own (root), the pool keeps children ready as it does for the server;
 - `run` returns only when the run's process has been reaped by the zygote, every
   other process of the run's uid that the runtime did not start itself (the
   runtime process and its own children, i.e. the zygote) is killed, and what the
@@ -44,55 +44,40 @@ class StrayProcesses(RuntimeError):
     """Processes of a run could not all be killed: the instance must not serve another run."""
 
 
-def _status_uid(pid: int) -> tuple[int, bool]:
-    """(real uid, is a zombie) of a process; raises OSError once it is gone."""
+def _status(pid: int) -> tuple[int, int, bool]:
+    """(real uid, parent, is a zombie) of a process; raises OSError once it is gone."""
+    uid, parent, zombie = -1, -1, False
     with open(f"/proc/{pid}/status") as f:
-        uid, zombie = -1, False
         for line in f:
             if line.startswith("State:"):
                 zombie = line.split()[1] in ("Z", "X")
+            elif line.startswith("PPid:"):
+                parent = int(line.split()[1])
             elif line.startswith("Uid:"):
                 uid = int(line.split()[1])
                 break
-    return uid, zombie
+    return uid, parent, zombie
 
 
-def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
-
-
-def processes_of(uid: int, keep: set[int]) -> list[int]:
-    """Live (non-zombie) processes whose real uid is `uid`, except those in keep."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in keep:
-            continue
-        try:
-            owner, zombie = _status_uid(int(entry))
-        except (OSError, ValueError):
-            continue
-        if owner == uid and not zombie:
-            found.append(int(entry))
-    return found
-
-
-def own_processes() -> set[int]:
-    """This process and its direct children (the zygotes): what the runtime started itself.
-
-    A run's processes are the zygote's children, and an orphan goes to init, never to us
-    (this process is no subreaper), so nothing of a run can pass for one of these.
+def strays_of(uid: int) -> list[int]:
+    """Live processes whose real uid is `uid`, except this process and its direct children (the zygotes):
+    what the runtime started itself. A run's processes are the zygote's children, and an orphan goes
+    to init, never to us (this process is no subreaper), so nothing of a run can pass for one of these.
     """
     me = os.getpid()
-    own = {me}
+    found = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if _parent(int(entry)) == me:
-                    own.add(int(entry))
-            except (OSError, ValueError, IndexError):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid not in (uid, 0):  # a non-dumpable process shows as root's
                 continue
-    return own
+            owner, parent, zombie = _status(int(entry))
+        except (OSError, ValueError):
+            continue
+        if owner == uid and parent != me and not zombie:
+            found.append(int(entry))
+    return found
 
 
 def kill_strays(uid: int) -> int:
@@ -101,7 +86,7 @@ def kill_strays(uid: int) -> int:
         raise ValueError("refusing to sweep uid 0")
     killed = 0
     for _ in range(SWEEP_ROUNDS):
-        strays = processes_of(uid, own_processes())
+        strays = strays_of(uid)
         if not strays:
             return killed
         pidfds = []
@@ -255,7 +240,7 @@ class OneShotRuns:
             runs_parent = runtime._tmp_parent.name if runtime._tmp_parent is not None else ""
             places = [*self.writable, tempfile.gettempdir()]
             self.scratch = Scratch(places, os.getuid(), [runtime.config.data_dir], runs_parent)
-        await self.prepare()
+            await self.prepare()
 
     async def prepare(self) -> None:
         """The child for the next run (nothing of a run exists now)."""
@@ -283,15 +268,17 @@ class OneShotRuns:
             raise SandboxUnavailable(runtime.refused)
         if runtime.pool is None:
             raise SandboxUnavailable(f"the {runtime.language} runtime is not running")
-        child = await self._child_for(runtime.variant(request))
+        if self.shares_uid:
+            child = await self._child_for(runtime.variant(request))
+        else:  # a uid per run: the pool keeps children ready, as for the server (the run cannot reach them)
+            child = await runtime.pool.take(runtime.variant(request))
         self.runs += 1
-        if not self.shares_uid:
-            self.prepare_later()  # a uid of its own: the run cannot reach it, so it may be prepared now
         try:
             outcome = await execute(child, runtime.encode(request, timeout), timeout, runtime.config.output_limit)
         finally:
             await self._end(child)
-            self.prepare_later()  # sharing the uid: only now, while the result is on its way
+            if self.shares_uid:
+                self.prepare_later()  # only now that the run is gone, while its result is on its way
         return outcome.to_result()
 
     async def _child_for(self, variant: tuple) -> Child:

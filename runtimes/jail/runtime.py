@@ -84,7 +84,8 @@ class JailedRuntime:
             self.platform = await asyncio.to_thread(platform_protections)
             tmp_parent = self._claim_identities()
             self._tree_root = tempfile.mkdtemp(prefix=f"sandlot-root-{self.language}-")
-            targets = {} if config.one_run_at_a_time else self.ready_targets()  # one-shot runs prepare their own
+            # one run at a time, sharing the runtime's uid: nothing is kept ready (jail/oneshot.py prepares it)
+            targets = {} if config.one_run_at_a_time and not config.privileged else self.ready_targets()
             self.pool = ChildPool(self._start_zygote, self._uids, tmp_parent, targets, config.zygote_max_forks)
             self.pool.on_retired.append(self.zygote_retired)
             self.report = await self.pool.start()
