@@ -19,8 +19,13 @@ PYTHON=${PYTHON:-python3}
 PIP_FLAGS=(--quiet --disable-pip-version-check --no-cache-dir)
 
 project() {
-    # a copy of the code, not a link to the checkout: the function's code is read-only and self-contained
-    "$PREFIX/venv/bin/python" -m pip install "${PIP_FLAGS[@]}" --no-deps --force-reinstall --no-build-isolation "$REPO"
+    # a copy of the code, not a link to the checkout: the function's code is read-only and self-contained;
+    # built from a clean copy of the sources, so that nothing stale (a build/ directory) slips in
+    local source
+    source=$(mktemp -d)
+    tar -C "$REPO" --exclude=./.git --exclude=./.venv --exclude=./build --exclude='*.egg-info' -cf - . | tar -C "$source" -xf -
+    "$PREFIX/venv/bin/python" -m pip install "${PIP_FLAGS[@]}" --no-deps --force-reinstall --no-build-isolation "$source"
+    rm -rf "$source"
 }
 
 if [ "$MODE" = "--project-only" ]; then
