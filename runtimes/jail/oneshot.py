@@ -273,9 +273,14 @@ class OneShotRuns:
         else:  # a uid per run: the pool keeps children ready, as for the server (the run cannot reach them)
             child = await runtime.pool.take(runtime.variant(request))
         self.runs += 1
+        # without the filter a run may leave processes holding its output pipes open: kill them as soon
+        # as the run's process is gone, so that the output is complete without waiting for them
+        sweeper = None if self.filter_in_force else asyncio.ensure_future(self._sweep_after(child))
         try:
             outcome = await execute(child, runtime.encode(request, timeout), timeout, runtime.config.output_limit)
         finally:
+            if sweeper is not None:
+                await asyncio.gather(sweeper, return_exceptions=True)
             await self._end(child)
             if self.shares_uid:
                 self.prepare_later()  # only now that the run is gone, while its result is on its way
@@ -288,6 +293,10 @@ class OneShotRuns:
                 return prepared
             await self._end(prepared)  # of the wrong kind: gone before another exists
         return await self.runtime.pool.take(variant)
+
+    async def _sweep_after(self, child: Child) -> None:
+        await child.exited
+        await asyncio.to_thread(kill_strays, child.uid)
 
     async def _end(self, child: Child) -> None:
         """Kill and reap the child, its strays, its files: nothing of it outlives this."""

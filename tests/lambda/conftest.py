@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from functions import start_function  # noqa: E402
+from functions import boto_environment, start_function  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -41,19 +41,6 @@ def invoke_api(python_function, node_function):
     api.add("sandlot-nodejs", [node_function])
     yield api
     api.close()
-
-
-def boto_environment(invoke_api) -> dict[str, str]:
-    """What points boto3 (and so the LambdaInvoker) at the emulation."""
-    return {
-        "AWS_ENDPOINT_URL_LAMBDA": invoke_api.url,
-        "AWS_REGION": "us-east-1",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "SANDLOT_LAMBDA_PYTHON3_FUNCTION": "sandlot-python3",
-        "SANDLOT_LAMBDA_NODEJS_FUNCTION": "arn:aws:lambda:us-east-1:000000000000:function:sandlot-nodejs",
-    }
 
 
 @pytest.fixture(scope="session")

@@ -50,3 +50,16 @@ def start_function(language: str, timeout: float = 30, **extra: str) -> Function
         HANDLERS[language], function_env(language, **extra), name=f"sandlot-{language}", timeout=timeout, cwd=REPO
     )
     return instance.start()
+
+
+def boto_environment(invoke_api) -> dict[str, str]:
+    """What points boto3 (and so the LambdaInvoker) at the emulation."""
+    return {
+        "AWS_ENDPOINT_URL_LAMBDA": invoke_api.url,
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "SANDLOT_LAMBDA_PYTHON3_FUNCTION": "sandlot-python3",
+        "SANDLOT_LAMBDA_NODEJS_FUNCTION": "arn:aws:lambda:us-east-1:000000000000:function:sandlot-nodejs",
+    }

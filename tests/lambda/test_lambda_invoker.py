@@ -8,8 +8,8 @@ import time
 
 import httpx
 import pytest
-from conftest import boto_environment
 from emulation import FunctionInstance
+from functions import boto_environment
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 

@@ -12,7 +12,7 @@ from simulated import SIM_UID, SYSTEM_PYTHON, lay_out_image, processes_of_sim_ui
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 
 from service import IS_ROOT  # noqa: E402
-from test_lambda_runtime import SECRET_HUNT, error_of, result_of  # noqa: E402
+from test_lambda_runtime import SECRET_HUNT, error_of, result_of, runtime_api_calls  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(not IS_ROOT, reason="needs root: the simulation changes to an unprivileged uid"),
@@ -148,18 +148,7 @@ print([p for p in ("/tmp", "/var/tmp", "/dev/shm", os.environ["TMPDIR"])
 
 
 def test_without_seccomp_a_run_gets_nothing_usable_from_the_runtime_api(lenient):
-    host, port = lenient.api.address.split(":")
-    code = f"""
-import urllib.request
-for method, path, body in (("GET", "/2018-06-01/runtime/invocation/next", None),
-                           ("POST", "/2018-06-01/runtime/invocation/forged/response", b'{{"stdout": "forged"}}')):
-    try:
-        with urllib.request.urlopen(urllib.request.Request("http://{host}:{port}" + path, data=body, method=method),
-                                    timeout=3) as r:
-            print("GOT", r.status)
-    except Exception as exc:
-        print("refused", str(exc)[:80])
-"""
+    code = runtime_api_calls(lenient.api.address)
     result = result_of(lenient, {"language": "python3", "code": code, "enable_network": True})
     assert "GOT" not in result["stdout"], result
     assert result["stdout"].count("refused") == 2
