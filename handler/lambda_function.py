@@ -22,7 +22,7 @@ from handler.lambda_invoker import LambdaInvoker
 from handler.settings import load_settings
 
 settings = load_settings(SANDLOT_BACKEND="lambda")
-invoker = LambdaInvoker.from_settings(settings)
+invoker = LambdaInvoker.from_settings(settings, probe_at_start=False)  # no lifespan here: ready at once
 invoker.connect()  # one boto3 client for the life of the instance
 app = create_app(settings, invoker)
 loop = asyncio.new_event_loop()

@@ -55,20 +55,29 @@ def function_error(name: str, payload: object) -> Exception:
 class LambdaInvoker:
     """Runs on Lambda: one runtime function per language."""
 
-    def __init__(self, functions: dict[str, str], function_timeout: float, max_connections: int = 10, client=None):
+    def __init__(
+        self,
+        functions: dict[str, str],
+        function_timeout: float,
+        max_connections: int = 10,
+        client=None,
+        probe_at_start: bool = True,
+    ):
         self.functions = {language: name for language, name in functions.items() if name}
         self.function_timeout = function_timeout
         self.read_timeout = function_timeout + READ_TIMEOUT_MARGIN
         self.max_connections = max_connections
         self._client = client
         self.platform: dict[str, dict] = {}  # each function's protections record, asked at start
+        self._probing = probe_at_start  # not ready until start() has asked each function for its record
 
     @classmethod
-    def from_settings(cls, settings) -> LambdaInvoker:
+    def from_settings(cls, settings, probe_at_start: bool = True) -> LambdaInvoker:
         return cls(
             {"python3": settings.SANDLOT_LAMBDA_PYTHON3_FUNCTION, "nodejs": settings.SANDLOT_LAMBDA_NODEJS_FUNCTION},
             settings.lambda_function_timeout,
             max_connections=max(10, settings.MAX_WORKERS),
+            probe_at_start=probe_at_start,
         )
 
     @property
@@ -95,11 +104,15 @@ class LambdaInvoker:
     async def start(self) -> None:
         """Create the client and ask each function for its protections record (for the log and health)."""
         await asyncio.to_thread(self.connect)
-        for language, name in self.functions.items():
-            try:
-                self.platform[language] = await asyncio.to_thread(self._invoke, name, {"action": "probe"})
-            except (Unavailable, Throttled, InvalidRequest) as exc:
-                log.warning("could not probe the %s function %s: %s", language, name, exc)
+        self._probing = True  # a run must not meet an instance busy with a probe
+        try:
+            for language, name in self.functions.items():
+                try:
+                    self.platform[language] = await asyncio.to_thread(self._invoke, name, {"action": "probe"})
+                except (Unavailable, Throttled, InvalidRequest) as exc:
+                    log.warning("could not probe the %s function %s: %s", language, name, exc)
+        finally:
+            self._probing = False
 
     async def stop(self) -> None:
         pass
@@ -112,7 +125,7 @@ class LambdaInvoker:
         return result
 
     def ready(self) -> bool:
-        return bool(self.functions)
+        return bool(self.functions) and not self._probing
 
     def status(self) -> dict:
         status = {}
