@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import threading
@@ -214,6 +215,7 @@ class FunctionInstance:
         self.busy = False
         self.init_seconds = 0.0
         self.log_path = ""
+        self.tmp = ""  # the instance's temp dir (its TMPDIR), removed when it stops for good
 
     def start(self, wait: bool = True, init_timeout: float = 60) -> FunctionInstance:
         self.api = RuntimeAPI(self.arn)
@@ -278,7 +280,7 @@ class FunctionInstance:
         return invocation
 
     def restart(self) -> None:
-        self.stop()
+        self.stop(for_good=False)
         self.start()
 
     def output(self) -> str:
@@ -288,7 +290,7 @@ class FunctionInstance:
         except OSError:
             return ""
 
-    def stop(self) -> None:
+    def stop(self, for_good: bool = True) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -298,6 +300,8 @@ class FunctionInstance:
                 self.process.wait()
         if self.api is not None:
             self.api.close()
+        if for_good and self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)  # what a killed runtime could not remove itself
 
 
 def _log_file(name: str) -> tuple[int, str]:

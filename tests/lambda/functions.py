@@ -1,6 +1,7 @@
 """Runtime function instances for tests: real awslambdaric processes on an emulated Runtime API."""
 
 import os
+import tempfile
 import uuid
 
 from emulation import FunctionInstance
@@ -46,9 +47,10 @@ def function_env(language: str, **extra: str) -> dict[str, str]:
 
 def start_function(language: str, timeout: float = 30, **extra: str) -> FunctionInstance:
     os.makedirs(function_env(language)["SANDLOT_DATA_DIR"], exist_ok=True)
-    instance = FunctionInstance(
-        HANDLERS[language], function_env(language, **extra), name=f"sandlot-{language}", timeout=timeout, cwd=REPO
-    )
+    tmp = tempfile.mkdtemp(prefix="sandlot-fn-")
+    env = function_env(language, TMPDIR=tmp, **extra)
+    instance = FunctionInstance(HANDLERS[language], env, name=f"sandlot-{language}", timeout=timeout, cwd=REPO)
+    instance.tmp = tmp
     return instance.start()
 
 

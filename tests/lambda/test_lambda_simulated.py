@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import sys
 
 import pytest
@@ -31,7 +30,6 @@ def strict(image):
     instance = start_simulated(image, "python3")
     yield instance
     instance.stop()
-    shutil.rmtree(instance.tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +39,6 @@ def lenient(image):
     assert instance.ready, instance.output()
     yield instance
     instance.stop()
-    shutil.rmtree(instance.tmp, ignore_errors=True)
 
 
 def test_the_probe_reports_the_platform(strict):
@@ -73,7 +70,6 @@ def test_a_refusal_by_sigsys_is_reported_and_refused_too(image):
         assert error["errorType"] == "Unavailable" and "seccomp" in error["errorMessage"]
     finally:
         instance.stop()
-        shutil.rmtree(instance.tmp, ignore_errors=True)
 
 
 def test_node_too(image):
@@ -84,7 +80,6 @@ def test_node_too(image):
         assert result["stdout"] == "42\n", result
     finally:
         instance.stop()
-        shutil.rmtree(instance.tmp, ignore_errors=True)
 
 
 def test_without_seccomp_runs_serve_when_the_operator_allows_it(lenient):
