@@ -79,7 +79,7 @@ class FunctionEnvironment(BaseSettings):
             python_layer=self.SANDLOT_PYTHON_LAYER if os.path.isdir(self.SANDLOT_PYTHON_LAYER) else "",
             nodejs_layer=self.SANDLOT_NODEJS_LAYER if os.path.isdir(self.SANDLOT_NODEJS_LAYER) else "",
             python_preload=tuple(self.SANDLOT_PYTHON_PRELOAD),
-            workers=1,
+            workers=2,  # kept ready only where each run has a uid of its own: back-to-back runs find one
             default_timeout=self.WORKER_TIMEOUT,
             max_timeout=max(self.SANDLOT_MAX_TIMEOUT, self.WORKER_TIMEOUT),
             default_memory_mb=self.SANDLOT_MEMORY_LIMIT_MB,
