@@ -8,22 +8,20 @@ import json
 import logging
 from contextlib import asynccontextmanager
 
-from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from handler import envelope
+from handler import envelope, run_path
 from handler.admission import Admission, ClientGone, Refused
-from handler.invoker import Invoker, LayerBuildError, SandboxUnavailable
-from handler.metrics import MeteredInvoker, Metrics, metrics_routes
+from handler.invoker import Invoker, LayerAdmin, LayerBuildError, SandboxUnavailable
+from handler.metrics import Metrics, metered, metrics_routes
 from handler.middleware import ObservabilityMiddleware
-from handler.models import RunBody, describe
 from handler.openapi import openapi_routes
 from handler.settings import Settings
-from runtimes.payload import LANGUAGES
+from runtimes.payload import LANGUAGES, RunRequest
 
 log = logging.getLogger("sandlot.api")
 
@@ -154,24 +152,16 @@ class SandboxAPI:
             return envelope.bad_request("malformed JSON body")
         except RecursionError:
             return envelope.bad_request(TOO_DEEP)
-        if not isinstance(data, dict):
-            return envelope.bad_request("the body must be a JSON object")
-        if "language" in data and data["language"] not in LANGUAGES:
-            return envelope.bad_request(envelope.UNSUPPORTED_LANGUAGE)
-        try:
-            body = RunBody.model_validate(data)
-        except ValidationError as exc:
-            return envelope.bad_request(describe(exc.errors()))
-        if body.enable_network and not self.settings.ENABLE_NETWORK:
-            return envelope.failure(-400, envelope.NETWORK_DISABLED)
-        try:
+
+        async def invoke(run_request: RunRequest) -> dict:
             async with self.admission.worker(lambda: _until_disconnected(request)):
-                result = await self.invoker.invoke(body.run_request())
+                return await self.invoker.invoke(run_request)
+
+        try:
+            reply = await run_path.run(data, self.settings.ENABLE_NETWORK, invoke)
         except ClientGone:
             return envelope.failure(-499, "client went away while waiting", 499)
-        except SandboxUnavailable as exc:
-            return envelope.unavailable(str(exc))
-        return envelope.success(result)
+        return reply.response()
 
     def _language(self, value: object) -> str | None:
         return value if value in LANGUAGES else None
@@ -182,7 +172,12 @@ class SandboxAPI:
         language = self._language(request.query_params.get("language", "python3"))
         if language is None:
             return envelope.bad_request(envelope.UNSUPPORTED_LANGUAGE)
-        return envelope.success({"dependencies": self.invoker.dependencies(language)})
+        if not isinstance(self.invoker, LayerAdmin):
+            return envelope.unavailable("this service has no dependency layers to list")
+        try:
+            return envelope.success({"dependencies": await self.invoker.dependencies(language)})
+        except SandboxUnavailable as exc:
+            return envelope.unavailable(str(exc))
 
     async def update_dependencies(self, request: Request):
         if not self.authorized(request):
@@ -194,23 +189,31 @@ class SandboxAPI:
         except RecursionError:
             return envelope.bad_request(TOO_DEEP)
         language = self._language(data.get("language", "python3")) if isinstance(data, dict) else None
-        return await self._rebuild(language, lambda: {})
+        return await self._rebuild(language, self._nothing)
 
     async def refresh_dependencies(self, request: Request):
         if not self.authorized(request):
             return envelope.unauthorized()
         language = self._language(request.query_params.get("language", "python3"))
-        return await self._rebuild(language, lambda: {"dependencies": self.invoker.dependencies(language)})
+        return await self._rebuild(language, lambda: self.dependencies_of(language))
 
     async def _rebuild(self, language: str | None, answer):
         """Rebuild a layer and switch to it; a failure leaves the old one serving and says why."""
         if language is None:
             return envelope.bad_request(envelope.UNSUPPORTED_LANGUAGE)
+        if not isinstance(self.invoker, LayerAdmin):
+            return envelope.unavailable("this service has no dependency layers to rebuild")
         try:
             await self.invoker.update_dependencies(language)
+            return envelope.success(await answer())
         except (LayerBuildError, SandboxUnavailable) as exc:
             return envelope.unavailable(str(exc))
-        return envelope.success(answer())
+
+    async def _nothing(self) -> dict:
+        return {}
+
+    async def dependencies_of(self, language: str) -> dict:
+        return {"dependencies": await self.invoker.dependencies(language)}
 
     def routes(self) -> list[Route]:
         return [
@@ -225,7 +228,7 @@ class SandboxAPI:
 
 def create_app(settings: Settings, invoker: Invoker, metrics: Metrics | None = None) -> Starlette:
     metrics = metrics or Metrics()
-    api = SandboxAPI(settings, MeteredInvoker(invoker, metrics, log_payloads=settings.SANDLOT_LOG_DEBUG))
+    api = SandboxAPI(settings, metered(invoker, metrics, log_payloads=settings.SANDLOT_LOG_DEBUG))
     metrics.watch(api.admission, api.invoker)
     routes = api.routes() + metrics_routes(settings, metrics) + openapi_routes()
     edge = Middleware(ObservabilityMiddleware, metrics=metrics, routes={route.path for route in routes})

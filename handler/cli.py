@@ -45,15 +45,18 @@ def layer_manager(settings: Settings) -> LayerManager:
     return LayerManager(layers)
 
 
-def build_app(settings: Settings, layers: LayerManager):
+def build_app(settings: Settings, layers: LayerManager | None):
     """The app with the invoker the settings ask for."""
     from handler.app import create_app
-    from handler.invoker import LocalInvoker
+
+    if settings.SANDLOT_BACKEND == "lambda":
+        from handler.lambda_invoker import LambdaInvoker
+
+        return create_app(settings, LambdaInvoker.from_settings(settings))
+    from handler.local_invoker import LocalInvoker
     from runtimes.nodejs.runtime import NodeRuntime
     from runtimes.python.runtime import PythonRuntime
 
-    if settings.SANDLOT_BACKEND != "local":
-        raise SettingsError("SANDLOT_BACKEND: only 'local' is available in this version")
     config = settings.runtime_config(python_layer=layers.current("python3"), nodejs_layer=layers.current("nodejs"))
     runtimes = {"python3": PythonRuntime(config), "nodejs": NodeRuntime(config)}
     invoker = LocalInvoker(runtimes, layers, settings.PYTHON_DEPS_UPDATE_INTERVAL)
@@ -78,9 +81,11 @@ def serve(args: argparse.Namespace) -> int:
         settings.API_KEY = secrets.token_urlsafe(32)
         print(f"sandlot: API_KEY is not set; this run's key is {settings.API_KEY}", file=sys.stderr, flush=True)
     linux.set_dumpable(False)  # our /proc entries (environment, memory) belong to root from here on
-    layers = layer_manager(settings)
-    for language in layers.layers:
-        layers.ensure(language)  # builds on first start, showing pip's and npm's progress
+    layers = None
+    if settings.SANDLOT_BACKEND == "local":  # the lambda backend's layers are baked into the functions' images
+        layers = layer_manager(settings)
+        for language in layers.layers:
+            layers.ensure(language)  # builds on first start, showing pip's and npm's progress
     app = build_app(settings, layers)
     metrics_mode, metrics_host, metrics_port = parse_metrics_setting(settings.SANDLOT_METRICS)
     if metrics_mode == "address":
@@ -348,7 +353,7 @@ def _add_config(commands) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sandlot", description="Run untrusted Python and Node.js code.")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve_cmd = commands.add_parser("serve", help="start the HTTP service (local backend)")
+    serve_cmd = commands.add_parser("serve", help="start the HTTP service (SANDLOT_BACKEND: local, or lambda)")
     serve_cmd.add_argument("--host", default=None, help="address to bind (default SANDLOT_HOST or 0.0.0.0)")
     serve_cmd.add_argument("--port", type=int, default=None, help="port (default SANDBOX_PORT or 8194)")
     serve_cmd.set_defaults(func=serve)

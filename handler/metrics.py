@@ -35,7 +35,7 @@ from starlette.responses import Response
 from handler.admission import queue_wait
 from handler.logs import current_request
 from handler.settings import parse_metrics_setting
-from runtimes.jail.supervisor import SandboxUnavailable
+from runtimes.payload import Throttled, Unavailable
 
 OUTCOMES = ("ok", "error", "timeout", "forbidden_syscall", "output_limit", "memory_limit", "refused")
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -171,9 +171,6 @@ class MeteredInvoker:
     def status(self) -> dict:
         return self.inner.status()
 
-    def dependencies(self, language: str) -> list[dict[str, str]]:
-        return self.inner.dependencies(language)
-
     async def invoke(self, request) -> dict:
         waited = queue_wait.get()
         if waited is not None:
@@ -187,7 +184,7 @@ class MeteredInvoker:
         started = time.monotonic()
         try:
             result = await self.inner.invoke(request)
-        except SandboxUnavailable as exc:
+        except (Unavailable, Throttled) as exc:
             facts.update(outcome="refused", reason=str(exc))
             self.metrics.runs.labels(request.language, "refused").inc()
             raise
@@ -207,6 +204,14 @@ class MeteredInvoker:
             facts.update(stdout=result.get("stdout"), stderr=result.get("stderr"), error=result.get("error"))
         return result
 
+
+
+class MeteredLayerInvoker(MeteredInvoker):
+    """The same, for an invoker that administers dependency layers: builds are counted too."""
+
+    async def dependencies(self, language: str) -> list[dict[str, str]]:
+        return await self.inner.dependencies(language)
+
     async def update_dependencies(self, language: str) -> None:
         try:
             await self.inner.update_dependencies(language)
@@ -214,6 +219,14 @@ class MeteredInvoker:
             self.metrics.layer_builds.labels(language, "failed").inc()
             raise
         self.metrics.layer_builds.labels(language, "ok").inc()
+
+
+def metered(invoker: Any, metrics: Metrics, log_payloads: bool = False) -> MeteredInvoker:
+    """invoker behind the meters, still a LayerAdmin exactly when it was one."""
+    from handler.invoker import LayerAdmin
+
+    cls = MeteredLayerInvoker if isinstance(invoker, LayerAdmin) else MeteredInvoker
+    return cls(invoker, metrics, log_payloads)
 
 
 def scrape_authorized(request: Request, key: bytes) -> bool:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, StrictStr
 
-from runtimes.payload import RunRequest
+from runtimes.payload import RunRequest, describe
+
+__all__ = ["Dependency", "RunBody", "describe"]
 
 
 class Dependency(BaseModel):
@@ -22,13 +24,3 @@ class RunBody(RunRequest):
     def run_request(self) -> RunRequest:
         fields = {name: getattr(self, name) for name in RunRequest.model_fields}
         return RunRequest.model_construct(**fields)
-
-
-def describe(errors: list[dict]) -> str:
-    """pydantic's errors in one line a client can act on."""
-    parts = []
-    for err in errors:
-        where = ".".join(str(p) for p in err["loc"])
-        message = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
-        parts.append(f"{where}: {message}" if where else message)
-    return "; ".join(parts)

@@ -11,12 +11,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, IPvAnyNetwork, ValidationError, field_validator
+from pydantic import Field, IPvAnyNetwork, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError as _SourceError
 
 from runtimes.config import RuntimeConfig, default_data_dir, default_python
-from runtimes.jail.tree import under_tmp
 
 # dify-sandbox's config.yaml keys (dotted paths) -> our setting names
 _YAML_KEYS = {
@@ -171,6 +170,17 @@ class Settings(BaseSettings):
         "own addresses, loopback, link-local, private and other special-purpose ranges are, as root with nft)",
     )
 
+    # the lambda backend: the runtime functions (names or ARNs); boto3's own configuration for the rest
+    SANDLOT_LAMBDA_PYTHON3_FUNCTION: str = Field(
+        "", description="the python3 runtime function (name or ARN) of the `lambda` backend"
+    )
+    SANDLOT_LAMBDA_NODEJS_FUNCTION: str = Field(
+        "", description="the nodejs runtime function (name or ARN) of the `lambda` backend"
+    )
+    SANDLOT_LAMBDA_TIMEOUT: float = Field(
+        0, ge=0, description="the runtime functions' timeout, seconds; 0: `SANDLOT_MAX_TIMEOUT` + 10"
+    )
+
     # operations: metrics and logs
     SANDLOT_METRICS: str = Field(
         "key",
@@ -194,7 +204,11 @@ class Settings(BaseSettings):
 
     @field_validator("SANDLOT_DATA_DIR")
     @classmethod
-    def _not_under_tmp(cls, value: str) -> str:
+    def _not_under_tmp(cls, value: str, info: ValidationInfo) -> str:
+        if info.data.get("SANDLOT_BACKEND") == "lambda":
+            return value  # no layers here; and the API function on Lambda imports no jail module
+        from runtimes.jail.tree import under_tmp
+
         if under_tmp(value):
             raise ValueError("must not be under /tmp: every run gets a /tmp of its own, which would hide the layers")
         return value
@@ -202,9 +216,10 @@ class Settings(BaseSettings):
     @field_validator("PYTHON_DEPS_UPDATE_INTERVAL")
     @classmethod
     def _interval(cls, value: str) -> str:
-        from layers.manager import parse_interval
+        if value:
+            from layers.manager import parse_interval
 
-        parse_interval(value)
+            parse_interval(value)
         return value
 
     @field_validator("SANDLOT_METRICS")
@@ -214,15 +229,20 @@ class Settings(BaseSettings):
         return value
 
     @property
+    def lambda_function_timeout(self) -> float:
+        return self.SANDLOT_LAMBDA_TIMEOUT or max(self.SANDLOT_MAX_TIMEOUT, self.WORKER_TIMEOUT) + 10
+
+    @property
     def build_uid(self) -> int:
         return self.SANDLOT_BUILD_UID or self.SANDLOT_UID_BASE - 1
 
     @field_validator("ALLOWED_SYSCALLS")
     @classmethod
     def _syscalls_stay_closed(cls, value: list[int]) -> list[int]:
-        from runtimes.jail.seccomp_policy import check_extra_syscalls
+        if value:  # imported only then: pyseccomp loads libseccomp
+            from runtimes.jail.seccomp_policy import check_extra_syscalls
 
-        check_extra_syscalls(value)
+            check_extra_syscalls(value)
         return value
 
     @classmethod

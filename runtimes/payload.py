@@ -1,16 +1,44 @@
-"""The run request and run result: the one seam between the API and the runtimes.
+"""The run contract: run request, run result and the errors a run can meet instead of a result.
 
-The same dict is what the LocalInvoker hands a runtime and what the
-LambdaInvoker sends as a runtime function's payload.
+The same dicts cross every seam: what the LocalInvoker hands a runtime, what the
+LambdaInvoker sends as a runtime function's payload and gets back, what a direct
+invoke of the API function carries. This module imports nothing of the jail, so
+the API function (a zip on Lambda, no libseccomp there) can use it.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 LANGUAGES = ("python3", "nodejs")
+
+NETWORK_DISABLED = "network is disabled, please enable it in the configuration"
+UNSUPPORTED_LANGUAGE = "unsupported language"
+
+# Lambda's synchronous invocation limits: the request payload, and the response a runtime may post.
+LAMBDA_REQUEST_LIMIT = 6_291_456
+LAMBDA_RESPONSE_LIMIT = 6_291_556
+OUTPUT_LIMIT_LINE = "error: output limit exceeded"
+
+
+class Unavailable(RuntimeError):
+    """The sandbox cannot run this now (runtime down, jail cannot be built): a -500 envelope naming why."""
+
+
+class Throttled(RuntimeError):
+    """Too many runs at once further down (e.g. Lambda's concurrency): the 503 envelope."""
+
+
+class InvalidRequest(ValueError):
+    """The run request breaks a rule (shape, language, network): a -400 envelope with this message."""
+
+    def __init__(self, message: str, http_status: int = 400):
+        super().__init__(message)
+        self.http_status = http_status
 
 
 class RunRequest(BaseModel):
@@ -23,3 +51,67 @@ class RunRequest(BaseModel):
     timeout: Annotated[StrictFloat | StrictInt, Field(gt=0)] | None = None
     memory_limit_mb: Annotated[StrictInt, Field(gt=0)] | None = None
     stdin: StrictStr = ""
+
+    def to_payload(self) -> dict:
+        """The request as it travels (None fields left out)."""
+        return self.model_dump(exclude_none=True)
+
+
+def describe(errors: list[dict]) -> str:
+    """pydantic's errors in one line a client can act on."""
+    parts = []
+    for err in errors:
+        where = ".".join(str(p) for p in err["loc"])
+        message = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+        parts.append(f"{where}: {message}" if where else message)
+    return "; ".join(parts)
+
+
+def parse_request(data: object, network_allowed: bool, model: type[RunRequest] = RunRequest) -> RunRequest:
+    """A run request from a decoded body or event, every rule checked; InvalidRequest says what is wrong."""
+    if not isinstance(data, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    if "language" in data and data["language"] not in LANGUAGES:
+        raise InvalidRequest(UNSUPPORTED_LANGUAGE)
+    try:
+        request = model.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidRequest(describe(exc.errors())) from exc
+    if request.enable_network and not network_allowed:
+        raise InvalidRequest(NETWORK_DISABLED, http_status=200)  # dify-sandbox answers this one with 200
+    return request
+
+
+def encoded_size(value: object, ascii_only: bool) -> int:
+    return len(json.dumps(value, ensure_ascii=ascii_only).encode())
+
+
+def fit_result(result: dict, limit: int, ascii_only: bool = True) -> dict:
+    """The result, or one cut down to `limit` encoded bytes that says `error: output limit exceeded`.
+
+    ascii_only: whether the transport escapes non-ASCII as \\uXXXX (awslambdaric does, unless the
+    platform names python3.12+), which can make a result six times its character count.
+    """
+    if encoded_size(result, ascii_only) <= limit:
+        return result
+    cut = dict(result, exit_code=-1, truncated=True)
+    header = f"process exited with code -1\n{OUTPUT_LIMIT_LINE}\n"
+    stdout, stderr = cut.get("stdout", ""), cut.get("stderr", "")
+    while True:
+        cut.update(stdout=stdout, stderr=stderr, error=header + stderr)
+        excess = encoded_size(cut, ascii_only) - limit
+        if excess <= 0:
+            return cut
+        # drop about as many characters as the excess is worth at their average encoded size
+        if stdout:
+            stdout = stdout[: len(stdout) - _chars_worth(stdout, excess, ascii_only)]
+        elif stderr:
+            stderr = stderr[: len(stderr) - _chars_worth(stderr, (excess + 1) // 2, ascii_only)]  # counted twice
+        else:
+            raise ValueError(f"a result cannot fit {limit} bytes")
+
+
+def _chars_worth(text: str, size: int, ascii_only: bool) -> int:
+    """How many characters from the end of text encode to about `size` bytes (at least one)."""
+    per_char = max(1.0, (encoded_size(text, ascii_only) - 2) / len(text))
+    return min(len(text), max(1, math.ceil(size / per_char)))

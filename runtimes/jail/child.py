@@ -109,7 +109,12 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
             os.setresuid(uid, uid, uid)
         namespaces.clear_capabilities()
         tmpdir = "/tmp"
-    linux.set_parent_death_signal(signal.SIGKILL)  # after the last credential change, which would clear it
+    try:
+        linux.set_parent_death_signal(signal.SIGKILL)  # after the last credential change, which would clear it
+    except OSError:
+        if plan.namespaced:
+            raise
+        # single (Lambda): prctl refused, as the record says; one-shot runs are killed and reaped by the runtime
     if select.select([handles.lifeline], [], [], 0)[0]:
         os._exit(1)  # the zygote died before the signal was armed: nobody would ever stop this child
 
@@ -121,7 +126,12 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
     if not plan.namespaced:
         os.environ["HOME"] = os.environ["TMPDIR"] = tmpdir
     os.chdir(tmpdir)
-    linux.set_no_new_privs()
+    try:
+        linux.set_no_new_privs()
+    except OSError:
+        if plan.namespaced:
+            raise
+        # single (Lambda): prctl refused; then no filter loads either, and the runner refuses unless seccomp is optional
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (plan.max_open_files, plan.max_open_files))

@@ -13,11 +13,12 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from runtimes.jail import protocol, zygote
+from runtimes.payload import Unavailable
 
 log = logging.getLogger("sandlot.jail")
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(Unavailable):
     """The jail cannot be built or is down: not the user's fault, a -500 envelope."""
 
 

@@ -201,7 +201,10 @@ class _VmSize:
 
 def main(config: dict) -> None:
     try:
-        linux.set_dumpable(False)
+        try:
+            linux.set_dumpable(False)
+        except OSError:
+            pass  # prctl refused (Lambda): the protections record reports dumpable false
         os.umask(0o022)
         zygote = Zygote(config)
         zygote.confine_tree(config)

@@ -1,0 +1,187 @@
+"""Sandlot on Lambda, emulated: cold init of the runtime functions and warm invoke latency, next to the local backend.
+
+Rows (one table, all from the same run on this machine; read ratios, not absolutes):
+- cold init: process start to the first `/next` (awslambdaric started, credentials dropped, platform
+  probed, zygote up, first child prepared), and the function's own "ready in" (runtime start to the
+  first ready child) from its log; as root (full jail) and on the simulated Lambda (unprivileged uid,
+  outer filter, RequireSeccomp false: no seccomp there);
+- warm invoke p50/p95: boto3 -> Invoke API emulation -> awslambdaric -> runtime function, and straight
+  through the Runtime API (no boto3), next to the local service's p50 (HTTP) for the same code; the
+  whole path `sandlot serve` (lambda backend) over HTTP; and the simulated Lambda's runtime function
+  straight through the Runtime API, back to back (its next child is prepared only once a run is gone).
+
+    python bench/lambda_bench.py [--requests 200] [--inits 3] [--no-simulated]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "lambda"))
+
+from emulation import InvokeAPI  # noqa: E402
+from functions import start_function  # noqa: E402
+from service import API_KEY, Service  # noqa: E402
+
+WORKLOADS = {"python3": 'print("hi")', "nodejs": 'console.log("hi")'}
+READY = re.compile(r"ready in ([0-9.]+) s")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def ms(value: float) -> str:
+    return f"{value * 1000:8.2f}"
+
+
+def cold_inits(language: str, count: int, simulated_image: str | None) -> tuple[float, float]:
+    """Medians of (spawn to first /next, the function's own ready-in)."""
+    totals, readies = [], []
+    for _ in range(count):
+        if simulated_image:
+            from simulated import start_simulated
+
+            instance = start_simulated(simulated_image, language, SANDLOT_REQUIRE_SECCOMP="false")
+        else:
+            instance = start_function(language)
+        try:
+            assert instance.ready, instance.output()
+            totals.append(instance.init_seconds)
+            found = READY.search(instance.output())
+            readies.append(float(found.group(1)) if found else float("nan"))
+        finally:
+            instance.stop()
+    return statistics.median(totals), statistics.median(readies)
+
+
+def http_latencies(port: int, language: str, total: int) -> list[float]:
+    body = json.dumps({"language": language, "code": WORKLOADS[language], "enable_network": True}).encode()
+    headers = {"X-Api-Key": API_KEY, "Content-Type": "application/json"}
+    connection = http.client.HTTPConnection("127.0.0.1", port)
+    times = []
+    for i in range(total + 10):
+        started = time.perf_counter()
+        connection.request("POST", "/v1/sandbox/run", body, headers)
+        answer = json.loads(connection.getresponse().read())
+        elapsed = time.perf_counter() - started
+        assert answer["code"] == 0 and answer["data"]["exit_code"] == 0, answer
+        if i >= 10:  # warm-up
+            times.append(elapsed)
+    connection.close()
+    return times
+
+
+def boto_latencies(client, name: str, language: str, total: int) -> list[float]:
+    payload = json.dumps({"language": language, "code": WORKLOADS[language], "enable_network": True})
+    times = []
+    for i in range(total + 10):
+        started = time.perf_counter()
+        response = client.invoke(FunctionName=name, InvocationType="RequestResponse", Payload=payload)
+        result = json.loads(response["Payload"].read())
+        elapsed = time.perf_counter() - started
+        assert "FunctionError" not in response and result["exit_code"] == 0, result
+        if i >= 10:
+            times.append(elapsed)
+    return times
+
+
+def runtime_api_latencies(instance, language: str, total: int) -> list[float]:
+    event = {"language": language, "code": WORKLOADS[language], "enable_network": True}
+    times = []
+    for i in range(total + 10):
+        started = time.perf_counter()
+        invocation = instance.invoke(event)
+        elapsed = time.perf_counter() - started
+        assert invocation.kind == "response", invocation.body
+        if i >= 10:
+            times.append(elapsed)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--inits", type=int, default=3)
+    parser.add_argument("--no-simulated", action="store_true")
+    args = parser.parse_args()
+    languages = ("python3", "nodejs")
+    rows: list[tuple[str, str, str]] = []
+
+    for language in languages:
+        total, ready = cold_inits(language, args.inits, None)
+        rows.append((f"{language} cold init, root (full jail)", ms(total), ms(ready)))
+    simulated_warm: dict[str, list[float]] = {}
+    if not args.no_simulated and os.geteuid() == 0:
+        from simulated import lay_out_image, start_simulated
+
+        image = lay_out_image()
+        for language in languages:
+            total, ready = cold_inits(language, args.inits, image)
+            rows.append((f"{language} cold init, simulated Lambda", ms(total), ms(ready)))
+            instance = start_simulated(image, language, SANDLOT_REQUIRE_SECCOMP="false")
+            try:
+                simulated_warm[language] = runtime_api_latencies(instance, language, args.requests)
+            finally:
+                instance.stop()
+
+    import boto3
+    from botocore.config import Config
+
+    instances = {language: start_function(language) for language in languages}
+    invoke_api = InvokeAPI()
+    for language, instance in instances.items():
+        invoke_api.add(f"sandlot-{language}", [instance])
+    env = {
+        "AWS_ENDPOINT_URL_LAMBDA": invoke_api.url,
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "SANDLOT_LAMBDA_PYTHON3_FUNCTION": "sandlot-python3",
+        "SANDLOT_LAMBDA_NODEJS_FUNCTION": "sandlot-nodejs",
+    }
+    os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
+    client = boto3.client("lambda", config=Config(retries={"total_max_attempts": 1}, read_timeout=90))
+    local = Service().start()
+    remote = Service(SANDLOT_BACKEND="lambda", **env).start()
+    try:
+        for language in languages:
+            name = f"sandlot-{language}"
+            measured = {
+                "local service, HTTP": http_latencies(local.port, language, args.requests),
+                "runtime API straight": runtime_api_latencies(instances[language], language, args.requests),
+                "boto3 -> Invoke API -> awslambdaric": boto_latencies(client, name, language, args.requests),
+                "sandlot serve (lambda backend), HTTP": http_latencies(remote.port, language, args.requests),
+            }
+            if language in simulated_warm:
+                measured["simulated Lambda, runtime API straight"] = simulated_warm[language]
+            base = statistics.median(measured["local service, HTTP"])
+            for label, times in measured.items():
+                p50 = statistics.median(times)
+                spread = f"{ms(percentile(times, 0.95))} (+{ms(p50 - base)})"
+                rows.append((f"{language} warm, {label}", ms(p50), spread))
+    finally:
+        local.stop()
+        remote.stop()
+        invoke_api.close()
+        for instance in instances.values():
+            instance.stop()
+
+    print(f"\n{'row':60} {'p50/total ms':>13} {'p95 (+over local p50) / ready-in ms':>36}")
+    for label, first, second in rows:
+        print(f"{label:60} {first:>13} {second:>36}")
+
+
+if __name__ == "__main__":
+    main()

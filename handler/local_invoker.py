@@ -1,0 +1,71 @@
+"""The LocalInvoker: the runtimes in this process's care (the embedded default) and their layers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from layers.manager import LayerManager, parse_interval
+from layers.store import LayerBuildError
+from runtimes.jail.supervisor import SandboxUnavailable
+from runtimes.payload import RunRequest
+
+log = logging.getLogger("sandlot.invoker")
+
+
+class LocalInvoker:
+    """Runtimes on this machine, one per language, started with the service."""
+
+    def __init__(self, runtimes: dict, layers: LayerManager | None = None, update_interval: str = ""):
+        self.runtimes = runtimes
+        self.layers = layers
+        self._interval = parse_interval(update_interval)
+        self._periodic: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        for language, runtime in self.runtimes.items():
+            if self.layers is not None and language in self.layers.layers:
+                runtime.on_layer_unused.append(self.layers.retire(language))
+            try:
+                await runtime.start()
+            except Exception:  # noqa: BLE001 - one runtime's failure must not keep the others down
+                log.exception("the %s runtime failed to start", language)
+        if self._interval and self.layers is not None:
+            self._periodic = asyncio.create_task(self._refresh_periodically())
+
+    async def stop(self) -> None:
+        if self._periodic is not None:
+            self._periodic.cancel()
+        for runtime in self.runtimes.values():
+            await runtime.stop()
+
+    async def invoke(self, request: RunRequest) -> dict:
+        runtime = self.runtimes.get(request.language)
+        if runtime is None:
+            raise SandboxUnavailable(f"no runtime for {request.language} on this service")
+        return await runtime.run(request)
+
+    def ready(self) -> bool:
+        """Every runtime this machine can have is serving (a missing node only refuses nodejs runs)."""
+        installed = [r for r in self.runtimes.values() if not r.missing()]
+        return bool(installed) and all(r.ready for r in installed)
+
+    def status(self) -> dict:
+        return {language: {**runtime.status(), "layer": runtime.layer()} for language, runtime in self.runtimes.items()}
+
+    async def dependencies(self, language: str) -> list[dict[str, str]]:
+        return self.layers.installed(language) if self.layers is not None else []
+
+    async def update_dependencies(self, language: str) -> None:
+        """Rebuild the language's layer and switch to it; LayerBuildError leaves the old one serving."""
+        if self.layers is None or language not in self.layers.layers:
+            raise LayerBuildError(f"no dependency layer for {language} on this service")
+        await self.layers.rebuild(language, self.runtimes[language])
+
+    async def _refresh_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                await self.update_dependencies("python3")
+            except LayerBuildError as exc:
+                log.error("periodic refresh of the python3 layer failed; the old layer keeps serving: %s", exc)

@@ -1,0 +1,324 @@
+"""One run at a time, and nothing of it left when it returns: the jail as a Lambda instance uses it.
+
+A platform without a uid or namespaces per run (Lambda) gives every run the
+uid of the runtime itself, and a process of the same uid is reachable through
+/proc/<pid>/fd and /proc/<pid>/mem. So, on top of a JailedRuntime started with
+`one_run_at_a_time` (its pool then keeps no children ready):
+
+- where runs share the runtime's uid, the child for the next run is prepared
+  only after the current run is gone (while its result is being posted), and
+  no other prepared child exists while a run executes; where each run has a uid
+  of its own (root), the pool keeps children ready as it does for the server;
+- `run` returns only when the run's process has been reaped by the zygote, every
+  other process of the run's uid that the runtime did not start itself (the
+  runtime process and its own children, i.e. the zygote) is killed, and what the
+  run left in the writable places is removed. Where the seccomp filter is in
+  force a run cannot create a process (fork, vfork and clone without
+  CLONE_THREAD fail), so the sweep of /proc is only needed without it;
+- files the runtime itself keeps there (a Node startup snapshot, the runs' parent
+  directory) are checked after each run that shares the runtime's uid: if one was
+  touched, the zygote is replaced so that no later run starts from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import select
+import shutil
+import signal
+import tempfile
+
+from runtimes.jail.execution import execute, kill
+from runtimes.jail.runtime import JailedRuntime
+from runtimes.jail.supervisor import Child, SandboxUnavailable
+from runtimes.payload import RunRequest
+
+log = logging.getLogger("sandlot.oneshot")
+
+SWEEP_ROUNDS = 200
+
+
+class StrayProcesses(RuntimeError):
+    """Processes of a run could not all be killed: the instance must not serve another run."""
+
+
+def _status(pid: int) -> tuple[int, int, bool]:
+    """(real uid, parent, is a zombie) of a process; raises OSError once it is gone."""
+    uid, parent, zombie = -1, -1, False
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("State:"):
+                zombie = line.split()[1] in ("Z", "X")
+            elif line.startswith("PPid:"):
+                parent = int(line.split()[1])
+            elif line.startswith("Uid:"):
+                uid = int(line.split()[1])
+                break
+    return uid, parent, zombie
+
+
+def strays_of(uid: int) -> list[int]:
+    """Live processes whose real uid is `uid`, except this process and its direct children (the zygotes):
+    what the runtime started itself. A run's processes are the zygote's children, and an orphan goes
+    to init, never to us (this process is no subreaper), so nothing of a run can pass for one of these.
+    """
+    me = os.getpid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid not in (uid, 0):  # a non-dumpable process shows as root's
+                continue
+            owner, parent, zombie = _status(int(entry))
+        except (OSError, ValueError):
+            continue
+        if owner == uid and parent != me and not zombie:
+            found.append(int(entry))
+    return found
+
+
+def kill_strays(uid: int) -> int:
+    """SIGKILL every process of uid the runtime did not start, until none is left; how many were killed."""
+    if uid == 0:
+        raise ValueError("refusing to sweep uid 0")
+    killed = 0
+    for _ in range(SWEEP_ROUNDS):
+        strays = strays_of(uid)
+        if not strays:
+            return killed
+        pidfds = []
+        for pid in strays:
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                continue  # gone already
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+            pidfds.append(pidfd)
+        _wait_gone(pidfds)
+    raise StrayProcesses(f"processes of uid {uid} kept appearing after {SWEEP_ROUNDS} rounds of SIGKILL")
+
+
+def _wait_gone(pidfds: list[int], timeout: float = 2.0) -> None:
+    """A pidfd is readable once its process has exited (no need to be its parent)."""
+    poller = select.poll()
+    for fd in pidfds:
+        poller.register(fd, select.POLLIN)
+    try:
+        remaining = set(pidfds)
+        while remaining:
+            events = poller.poll(int(timeout * 1000))
+            if not events:
+                return
+            for fd, _ in events:
+                poller.unregister(fd)
+                remaining.discard(fd)
+    finally:
+        for fd in pidfds:
+            os.close(fd)
+
+
+def _fingerprint(path: str) -> dict[str, tuple[int, int]]:
+    """(inode, ctime) of every file and directory under path: ctime cannot be set back by anyone."""
+    prints = {}
+    for root, dirs, files in os.walk(path):
+        for name in [*dirs, *files]:
+            full = os.path.join(root, name)
+            try:
+                st = os.lstat(full)
+            except OSError:
+                continue
+            prints[full] = (st.st_ino, st.st_ctime_ns)
+    try:
+        st = os.lstat(path)
+        prints[path] = (st.st_ino, st.st_ctime_ns)
+    except OSError:
+        pass
+    return prints
+
+
+class Scratch:
+    """The writable places a run shares with the runtime, as they were when the runtime was ready."""
+
+    def __init__(self, places: list[str], uid: int, own: list[str], runs_parent: str):
+        self.places = sorted({os.path.realpath(p) for p in places if os.path.isdir(p)})
+        self.uid = uid
+        self.runs_parent = runs_parent
+        self.baseline = {place: set(self._entries(place)) for place in self.places}
+        self.own = own
+        self.prints = self._prints()
+
+    def _entries(self, place: str) -> list[str]:
+        try:
+            names = os.listdir(place)
+        except OSError:
+            return []
+        found = []
+        for name in names:
+            try:
+                if os.lstat(os.path.join(place, name)).st_uid == self.uid:
+                    found.append(name)
+            except OSError:
+                continue
+        return found
+
+    def _prints(self) -> dict:
+        prints = {}
+        for path in self.own:
+            prints.update(_fingerprint(path))
+        return prints
+
+    def clean(self) -> list[str]:
+        """Remove what was not there before (and the runs' own directories); paths removed."""
+        removed = []
+        for place in self.places:
+            for name in self._entries(place):
+                if name not in self.baseline[place]:
+                    removed.append(_remove(os.path.join(place, name)))
+        if self.runs_parent and os.path.isdir(self.runs_parent):
+            for name in os.listdir(self.runs_parent):
+                removed.append(_remove(os.path.join(self.runs_parent, name)))
+        return removed
+
+    def tampered(self) -> bool:
+        return self._prints() != self.prints
+
+    def rebase(self) -> None:
+        self.prints = self._prints()
+
+
+def _remove(path: str) -> str:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)  # fd-based: never follows a planted link
+    else:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return path
+
+
+class OneShotRuns:
+    """Runs requests one at a time on a started JailedRuntime (config.one_run_at_a_time)."""
+
+    def __init__(self, runtime: JailedRuntime, writable: list[str]):
+        if not runtime.config.one_run_at_a_time:
+            raise ValueError("a one-shot runtime needs RuntimeConfig.one_run_at_a_time")
+        self.runtime = runtime
+        self.writable = writable
+        self.scratch: Scratch | None = None
+        self.prepared: Child | None = None
+        self._prepared_variant: tuple | None = None
+        self._preparing: asyncio.Task | None = None
+        self.shares_uid = not runtime.config.privileged  # runs get this process's own uid
+        if self.shares_uid and os.getuid() == 0:
+            raise ValueError("runs that share the runtime's uid cannot be swept as root: use the full jail")
+        self.runs = 0
+
+    @property
+    def filter_in_force(self) -> bool:
+        """The zygote loads the seccomp filter, and the platform's record agrees that it can."""
+        platform = self.runtime.platform
+        return bool(self.runtime.report.get("seccomp")) and (platform is None or platform.seccomp)
+
+    def default_variant(self) -> tuple:
+        request = RunRequest.model_construct(
+            language=self.runtime.language, code="", enable_network=True, memory_limit_mb=None
+        )
+        return self.runtime.variant(request)
+
+    async def start(self) -> None:
+        """After runtime.start(): remember the writable places, prepare the first child."""
+        if self.shares_uid:
+            runtime = self.runtime
+            runs_parent = runtime._tmp_parent.name if runtime._tmp_parent is not None else ""
+            places = [*self.writable, tempfile.gettempdir()]
+            self.scratch = Scratch(places, os.getuid(), [runtime.config.data_dir], runs_parent)
+            await self.prepare()
+
+    async def prepare(self) -> None:
+        """The child for the next run (nothing of a run exists now)."""
+        runtime = self.runtime
+        if runtime.refused or runtime.pool is None or self.prepared is not None:
+            return
+        variant = self.default_variant()
+        try:
+            self.prepared = await runtime.pool.take(variant)
+            self._prepared_variant = variant
+        except SandboxUnavailable as exc:
+            log.warning("could not prepare a child for the next run: %s", exc)
+
+    def prepare_later(self) -> None:
+        """Prepare in the background (the next run waits for it)."""
+        if self._preparing is None or self._preparing.done():
+            self._preparing = asyncio.get_running_loop().create_task(self.prepare())
+
+    async def run(self, request: RunRequest, timeout: float) -> dict:
+        runtime = self.runtime
+        if self._preparing is not None:
+            await asyncio.shield(self._preparing)
+            self._preparing = None
+        if runtime.refused:
+            raise SandboxUnavailable(runtime.refused)
+        if runtime.pool is None:
+            raise SandboxUnavailable(f"the {runtime.language} runtime is not running")
+        if self.shares_uid:
+            child = await self._child_for(runtime.variant(request))
+        else:  # a uid per run: the pool keeps children ready, as for the server (the run cannot reach them)
+            child = await runtime.pool.take(runtime.variant(request))
+        self.runs += 1
+        # without the filter a run may leave processes holding its output pipes open: kill them as soon
+        # as the run's process is gone, so that the output is complete without waiting for them
+        sweeper = None if self.filter_in_force else asyncio.ensure_future(self._sweep_after(child))
+        try:
+            outcome = await execute(child, runtime.encode(request, timeout), timeout, runtime.config.output_limit)
+        finally:
+            if sweeper is not None:
+                await asyncio.gather(sweeper, return_exceptions=True)
+            await self._end(child)
+            if self.shares_uid:
+                self.prepare_later()  # only now that the run is gone, while its result is on its way
+        return outcome.to_result()
+
+    async def _child_for(self, variant: tuple) -> Child:
+        prepared, self.prepared = self.prepared, None
+        if prepared is not None:
+            if self._prepared_variant == variant and not prepared.exited.done():
+                return prepared
+            await self._end(prepared)  # of the wrong kind: gone before another exists
+        return await self.runtime.pool.take(variant)
+
+    async def _sweep_after(self, child: Child) -> None:
+        await child.exited
+        await asyncio.to_thread(kill_strays, child.uid)
+
+    async def _end(self, child: Child) -> None:
+        """Kill and reap the child, its strays, its files: nothing of it outlives this."""
+        kill(child)
+        await child.exited  # the zygote has reaped it
+        self.runtime.pool.finish(child)
+        if child.tmpdir:
+            _remove(child.tmpdir)
+        if not self.filter_in_force:  # with the filter, a run cannot create a process
+            await asyncio.to_thread(kill_strays, child.uid)
+        if self.scratch is not None:
+            removed = self.scratch.clean()
+            if removed:
+                log.info("removed what a run left behind: %s", removed)
+            if self.scratch.tampered():
+                log.warning("a run touched the runtime's own files: replacing the zygote")
+                await self.runtime.pool.replace_zygote()
+                self.scratch.rebase()
+
+    async def stop(self) -> None:
+        if self._preparing is not None:
+            await asyncio.gather(self._preparing, return_exceptions=True)
+        if self.prepared is not None:
+            await self._end(self.prepared)
+            self.prepared = None

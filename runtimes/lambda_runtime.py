@@ -1,0 +1,156 @@
+"""A language runtime as a Lambda function, bootstrapped by awslambdaric.
+
+    python -m awslambdaric runtimes.<language>.lambda_function.handler
+
+Module import is Lambda's init phase. It first re-executes the process without
+the role's credentials (runtimes/credentials.py). Then it probes the platform (the shared protections record), starts
+the zygote (a separately exec'ed process with a clean environment) with the
+layer baked into the image, and prepares the child for the first run, so that
+the first invocation is warm. What goes wrong there raises InitFailure, which
+awslambdaric reports through the Runtime API's init error.
+
+The handler takes a run request and returns the run result (the local seam's
+dicts), or `{"action": "probe"}` / `{"action": "dependencies"}`. Errors travel
+as the function's error: errorType `Unavailable` (a -500 envelope with its
+message) or `InvalidRequest` (a -400 one). Runs go through OneShotRuns: the
+result is returned only when nothing of the run is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from runtimes.config import RuntimeConfig
+from runtimes.credentials import drop_credentials
+from runtimes.environment import ConfigError, function_environment
+from runtimes.jail.oneshot import OneShotRuns, StrayProcesses
+from runtimes.jail.runtime import JailedRuntime
+from runtimes.payload import LAMBDA_REQUEST_LIMIT, InvalidRequest, Unavailable, fit_result, parse_request
+
+log = logging.getLogger("sandlot.function")
+logging.getLogger("sandlot").setLevel(logging.INFO)  # the init report goes to the function's log
+
+DEADLINE_MARGIN = 1.0  # seconds kept back from Lambda's deadline to return a timed-out run's result
+
+
+class InitFailure(RuntimeError):
+    """The function cannot serve at all; the message says what the operator must change."""
+
+
+def transport_escapes_non_ascii() -> bool:
+    """Whether awslambdaric will post the result with non-ASCII as \\uXXXX (it depends on the platform)."""
+    try:
+        from awslambdaric.lambda_runtime_marshaller import Encoder
+    except ImportError:
+        return True
+    return bool(Encoder().ensure_ascii)
+
+
+class RuntimeFunction:
+    """One runtime, started at import, serving one invocation at a time."""
+
+    def __init__(self, runtime_class: type[JailedRuntime], list_layer: Callable[[RuntimeConfig], list[dict]]):
+        drop_credentials()
+        try:
+            self.settings = function_environment()
+        except ConfigError as exc:
+            raise InitFailure(f"{exc} (check the function's environment in template.yaml)") from exc
+        self.config = self.settings.runtime_config()
+        self.runtime = runtime_class(self.config)
+        self.list_layer = list_layer
+        self.ascii_only = transport_escapes_non_ascii()
+        self.runs: OneShotRuns | None = None
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="sandlot-runtime", daemon=True).start()
+        self._call(self._init())
+
+    def _call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    async def _init(self) -> None:
+        runtime = self.runtime
+        missing = runtime.missing()
+        if missing:
+            raise InitFailure(f"{missing}: the {runtime.language} image must install it")
+        for layer in (self.config.python_layer, self.config.nodejs_layer):
+            if layer and not os.access(layer, os.R_OK | os.X_OK):
+                raise InitFailure(f"the dependency layer {layer} is not readable: rebuild the image")
+        started = time.monotonic()
+        await runtime.start()
+        zygote_ready = time.monotonic()
+        platform = runtime.platform
+        if platform is not None and not platform.seccomp and self.config.require_seccomp:
+            # the record decides (a probe child killed by SIGSYS must not pass for a filter that loads);
+            # the function still answers the probe, and refuses runs saying why
+            runtime.refused = f"the seccomp filter cannot be installed here: {platform.errors.get('seccomp', '')}"
+            if runtime.pool is not None and not runtime.pool.running:
+                await runtime.stop()  # no zygote restarts in the background for runs that will never come
+        elif runtime.pool is None or not runtime.pool.running:
+            reason = runtime.refused or (runtime.pool.last_error if runtime.pool else "") or "unknown"
+            await runtime.stop()
+            raise InitFailure(f"the {runtime.language} jail could not start here: {reason}")
+        self.runs = OneShotRuns(runtime, list(platform.writable) if platform else [])
+        await self.runs.start()
+        log.info(
+            "%s runtime function ready in %.3f s (zygote %.3f s, first child %.3f s); "
+            "protections in force: %s; platform: %s%s",
+            runtime.language,
+            time.monotonic() - started,
+            zygote_ready - started,
+            time.monotonic() - zygote_ready,
+            runtime.protections(),
+            platform.to_dict() if platform else None,
+            f"; runs refused: {runtime.refused}" if runtime.refused else "",
+        )
+
+    # ---- the handler ------------------------------------------------------------
+
+    def handler(self, event: object, context: object = None) -> dict:
+        if isinstance(event, dict) and "action" in event:
+            return self.action(event)
+        request = parse_request(event, self.settings.ENABLE_NETWORK)
+        runtime = self.runtime
+        if request.language != runtime.language:
+            raise InvalidRequest(f"this function runs {runtime.language} code, not {request.language}")
+        if runtime.refused:
+            raise Unavailable(runtime.refused)
+        if not request.enable_network and not self.runs.filter_in_force:
+            raise Unavailable("enable_network false cannot be enforced here: no seccomp filter can be installed")
+        timeout = self.config.clamp_timeout(request.timeout)
+        remaining = getattr(context, "get_remaining_time_in_millis", None)
+        if remaining is not None:
+            timeout = max(0.001, min(timeout, remaining() / 1000 - DEADLINE_MARGIN))
+        try:
+            result = self._call(self._run(request, timeout))
+        except StrayProcesses as exc:
+            runtime.refused = f"this instance could not clean up after a run: {exc}"
+            raise Unavailable(runtime.refused) from exc
+        except Unavailable as exc:
+            raise Unavailable(str(exc)) from exc  # one errorType for the invoker, whatever raised it
+        return fit_result(result, LAMBDA_REQUEST_LIMIT, self.ascii_only)
+
+    async def _run(self, request, timeout: float) -> dict:
+        assert self.runs is not None
+        return await self.runs.run(request, timeout)
+
+    def action(self, event: dict) -> dict:
+        name = event.get("action")
+        runtime = self.runtime
+        if name == "probe":
+            return {
+                "language": runtime.language,
+                "platform": runtime.platform.to_dict() if runtime.platform else None,
+                "protections": runtime.protections(),
+                "require_seccomp": self.config.require_seccomp,
+                "seccomp_error": runtime.report.get("seccomp_error", ""),
+                "refused": runtime.refused,
+                "one_run_at_a_time": self.config.one_run_at_a_time,
+            }
+        if name == "dependencies":
+            return {"dependencies": self.list_layer(self.config)}
+        raise InvalidRequest(f"unknown action {name!r} (known: probe, dependencies)")

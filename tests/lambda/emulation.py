@@ -1,0 +1,377 @@
+"""Lambda, emulated for tests: the Runtime API a function instance talks to, and the Invoke API boto3 calls.
+
+No package provides the Runtime Interface Emulator and there is no Docker here,
+so this speaks the documented protocols on loopback:
+
+- RuntimeAPI: `GET /2018-06-01/runtime/invocation/next` (one invocation at a
+  time: a second /next while one is in flight is refused), `POST
+  .../invocation/{id}/response|error` (202; 413 over 6291556 bytes; an unknown or
+  finished id is refused), `POST /2018-06-01/runtime/init/error`.
+- FunctionInstance: a real `python -m awslambdaric <handler>` process on its own
+  RuntimeAPI. An invocation that outlives the function timeout gets "Task timed
+  out after N seconds" and the instance is restarted, as Lambda does.
+- InvokeAPI: `POST /2015-03-31/functions/{name}/invocations` (RequestResponse),
+  forwarding to idle instances; 429 TooManyRequestsException when every instance
+  is busy, 413 RequestTooLargeException over 6291456 bytes, 404 for an unknown
+  function, `X-Amz-Function-Error: Unhandled` on a function error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+REQUEST_LIMIT = 6_291_456
+RESPONSE_LIMIT = 6_291_556
+PREFIX = "/2018-06-01/runtime"
+REGION = "us-east-1"
+ACCOUNT = "000000000000"
+
+
+@dataclass
+class Invocation:
+    payload: bytes
+    deadline_ms: int
+    request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    done: threading.Event = field(default_factory=threading.Event)
+    kind: str = ""  # "response" | "error" | "timeout" | "crash"
+    body: bytes = b""
+
+    def json(self):
+        return json.loads(self.body)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # else every call stalls 40-90 ms on delayed ACKs
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _body(self, limit: int | None = None) -> bytes | None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if limit is not None and length > limit:
+            self.rfile.read(length)
+            return None
+        return self.rfile.read(length)
+
+    def _answer(self, status: int, body: bytes = b"", headers: dict | None = None) -> None:
+        try:
+            self.send_response(status)
+        except (BrokenPipeError, ConnectionResetError):
+            return
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the caller is gone (a killed runtime, a test shutting down)
+
+    def _error(self, status: int, error_type: str, message: str) -> None:
+        body = json.dumps({"errorType": error_type, "errorMessage": message}).encode()
+        self._answer(status, body, {"Content-Type": "application/json"})
+
+
+class RuntimeAPI:
+    """The Runtime API of one function instance."""
+
+    def __init__(self, function_arn: str):
+        self.function_arn = function_arn
+        self.pending: queue.Queue[Invocation] = queue.Queue()
+        self.in_flight: Invocation | None = None
+        self.lock = threading.Lock()
+        self.init_error: dict | None = None
+        self.waiting = threading.Event()  # the runtime asked for its first invocation: init is done
+        self.refused: list[str] = []  # what was refused, for tests to look at
+        api = self
+
+        class Handler(_Handler):
+            def do_GET(self) -> None:
+                if self.path == f"{PREFIX}/invocation/next":
+                    api._next(self)
+                else:
+                    self._error(404, "NotFound", self.path)
+
+            def do_POST(self) -> None:
+                api._post(self)
+
+        self.server = _Server(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def _next(self, request: _Handler) -> None:
+        with self.lock:
+            if self.in_flight is not None:
+                self.refused.append("next while in flight")
+                request._error(403, "InvalidStateTransition", "an invocation is in flight")
+                return
+        self.waiting.set()
+        invocation = self.pending.get()
+        if invocation is None:  # shutting down
+            request._error(410, "Gone", "shutting down")
+            return
+        with self.lock:
+            self.in_flight = invocation
+        request._answer(
+            200,
+            invocation.payload,
+            {
+                "Content-Type": "application/json",
+                "Lambda-Runtime-Aws-Request-Id": invocation.request_id,
+                "Lambda-Runtime-Deadline-Ms": str(invocation.deadline_ms),
+                "Lambda-Runtime-Invoked-Function-Arn": self.function_arn,
+                "Lambda-Runtime-Trace-Id": f"Root=1-{uuid.uuid4().hex[:8]}-{uuid.uuid4().hex[:24]};Sampled=0",
+            },
+        )
+
+    def _post(self, request: _Handler) -> None:
+        path = request.path
+        if path == f"{PREFIX}/init/error":
+            body = request._body() or b"{}"
+            self.init_error = json.loads(body)
+            request._answer(202, b'{"status":"OK"}', {"Content-Type": "application/json"})
+            return
+        parts = path.removeprefix(f"{PREFIX}/invocation/").split("/")
+        if not path.startswith(f"{PREFIX}/invocation/") or len(parts) != 2 or parts[1] not in ("response", "error"):
+            request._body()
+            request._error(404, "NotFound", path)
+            return
+        request_id, kind = parts
+        body = request._body(RESPONSE_LIMIT)
+        with self.lock:
+            invocation = self.in_flight
+            if invocation is None or invocation.request_id != request_id:
+                self.refused.append(f"{kind} for {request_id}")
+                request._error(400, "InvalidRequestID", "no such invocation in flight")
+                return
+            if body is None:
+                request._error(413, "RequestEntityTooLarge", f"response over {RESPONSE_LIMIT} bytes")
+                self._finish(invocation, "error", b'{"errorType": "Function.ResponseSizeTooLarge"}')
+                return
+            self._finish(invocation, kind, body)
+        request._answer(202, b'{"status":"OK"}', {"Content-Type": "application/json"})
+
+    def _finish(self, invocation: Invocation, kind: str, body: bytes) -> None:
+        self.in_flight = None
+        invocation.kind, invocation.body = kind, body
+        invocation.done.set()
+
+    def submit(self, payload: bytes, timeout: float) -> Invocation:
+        invocation = Invocation(payload, int((time.time() + timeout) * 1000))
+        self.pending.put(invocation)
+        return invocation
+
+    def abandon(self) -> None:
+        """The instance died or was killed: whatever was in flight is over."""
+        with self.lock:
+            self.in_flight = None
+
+    def close(self) -> None:
+        self.pending.put(None)
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class FunctionInstance:
+    """A real awslambdaric process serving one function, on a RuntimeAPI of its own."""
+
+    def __init__(
+        self,
+        handler: str,
+        env: dict[str, str],
+        name: str = "sandlot-test",
+        timeout: float = 30,
+        python: str = sys.executable,
+        prefix: tuple[str, ...] = (),
+        cwd: str | None = None,
+    ):
+        self.handler = handler
+        self.name = name
+        self.timeout = timeout
+        self.env = env
+        self.python = python
+        self.prefix = prefix
+        self.cwd = cwd
+        self.arn = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}"
+        self.api: RuntimeAPI | None = None
+        self.process: subprocess.Popen | None = None
+        self.busy = False
+        self.init_seconds = 0.0
+        self.log_path = ""
+        self.tmp = ""  # the instance's temp dir (its TMPDIR), removed when it stops for good
+
+    def start(self, wait: bool = True, init_timeout: float = 60) -> FunctionInstance:
+        self.api = RuntimeAPI(self.arn)
+        env = {
+            **self.env,
+            "AWS_LAMBDA_RUNTIME_API": self.api.address,
+            "AWS_LAMBDA_FUNCTION_NAME": self.name,
+            "AWS_LAMBDA_FUNCTION_TIMEOUT": str(int(self.timeout)),
+            "AWS_REGION": REGION,
+            "AWS_DEFAULT_REGION": REGION,
+            "LAMBDA_TASK_ROOT": self.cwd or os.getcwd(),
+        }
+        fd, self.log_path = _log_file(self.name)
+        started = time.monotonic()
+        self.process = subprocess.Popen(
+            [*self.prefix, self.python, "-m", "awslambdaric", self.handler],
+            env=env,
+            cwd=self.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=subprocess.STDOUT,
+        )
+        os.close(fd)
+        if wait:
+            self.wait_init(init_timeout)
+            self.init_seconds = time.monotonic() - started
+        return self
+
+    def wait_init(self, timeout: float) -> None:
+        """Until the runtime asks for its first invocation (init done), posts an init error, or exits."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.api.waiting.wait(0.02):
+                return
+            if self.api.init_error is not None or self.process.poll() is not None:
+                return
+        raise TimeoutError(f"{self.name} did not finish init in {timeout}s:\n{self.output()}")
+
+    @property
+    def ready(self) -> bool:
+        return self.api is not None and self.api.waiting.is_set() and self.process.poll() is None
+
+    def invoke(self, event: object | bytes) -> Invocation:
+        """One invocation, as Lambda would run it on this instance (restarted after a timeout or crash)."""
+        payload = event if isinstance(event, bytes) else json.dumps(event).encode()
+        invocation = self.api.submit(payload, self.timeout)
+        deadline = time.monotonic() + self.timeout
+        while not invocation.done.wait(0.05):
+            if time.monotonic() > deadline:
+                invocation.kind = "timeout"
+                message = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} Task timed out after {self.timeout:.2f} seconds"
+                invocation.body = json.dumps({"errorMessage": message}).encode()
+                self.restart()
+                return invocation
+            if self.process.poll() is not None:
+                invocation.kind = "crash"
+                invocation.body = json.dumps(
+                    {"errorType": "Runtime.ExitError", "errorMessage": f"exit status {self.process.returncode}"}
+                ).encode()
+                self.restart()
+                return invocation
+        return invocation
+
+    def restart(self) -> None:
+        self.stop(for_good=False)
+        self.start()
+
+    def output(self) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, for_good: bool = True) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.api is not None:
+            self.api.close()
+        if for_good and self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)  # what a killed runtime could not remove itself
+
+
+def _log_file(name: str) -> tuple[int, str]:
+    path = f"/tmp/sandlot-lambda-{name}-{uuid.uuid4().hex[:8]}.log"
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), path
+
+
+class InvokeAPI:
+    """Lambda's Invoke API on loopback, for boto3 (`endpoint_url`), forwarding to function instances."""
+
+    def __init__(self):
+        self.functions: dict[str, list[FunctionInstance]] = {}
+        self.lock = threading.Lock()
+        self.invocations = 0
+        api = self
+
+        class Handler(_Handler):
+            def do_POST(self) -> None:
+                api._invoke(self)
+
+        self.server = _Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def add(self, name: str, instances: list[FunctionInstance]) -> None:
+        self.functions[name] = instances
+
+    def _lookup(self, name: str) -> list[FunctionInstance] | None:
+        name = urllib.parse.unquote(name)
+        if name.startswith("arn:"):
+            name = name.split(":function:", 1)[-1].split(":")[0]
+        return self.functions.get(name)
+
+    def _aws_error(self, request: _Handler, status: int, code: str, message: str) -> None:
+        body = json.dumps({"Type": "User", "message": message}).encode()
+        request._answer(status, body, {"Content-Type": "application/json", "x-amzn-ErrorType": code})
+
+    def _invoke(self, request: _Handler) -> None:
+        path = urllib.parse.urlparse(request.path).path
+        parts = path.split("/")
+        if len(parts) != 5 or parts[1:3] != ["2015-03-31", "functions"] or parts[4] != "invocations":
+            request._body()
+            self._aws_error(request, 404, "UnknownOperationException", path)
+            return
+        body = request._body(REQUEST_LIMIT)
+        if body is None:
+            self._aws_error(
+                request, 413, "RequestTooLargeException", f"Request must be smaller than {REQUEST_LIMIT} bytes"
+            )
+            return
+        instances = self._lookup(parts[3])
+        if instances is None:
+            self._aws_error(request, 404, "ResourceNotFoundException", f"Function not found: {parts[3]}")
+            return
+        with self.lock:
+            idle = next((i for i in instances if not i.busy), None)
+            if idle is None:
+                self._aws_error(request, 429, "TooManyRequestsException", "Rate Exceeded.")
+                return
+            idle.busy = True
+            self.invocations += 1
+        try:
+            invocation = idle.invoke(body)
+        finally:
+            idle.busy = False
+        headers = {"Content-Type": "application/json", "X-Amz-Executed-Version": "$LATEST"}
+        if invocation.kind != "response":
+            headers["X-Amz-Function-Error"] = "Unhandled"
+        request._answer(200, invocation.body, headers)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,105 @@
+"""A simulated Lambda: the runtime function laid out as its image is, run as it would be on the platform.
+
+The image layout comes from infra/layout.sh (what the Dockerfiles run), made
+from Debian's /usr/bin/python3.11 (any uid can execute it) under /var/tmp, kept
+between test runs under a key of what it is built from; the project's own code
+is reinstalled into it once per test session. Each instance then runs as an
+unprivileged uid of its own, its code read-only (root's), only its temp
+directory writable, under an outer seccomp filter that refuses prctl, seccomp,
+namespaces, chroot, mounts and identity changes with EPERM (or, in one variant,
+kills the caller with SIGSYS): tests/outer_filter.py.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from emulation import FunctionInstance
+from functions import FAKE_CREDENTIALS, HANDLERS, REPO
+
+SYSTEM_PYTHON = "/usr/bin/python3.11"
+SIM_UID = 61051  # a uid of its own, so that sweeping it touches no one else's processes
+OUTER_FILTER = os.path.join(REPO, "tests", "outer_filter.py")
+REFUSED = "prctl,seccomp,unshare,setns,chroot,pivot_root,mount,umount2,setuid,setgid,setresuid,setresgid,setgroups"
+LAYOUT_INPUTS = ("pyproject.toml", "layers/python/requirements.txt", "layers/nodejs/package.json", "infra/layout.sh")
+
+
+def image_key() -> str:
+    digest = hashlib.sha256()
+    for name in LAYOUT_INPUTS:
+        with open(os.path.join(REPO, name), "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()[:16]
+
+
+def lay_out_image() -> str:
+    """The image's layout under /var/tmp (built once per key), with the project's current code."""
+    root = f"/var/tmp/sandlot-lambda-image-{image_key()}"
+    with open("/var/tmp/sandlot-lambda-image.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(os.path.join(root, ".complete")):
+            shutil.rmtree(root, ignore_errors=True)
+            subprocess.run(
+                [os.path.join(REPO, "infra", "layout.sh"), root],
+                env={**os.environ, "PYTHON": SYSTEM_PYTHON},
+                check=True,
+                capture_output=True,
+            )
+            open(os.path.join(root, ".complete"), "w").close()
+        else:
+            subprocess.run(
+                [os.path.join(REPO, "infra", "layout.sh"), root, "--project-only"], check=True, capture_output=True
+            )
+    return root
+
+
+def start_simulated(image: str, language: str, sigsys: bool = False, **env: str) -> FunctionInstance:
+    """A runtime function instance on the simulated platform; its temp dir is the only place it may write."""
+    tmp = tempfile.mkdtemp(prefix="sandlot-sim-")
+    os.chown(tmp, SIM_UID, SIM_UID)
+    refusals = ["--sigsys" if sigsys else "--eperm", REFUSED]
+    function_env = {
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "HOME": tmp,
+        "TMPDIR": tmp,
+        "SANDLOT_PYTHON_LAYER": os.path.join(image, "layers", "python"),
+        "SANDLOT_NODEJS_LAYER": os.path.join(image, "layers", "nodejs"),
+        **FAKE_CREDENTIALS,
+        **env,
+    }
+    instance = FunctionInstance(
+        HANDLERS[language],
+        function_env,
+        name=f"sim-{language}",
+        python=os.path.join(image, "venv", "bin", "python"),
+        prefix=(sys.executable, OUTER_FILTER, "--uid", str(SIM_UID), *refusals, "--"),
+        cwd="/",
+    )
+    instance.tmp = tmp
+    return instance.start()
+
+
+def processes_of_sim_uid() -> list[tuple[int, int, str]]:
+    """(pid, parent, command) of every live process of the simulated uid."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                status = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")[:80]
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if int(fields["Uid"].split()[0]) == SIM_UID and fields["State"].split()[0] not in ("Z", "X"):
+            found.append((int(entry), int(fields["PPid"]), command))
+    return found

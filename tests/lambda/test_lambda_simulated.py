@@ -1,0 +1,161 @@
+"""The runtime functions on a simulated Lambda: unprivileged, read-only code, prctl and seccomp refused."""
+
+import json
+import os
+import sys
+
+import pytest
+from functions import FAKE_CREDENTIALS
+from simulated import SIM_UID, SYSTEM_PYTHON, lay_out_image, processes_of_sim_uid, start_simulated
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+
+from service import IS_ROOT  # noqa: E402
+from test_lambda_runtime import SECRET_HUNT, error_of, result_of, runtime_api_calls  # noqa: E402
+
+pytestmark = [
+    pytest.mark.skipif(not IS_ROOT, reason="needs root: the simulation changes to an unprivileged uid"),
+    pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"needs {SYSTEM_PYTHON} (any uid can run it)"),
+]
+
+
+@pytest.fixture(scope="module")
+def image():
+    return lay_out_image()
+
+
+@pytest.fixture(scope="module")
+def strict(image):
+    """The defaults: RequireSeccomp true."""
+    instance = start_simulated(image, "python3")
+    yield instance
+    instance.stop()
+
+
+@pytest.fixture(scope="module")
+def lenient(image):
+    """The operator set RequireSeccomp false."""
+    instance = start_simulated(image, "python3", SANDLOT_REQUIRE_SECCOMP="false")
+    assert instance.ready, instance.output()
+    yield instance
+    instance.stop()
+
+
+def test_the_probe_reports_the_platform(strict):
+    assert strict.ready, strict.output()
+    probe = result_of(strict, {"action": "probe"})
+    platform = probe["platform"]
+    assert platform["euid"] == SIM_UID
+    for refused in ("seccomp", "dumpable", "pdeathsig", "user_namespaces", "mount_namespaces", "chroot", "setuid"):
+        assert platform[refused] is False, refused
+        assert "Operation not permitted" in platform["errors"][refused]
+    assert "/" not in platform["writable"] and "/usr" not in platform["writable"]
+    assert probe["protections"]["seccomp"] is False and probe["protections"]["own_uid"] is False
+
+
+def test_runs_are_refused_by_default_saying_why(strict):
+    error = error_of(strict, {"language": "python3", "code": "print(1)", "enable_network": True})
+    assert error["errorType"] == "Unavailable"
+    assert "seccomp filter cannot be installed" in error["errorMessage"]
+
+
+def test_a_refusal_by_sigsys_is_reported_and_refused_too(image):
+    instance = start_simulated(image, "python3", sigsys=True)
+    try:
+        assert instance.ready, instance.output()
+        probe = result_of(instance, {"action": "probe"})
+        assert probe["platform"]["seccomp"] is False
+        assert "SIGSYS" in probe["platform"]["errors"]["seccomp"]
+        error = error_of(instance, {"language": "python3", "code": "print(1)", "enable_network": True})
+        assert error["errorType"] == "Unavailable" and "seccomp" in error["errorMessage"]
+    finally:
+        instance.stop()
+
+
+def test_node_too(image):
+    instance = start_simulated(image, "nodejs", SANDLOT_REQUIRE_SECCOMP="false")
+    try:
+        assert instance.ready, instance.output()
+        result = result_of(instance, {"language": "nodejs", "code": "console.log(6 * 7)", "enable_network": True})
+        assert result["stdout"] == "42\n", result
+    finally:
+        instance.stop()
+
+
+def test_without_seccomp_runs_serve_when_the_operator_allows_it(lenient):
+    code = "import requests; print(1 + 1)"
+    result = result_of(lenient, {"language": "python3", "code": code, "enable_network": True})
+    assert result["stdout"] == "2\n" and result["exit_code"] == 0
+
+
+def test_without_seccomp_enable_network_false_is_refused_not_ignored(lenient):
+    error = error_of(lenient, {"language": "python3", "code": "print(1)", "enable_network": False})
+    assert error["errorType"] == "Unavailable" and "enable_network false cannot be enforced" in error["errorMessage"]
+
+
+def test_without_seccomp_no_run_can_print_the_credentials(lenient):
+    code = SECRET_HUNT.replace("SECRETS", repr([s[::-1] for s in FAKE_CREDENTIALS.values()]))
+    result = result_of(lenient, {"language": "python3", "code": code, "enable_network": True})
+    assert "clean" in result["stdout"], result
+    assert "searched" in result["stdout"]
+    for secret in FAKE_CREDENTIALS.values():
+        assert secret not in json.dumps(result)
+
+
+def test_the_hunt_would_find_them_if_they_were_there(lenient):
+    """The control for the test above: the runtime client's memory IS readable here (same uid, prctl
+    refused so it stays dumpable), and the hunt finds what it holds, e.g. the event itself."""
+    marker = "marker" + os.urandom(8).hex()
+    code = SECRET_HUNT.replace("SECRETS", repr([marker[::-1]])) + f"\n# {marker}"
+    result = result_of(lenient, {"language": "python3", "code": code, "enable_network": True})
+    assert f"/proc/{lenient.process.pid}/mem" in result["stdout"], result
+
+
+def test_without_seccomp_nothing_a_run_leaves_reaches_the_next(lenient):
+    leave = """
+import os, time
+for place in ("/tmp", "/var/tmp", "/dev/shm", os.environ["TMPDIR"], os.getcwd()):
+    try:
+        open(os.path.join(place, "sandlot-left-behind"), "w").write("x")
+    except OSError:
+        pass
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(120)
+    os._exit(0)
+print("left a process behind")
+"""
+    result = result_of(lenient, {"language": "python3", "code": leave, "enable_network": True})
+    assert "left a process behind" in result["stdout"]
+    # what is left of the simulated uid: the runtime client, its zygote and the child prepared since
+    client = lenient.process.pid
+    for pid, parent, command in processes_of_sim_uid():
+        assert pid == client or parent == client or "sleep" not in command, (pid, parent, command)
+    others = [p for p in processes_of_sim_uid() if p[0] != client and p[1] != client]
+    assert len(others) <= 1, others  # the prepared child (a child of the zygote)
+    look = """
+import os
+print([p for p in ("/tmp", "/var/tmp", "/dev/shm", os.environ["TMPDIR"])
+       if os.path.exists(os.path.join(p, "sandlot-left-behind"))])
+"""
+    assert result_of(lenient, {"language": "python3", "code": look, "enable_network": True})["stdout"] == "[]\n"
+
+
+def test_without_seccomp_a_run_gets_nothing_usable_from_the_runtime_api(lenient):
+    code = runtime_api_calls(lenient.api.address)
+    result = result_of(lenient, {"language": "python3", "code": code, "enable_network": True})
+    assert "GOT" not in result["stdout"], result
+    assert result["stdout"].count("refused") == 2
+    assert lenient.api.refused[-2:] == ["next while in flight", "response for forged"]
+    assert result_of(lenient, {"language": "python3", "code": "print(9)", "enable_network": True})["stdout"] == "9\n"
+
+
+def test_the_image_layout_is_what_the_functions_need(image):
+    """What the Dockerfiles install, laid out by the same script: readable by the function, not writable."""
+    for path in ("venv/bin/python", "layers/python/requests/__init__.py", "layers/nodejs/package.json"):
+        assert os.path.exists(os.path.join(image, path)), path
+    venv_site = os.path.join(image, "venv", "lib", "python3.11", "site-packages")
+    for package in ("awslambdaric", "pyseccomp.py", "runtimes", "layers"):
+        assert any(name.startswith(package) for name in os.listdir(venv_site)), package
+    assert os.stat(os.path.join(venv_site, "runtimes")).st_mode & 0o022 == 0
