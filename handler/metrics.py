@@ -205,7 +205,6 @@ class MeteredInvoker:
         return result
 
 
-
 class MeteredLayerInvoker(MeteredInvoker):
     """The same, for an invoker that administers dependency layers: builds are counted too."""
 
