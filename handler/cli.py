@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import secrets
@@ -198,44 +199,38 @@ def run_file(args: argparse.Namespace) -> int:
 
 
 def _run_locally(request: dict) -> dict:
-    """The run through this machine's runtimes, in this process: the service's validation, jail and result."""
-    import asyncio
-
-    from handler import envelope
-    from handler.invoker import LocalInvoker, SandboxUnavailable
-    from handler.models import RunBody, describe
+    """The run through this machine's runtimes, in this process: the service's run path, jail and result."""
+    from handler import run_path
     from runtimes.jail import linux
 
     settings = load_settings()
-    try:
-        body = RunBody.model_validate(request)
-    except ValueError as exc:
-        errors = exc.errors() if hasattr(exc, "errors") else []
-        return {"code": -400, "message": describe(errors) or str(exc), "data": None}
-    if body.enable_network and not settings.ENABLE_NETWORK:
-        return {"code": -400, "message": envelope.NETWORK_DISABLED, "data": None}
     linux.set_dumpable(False)
     with _captured_output() as machinery:  # layer builds and runtime logs stay out of the run's streams
-        try:
-            layers = layer_manager(settings)
-            if body.language in layers.layers:
-                layers.ensure(body.language)
-            invoker = LocalInvoker({body.language: _runtime(settings, layers, body.language)})
-            return {"code": 0, "message": "success", "data": asyncio.run(_invoke_once(invoker, body))}
-        except (SandboxUnavailable, LayerBuildError) as exc:
+        reply = asyncio.run(run_path.run(request, settings.ENABLE_NETWORK, lambda body: _invoke_once(settings, body)))
+        if reply.body["code"] == -500:
             machinery.seek(0)
-            return {"code": -500, "message": f"{exc}\n{machinery.read()[-2000:]}".strip(), "data": None}
+            reply.body["message"] = f"{reply.body['message']}\n{machinery.read()[-2000:]}".strip()
+    return reply.body
 
 
-async def _invoke_once(invoker, body) -> dict:
-    from handler.invoker import SandboxUnavailable
+async def _invoke_once(settings: Settings, request) -> dict:
+    """Start the request's runtime (building its layer if missing), run once, stop."""
+    from handler.local_invoker import LocalInvoker
+    from runtimes.payload import Unavailable
 
+    layers = layer_manager(settings)
+    try:
+        if request.language in layers.layers:
+            await asyncio.to_thread(layers.ensure, request.language)
+    except LayerBuildError as exc:
+        raise Unavailable(f"could not build the dependency layer: {exc}") from exc
+    invoker = LocalInvoker({request.language: _runtime(settings, layers, request.language)})
     await invoker.start()
     try:
         if not invoker.ready():
-            status = invoker.status()[body.language]
-            raise SandboxUnavailable(status.get("error") or f"the {body.language} runtime did not start")
-        return await invoker.invoke(body.run_request())
+            status = invoker.status()[request.language]
+            raise Unavailable(status.get("error") or f"the {request.language} runtime did not start")
+        return await invoker.invoke(request)
     finally:
         await invoker.stop()
 

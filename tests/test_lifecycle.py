@@ -182,7 +182,7 @@ def test_reduced_jail_keeps_signals_and_limits_to_the_run_itself(reduced):
     )
     assert reduced.run(code)["data"]["stdout"] == "refused\n" * 4 + "own limits ok\n"
     node = f"try {{ process.kill({service}, 0); console.log('signalled') }} catch (e) {{ console.log(e.code) }}"
-    assert reduced.run(node, language="nodejs")["data"]["stdout"] == "ESRCH\n"
+    assert reduced.run(node, language="nodejs")["data"]["stdout"] == "EPERM\n"  # the signal fence
 
 
 def test_reduced_jail_cannot_read_the_service(reduced):
