@@ -68,8 +68,8 @@ class ChildPlan:
 
     @property
     def clone_flags(self) -> int:
-        flags = namespaces.CLONE_NEWPID | namespaces.CLONE_NEWNS | namespaces.CLONE_NEWIPC | linux.CLONE_NEWUTS
-        return flags | namespaces.CLONE_NEWUSER if self.mode == USERNS else flags
+        flags = linux.CLONE_NEWPID | linux.CLONE_NEWNS | linux.CLONE_NEWIPC | linux.CLONE_NEWUTS
+        return flags | linux.CLONE_NEWUSER if self.mode == USERNS else flags
 
 
 @dataclass(frozen=True)

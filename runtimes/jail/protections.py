@@ -26,11 +26,6 @@ from dataclasses import asdict, dataclass, field
 
 from runtimes.jail import linux
 
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
-CLONE_NEWIPC = 0x08000000
-
 _LANDLOCK_CREATE_RULESET = {"x86_64": 444, "aarch64": 444}
 _LANDLOCK_CREATE_RULESET_VERSION = 1
 
@@ -88,7 +83,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def _unshare_as_caller(flags: int) -> None:
     """New namespaces of these kinds: directly as root, inside a new user namespace otherwise."""
     if os.geteuid() != 0:
-        flags |= CLONE_NEWUSER
+        flags |= linux.CLONE_NEWUSER
     linux.unshare(flags)
 
 
@@ -156,10 +151,10 @@ _PROBES: dict[str, Callable[[], object]] = {
     "no_new_privs": linux.set_no_new_privs,
     "dumpable": lambda: linux.set_dumpable(False),
     "pdeathsig": lambda: linux.set_parent_death_signal(signal.SIGKILL),
-    "user_namespaces": lambda: linux.unshare(CLONE_NEWUSER),
+    "user_namespaces": lambda: linux.unshare(linux.CLONE_NEWUSER),
     "mount_namespaces": lambda: _unshare_as_caller(linux.CLONE_NEWNS),
-    "pid_namespaces": lambda: _unshare_as_caller(CLONE_NEWPID),
-    "net_namespaces": lambda: _unshare_as_caller(CLONE_NEWNET),
+    "pid_namespaces": lambda: _unshare_as_caller(linux.CLONE_NEWPID),
+    "net_namespaces": lambda: _unshare_as_caller(linux.CLONE_NEWNET),
     "chroot": _chroot,
     "setuid": _setuid,
     "rlimits": _rlimits,

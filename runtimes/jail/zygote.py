@@ -58,7 +58,7 @@ class Zygote:
         mode = self.plan.mode
         if mode == USERNS and os.geteuid() != 0:  # a user namespace of its own, to build the tree in
             uid, gid = os.getuid(), os.getgid()
-            linux.unshare(namespaces.CLONE_NEWUSER)
+            linux.unshare(linux.CLONE_NEWUSER)
             namespaces.map_own_ids(self.proc, uid, gid)
         if mode in TREE_MODES:
             tree.build_and_enter(config["tree"], config["tree_root"])
