@@ -15,7 +15,7 @@ from pydantic import Field, IPvAnyNetwork, ValidationError, ValidationInfo, fiel
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError as _SourceError
 
-from runtimes.config import RuntimeConfig, default_data_dir, default_python
+from runtimes.config import RuntimeConfig, comma_list, default_data_dir, default_python
 
 # dify-sandbox's config.yaml keys (dotted paths) -> our setting names
 _YAML_KEYS = {
@@ -198,9 +198,7 @@ class Settings(BaseSettings):
     @field_validator("ALLOWED_SYSCALLS", "SANDLOT_PYTHON_PRELOAD", "SANDLOT_EGRESS_ALLOW", mode="before")
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [item.strip() for item in value.split(",") if item.strip()]
-        return value
+        return comma_list(value)
 
     @field_validator("SANDLOT_DATA_DIR")
     @classmethod

@@ -13,6 +13,13 @@ from dataclasses import dataclass, field
 MIB = 1024 * 1024
 
 
+def comma_list(value: object) -> object:
+    """A setting given as "a, b,c" (environment, file) as a list; anything else as it is."""
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
 def default_data_dir() -> str:
     if os.geteuid() == 0:
         return "/var/lib/sandlot"

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from runtimes.config import RuntimeConfig, default_python
+from runtimes.config import RuntimeConfig, comma_list, default_python
 
 # Where the image layout script puts the baked layers (infra/layout.py)
 IMAGE_ROOT = "/opt/sandlot"
@@ -50,9 +50,7 @@ class FunctionEnvironment(BaseSettings):
     @field_validator("ALLOWED_SYSCALLS", "SANDLOT_PYTHON_PRELOAD", mode="before")
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [item.strip() for item in value.split(",") if item.strip()]
-        return value
+        return comma_list(value)
 
     @field_validator("ALLOWED_SYSCALLS")
     @classmethod

@@ -66,7 +66,7 @@ def test_an_unprivileged_uid_cannot_change_identity_or_chroot(uid, tmp_path):
         f"import sys; sys.path.insert(0, {ROOT!r}); "
         "import json; from runtimes.jail import protections as p; "
         "p._PROBES.pop('seccomp'); "  # pyseccomp lives in a venv this uid cannot read
-        "r = {n: p._in_child(f) for n, f in p._PROBES.items()}; print(json.dumps(r))"
+        "r = {n: p.in_child(f) for n, f in p._PROBES.items()}; print(json.dumps(r))"
     )
     out = subprocess.run(
         [sys.executable, os.path.join(HERE, "outer_filter.py"), "--uid", str(uid), "--", python, "-c", code],

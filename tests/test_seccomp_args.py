@@ -7,7 +7,6 @@ that compared all 64 would be walked around.
 
 import ctypes
 import errno
-import json
 import os
 import socket
 import struct
@@ -16,6 +15,7 @@ import pytest
 
 from runtimes.jail import seccomp_policy
 from runtimes.jail.linux import set_no_new_privs
+from runtimes.jail.protections import in_child
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
@@ -35,26 +35,16 @@ def syscall(name: str, *args) -> str:
 def in_filter(network: bool, probe) -> dict:
     """probe() run in a child under the run's filters (allow-list and pid fence); its answers."""
     program = seccomp_policy.compile_program(seccomp_policy.build(network))
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_end)
-        try:
-            set_no_new_privs()
-            seccomp_policy.fence_program(os.getpid()).load()
-            program.load()
-            answer = probe()
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            answer = {"raised": repr(exc)}
-        os.write(write_end, json.dumps(answer).encode())
-        os._exit(0)
-    os.close(write_end)
-    data = b""
-    while chunk := os.read(read_end, 65536):
-        data += chunk
-    os.close(read_end)
-    os.waitpid(pid, 0)
-    return json.loads(data)
+
+    def confined() -> dict:
+        set_no_new_privs()
+        seccomp_policy.fence_program(os.getpid()).load()
+        program.load()
+        return probe()
+
+    answer, error = in_child(confined)
+    assert not error, error
+    return answer
 
 
 def sockets() -> dict:

@@ -164,8 +164,9 @@ _PROBES: dict[str, Callable[[], object]] = {
 }
 
 
-def _in_child(probe: Callable[[], object]) -> tuple[object, str]:
-    """Run probe in a forked child; (its value or None, why it failed)."""
+def in_child(probe: Callable[[], object]) -> tuple[object, str]:
+    """Run probe in a forked child; (its JSON-able value or None, why it failed: its exception, or the
+    signal that killed it, as a refused call may)."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
@@ -208,7 +209,7 @@ def probe() -> Protections:
     values: dict[str, object] = {}
     errors: dict[str, str] = {}
     for name, check in _PROBES.items():
-        value, error = _in_child(check)
+        value, error = in_child(check)
         if error:
             errors[name] = error
         values[name] = value

@@ -525,23 +525,11 @@ def programs(extra: tuple[int, ...] = (), allow_exec: bool = False) -> dict[bool
 
 
 def probe(program: SeccompProgram) -> str | None:
-    """Load the filter in a throwaway child: some platforms refuse seccomp(). None if it loads."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_end)
-        try:
-            set_no_new_privs()
-            program.load()
-            message = b""
-        except BaseException as exc:  # noqa: BLE001 - reported to the service
-            message = f"{type(exc).__name__}: {exc}".encode()
-        os.write(write_end, message)
-        os._exit(0)
-    os.close(write_end)
-    message = b""
-    while chunk := os.read(read_end, 4096):
-        message += chunk
-    os.close(read_end)
-    os.waitpid(pid, 0)
-    return message.decode() or None
+    """Load the filter in a throwaway child: some platforms refuse seccomp(), some kill the caller. None if it loads."""
+    from runtimes.jail.protections import in_child
+
+    def load() -> None:
+        set_no_new_privs()
+        program.load()
+
+    return in_child(load)[1] or None
