@@ -37,6 +37,7 @@ class Service:
         }
         self.process: subprocess.Popen | None = None
         self.python = sys.executable  # tests/unprivileged.py: an interpreter another uid can run
+        self.source = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project it runs
         self.user: int | None = None  # start the service as this uid (and gid), no groups
         self.log_path = f"/tmp/sandlot-test-{self.port}.log"
 
@@ -45,7 +46,7 @@ class Service:
         identity = {"user": self.user, "group": self.user, "extra_groups": []} if self.user is not None else {}
         self.process = subprocess.Popen(
             [*self.launcher, self.python, "-m", "handler.cli", "serve"],
-            env={**self.env, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))},
+            env={**self.env, "PYTHONPATH": self.source},
             cwd=self.cwd,
             stdout=self.log,
             stderr=subprocess.STDOUT,

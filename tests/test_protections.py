@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import unprivileged
 from conftest import needs_root
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -63,7 +64,7 @@ def test_an_unprivileged_uid_cannot_change_identity_or_chroot(uid, tmp_path):
     if not os.access(python, os.X_OK):
         pytest.skip("needs /usr/bin/python3.11 for an unprivileged interpreter")
     code = (
-        f"import sys; sys.path.insert(0, {ROOT!r}); "
+        f"import sys; sys.path.insert(0, {unprivileged.source()!r}); "
         "import json; from runtimes.jail import protections as p; "
         "p._PROBES.pop('seccomp'); "  # pyseccomp lives in a venv this uid cannot read
         "r = {n: p.in_child(f) for n, f in p._PROBES.items()}; print(json.dumps(r))"

@@ -5,16 +5,21 @@ service runs on a venv made from Debian's /usr/bin/python3.11 in a world-readabl
 place, with the project's dependencies from pyproject.toml: built once, cached
 under /var/cache/sandlot-tests (keyed by the dependency list), shared by every
 test session and worktree (an flock serialises builds). Its data dir (layers) is
-kept too, so layers are built once.
+kept too, so layers are built once. Where the checkout itself is closed to other
+uids (a clone in a mode-700 temp dir), the service runs on a copy of the
+project's packages in a world-readable place, removed when the tests end.
 """
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
+import tempfile
 import tomllib
 
 from service import Service
@@ -70,11 +75,44 @@ def data_dir(name: str) -> str:
     return path
 
 
+PACKAGES = ("handler", "runtimes", "layers")
+_copies: list[str] = []
+
+
+def _open_to_others(path: str) -> bool:
+    """Whether another uid can reach path: every directory on the way searchable by others."""
+    while True:
+        if not os.stat(path).st_mode & stat.S_IXOTH:
+            return False
+        parent = os.path.dirname(path)
+        if parent == path:
+            return True
+        path = parent
+
+
+def source() -> str:
+    """The project's packages where nobody can read them: the checkout itself, or a copy of it."""
+    if _open_to_others(ROOT):
+        return ROOT
+    if not _copies:
+        os.makedirs(CACHE, mode=0o755, exist_ok=True)
+        copy = tempfile.mkdtemp(prefix="src-", dir=CACHE)
+        os.chmod(copy, 0o755)
+        for package in PACKAGES:
+            shutil.copytree(
+                os.path.join(ROOT, package), os.path.join(copy, package), ignore=shutil.ignore_patterns("__pycache__")
+            )
+        _copies.append(copy)
+        atexit.register(shutil.rmtree, copy, ignore_errors=True)
+    return _copies[0]
+
+
 def service(**env: str) -> Service:
     """A Service (not started) that runs as nobody on the cached venv."""
     env.setdefault("SANDLOT_DATA_DIR", data_dir("service"))
     env.setdefault("HOME", "/nonexistent")
     svc = Service(cwd="/", **env)
     svc.python = venv_python()
+    svc.source = source()
     svc.user = NOBODY
     return svc
