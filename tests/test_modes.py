@@ -99,7 +99,7 @@ def test_a_container_without_user_namespaces_refuses_to_serve():
             "handler.cli",
             "serve",
         ],
-        env={**svc.env, "PYTHONPATH": os.path.dirname(HERE)},
+        env={**svc.env, "PYTHONPATH": svc.source},
         cwd="/",
         stdout=svc.log,
         stderr=subprocess.STDOUT,
