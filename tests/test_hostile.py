@@ -4,7 +4,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from conftest import needs_root
-from service import descendants, parent_of
+from service import descendants, expected_processes, parent_of, wait_for
 
 
 def run(service, code, **fields):
@@ -147,7 +147,20 @@ def test_only_stdio_descriptors_are_open(service):
         "import os\nopen_fds = []\nfor fd in range(1024):\n    try:\n        os.fstat(fd)\n"
         "        open_fds.append(fd)\n    except OSError:\n        pass\nprint(open_fds)",
     )
-    assert data["stdout"] == "[0, 1, 2]\n"
+    assert data["stdout"] == "[0, 1, 2, 3]\n"  # and its own exit report's pipe (see the next test)
+
+
+def test_a_forged_exit_report_only_ends_its_own_run(service):
+    started = time.monotonic()
+    forged = run(service, "import os\nos.write(3, bytes([7]))\nwhile True: pass", timeout=20)
+    assert forged["exit_code"] == 7
+    assert time.monotonic() - started < 10  # not the timeout: the service stopped it
+    assert wait_for(lambda: len(descendants(service.process.pid)) == expected_processes(service))  # and killed it
+    # anything but one byte is no report: the run goes on and ends as the process does
+    data = run(service, "import os\nos.write(3, b'not a status')\nprint('still here')")
+    assert data["exit_code"] == 0 and data["stdout"] == "still here\n"
+    closed = run(service, "import os\nos.close(3)\nprint('closed')")  # no report: the end of the process
+    assert closed["exit_code"] == 0 and closed["stdout"] == "closed\n"
 
 
 @needs_root

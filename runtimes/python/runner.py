@@ -4,7 +4,8 @@ prepare(): in the zygote, before it confines itself: build the seccomp filters
 and check that one can be loaded here.
 warm():    in the zygote, inside its tree: import the dependency layer.
 run():     in a confined child: read the run from stdin, set the run's limits,
-           load the filter, run the code as __main__, exit with its status.
+           load the filter, run the code as __main__, report its status on fd 3
+           and exit with it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from runtimes.jail import child, protocol, seccomp_policy
 
 MIB = 1024 * 1024
 SETUP_FAILED = 125
+REPORTS_EXIT = True  # run() writes the exit status on fd 3 (the ready pipe) before it exits
+_REPORT_FD = 3
 _HEADER = protocol.RUN_HEADER
 
 
@@ -128,7 +131,18 @@ def run(state: State, address_space: int, variant: dict) -> None:
     elif state.required:
         os.write(2, b"sandbox: seccomp filter unavailable\n")
         os._exit(SETUP_FAILED)
-    os._exit(execute(request["code"], request.get("preload", "")))
+    _exit_reporting(execute(request["code"], request.get("preload", "")))
+
+
+def _exit_reporting(status: int) -> None:
+    """Report the status first: the service answers at once and kills what is left, so the kernel's
+    teardown of this copy of the zygote is not on the run's path. The code may have written there
+    itself, or closed it: that can only end its own run early, or make the service wait for the exit."""
+    try:
+        os.write(_REPORT_FD, bytes([status & 0xFF]))
+    except OSError:
+        pass
+    os._exit(status)
 
 
 def _fresh_stdio() -> None:
