@@ -40,7 +40,7 @@ def lock_shared(path: str | os.PathLike) -> int:
 def remove_if_unlocked(path: str | os.PathLike) -> bool:
     """Remove the directory unless some process holds a lock on it; True if it is gone."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
     try:

@@ -169,11 +169,11 @@ def uid_of(pid: int) -> int:
 
 
 def expected_processes(svc) -> int:
-    """What should live below the service: each running runtime's zygote and its ready children
-    (two processes each where runs have a PID namespace: its init and the process that will run)."""
+    """What should live below the service: each running runtime's zygote and its ready children, and where
+    runs have a PID namespace the zygote's init maker, its one init made ahead and each ready child's init."""
     total = 0
     for rt in svc.detail()["runtimes"].values():
         if rt["zygote"] == "running":
-            per_child = 2 if rt["protections"].get("pid_namespace") else 1
-            total += 1 + per_child * rt["ready_children"]
+            inits = rt["protections"].get("pid_namespace")
+            total += 1 + rt["ready_children"] + (2 + rt["ready_children"] if inits else 0)
     return total

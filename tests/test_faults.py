@@ -7,6 +7,7 @@ service has stopped, and the next run is served.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ from conftest import needs_root
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 import load  # noqa: E402
-from service import Service, descendants, parent_of, processes_with_uid_in, uid_of, wait_for
+from service import Service, descendants, parent_of, processes_with_uid_in, wait_for
 
 pytestmark = needs_root  # runs get uids of their own only as root: that is how their processes are found here
 
@@ -77,17 +78,31 @@ def busy_run_processes(uid_range: list[int]) -> list[int]:
     return [p for p in processes_with_uid_in(*uid_range) if cpu_ticks(p) > 20]
 
 
+def init_of(svc: Service, pid: int) -> int:
+    """The first process of pid's PID namespace (not its parent: a small process of the zygote's maker)."""
+    namespace = os.readlink(f"/proc/{pid}/ns/pid")
+    for other in descendants(svc.process.pid):
+        try:
+            with open(f"/proc/{other}/status") as f:
+                nspid = next(line.split()[1:] for line in f if line.startswith("NSpid:"))
+            if other != pid and os.readlink(f"/proc/{other}/ns/pid") == namespace and nspid[-1] == "1":
+                return other
+        except (OSError, StopIteration):
+            continue
+    raise AssertionError(f"no init for {pid}")
+
+
 def uid_range(svc: Service, language: str) -> list[int]:
     return svc.detail()["runtimes"][language]["uid_range"]
 
 
 def settled(svc: Service, language: str) -> bool:
-    """Nothing of a finished run left: every live process of the block is a ready child (init + run), and
-    the uids in use are exactly theirs."""
+    """Nothing of a finished run left: every live process of the block is a ready child (their inits are
+    root's, without capabilities), and the uids in use are exactly theirs."""
     status = svc.detail()["runtimes"][language]
     alive = processes_with_uid_in(*status["uid_range"])
     ready = status["ready_children"]
-    return status["zygote"] == "running" and status["uids_in_use"] == ready and len(alive) == 2 * ready
+    return status["zygote"] == "running" and status["uids_in_use"] == ready and len(alive) == ready
 
 
 def serves(svc: Service) -> bool:
@@ -157,9 +172,7 @@ def test_kill_9_of_a_running_child(svc, language, which):
     uids = uid_range(svc, language)
     flight = InFlight(svc, BUSY_PYTHON if language == "python3" else BUSY_NODE, language)
     (busy,) = _wait_busy(uids)
-    with open(f"/proc/{busy}/stat") as f:
-        init = int(f.read().rsplit(")", 1)[1].split()[1])
-    assert uid_of(init) == uid_of(busy)  # the run's init: same uid, its parent
+    init = init_of(svc, busy)
     os.kill(busy if which == "run" else init, signal.SIGKILL)
     flight.join(10)
     assert flight.envelope["data"]["exit_code"] == 137
@@ -218,12 +231,15 @@ def test_the_service_stopping_with_runs_in_flight_leaves_nothing(signum):
         # (not "no process of the block": once the service is gone another instance may claim the block)
         assert wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in below), 10)
         assert _mounts() == mounts_before
+        roots = glob.glob(f"/tmp/sandlot-root-*-{svc.process.pid}-*")  # its trees' mount points (empty dirs)
         if signum == signal.SIGTERM:  # a killed service cannot remove its rules; the next one on the block does
             assert _rules(uids) == ""
+            assert roots == []
     finally:
         svc.stop()
     again = Service(MAX_WORKERS="2").start()
     try:
         assert serves(again)
+        assert not any(os.path.exists(root) for root in roots)  # a killed instance's: the next one removes them
     finally:
         again.stop()

@@ -1,14 +1,10 @@
 """What a freshly forked child does to itself before it may see user code.
 
 In the `full` and `userns` modes the zygote forks each child into namespaces of
-its own (namespaces.fork_into): a PID namespace whose first process is this
-child, a mount and an IPC namespace, and in `userns` a user namespace owning
-them. The child confines itself (`confine`), then forks the process that will
-run the code and stays behind as that namespace's init (`be_init`): it waits for
-the run, reports how it ended on a pipe of its own, and exits. When the init
-ends, however it ends (killed by the service, by its parent-death signal when
-the zygote dies), the kernel kills every process of the namespace first, so
-the zygote's report that it ended means nothing of the run is left.
+its own: pid 2 of a PID namespace whose init (inits.py) takes every process of
+the namespace with it when it ends, and a mount, an IPC and a UTS namespace
+(`ChildPlan.clone_flags`); in `userns` a user namespace owns them. The child
+confines itself (`confine`) and then runs the code.
 
 Order matters: the ids of a new user namespace first, then the private /tmp
 (needs the namespace's capabilities), then the identity and capability drop
@@ -20,10 +16,10 @@ options from its pipe, before the first line of user code.
 In `single` mode (no namespaces: a Lambda function) the child is the run
 itself, in a directory of its own under the service's.
 
-In every mode the process that runs the code stacks a small filter that keeps
-signals and rlimit changes to itself (`fence_signals`, seccomp_policy.fence_for):
-sharing a uid, the kernel would let it signal the service; with a uid of its
-own, "not permitted" against "no such process" would tell which pids exist.
+In every mode the child then stacks a small filter that keeps signals and
+rlimit changes to itself (`fence_signals`, seccomp_policy.fence_for): sharing a
+uid, the kernel would let it signal the service; with a uid of its own, "not
+permitted" against "no such process" would tell which pids exist.
 """
 
 from __future__ import annotations
@@ -34,14 +30,12 @@ import resource
 import select
 import signal
 import socket
-import struct
 from dataclasses import dataclass
 
 from runtimes.jail import landlock, linux, namespaces, seccomp_policy
 from runtimes.jail.modes import FULL, SINGLE, USERNS
 from runtimes.jail.tree import DEVICES
 
-STATUS = struct.Struct("<ii")  # what an init reports about its run: killed-by-signal flag, code or signal number
 RUN_HOSTNAME = "sandbox"  # what uname() tells a run (in a UTS namespace of its own): the host's name stays the host's
 
 
@@ -68,7 +62,8 @@ class ChildPlan:
 
     @property
     def clone_flags(self) -> int:
-        flags = linux.CLONE_NEWPID | linux.CLONE_NEWNS | linux.CLONE_NEWIPC | linux.CLONE_NEWUTS
+        """The namespaces a child is forked into besides its PID namespace (inits.fork_run)."""
+        flags = linux.CLONE_NEWNS | linux.CLONE_NEWIPC | linux.CLONE_NEWUTS
         return flags | linux.CLONE_NEWUSER if self.mode == USERNS else flags
 
 
@@ -143,27 +138,11 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
 
 
 def fence_signals() -> None:
-    """In the process that will run the code: signals and rlimit changes for itself only."""
+    """In the child, last: signals and rlimit changes for itself only."""
     try:
         seccomp_policy.fence_program(os.getpid()).load()
     except OSError:
         pass  # no seccomp here: the runner refuses to run, unless the operator opted out of seccomp
-
-
-def be_init(run_pid: int, status_fd: int) -> None:
-    """The namespace's first process: wait for the run, report how it ended, exit (taking all with it)."""
-    os.closerange(0, status_fd)  # the run's pipes are the run's: their EOF must come with its end
-    status = 0
-    while True:
-        try:
-            pid, status = os.waitpid(-1, 0)  # an init also reaps whatever else ends in its namespace
-        except ChildProcessError:
-            os._exit(1)
-        if pid == run_pid:
-            break
-    signaled = os.WIFSIGNALED(status)
-    os.write(status_fd, STATUS.pack(int(signaled), os.WTERMSIG(status) if signaled else os.WEXITSTATUS(status)))
-    os._exit(0)
 
 
 def tmp_options(plan: ChildPlan, uid: int, gid: int) -> str:

@@ -63,6 +63,11 @@ def unshare(flags: int) -> None:
     _check(_libc.unshare(flags), "unshare")
 
 
+def setns(fd: int, nstype: int) -> None:
+    """Join the namespaces of nstype that fd (a namespace file or a pidfd) names."""
+    _check(_libc.setns(fd, nstype), "setns")
+
+
 def pivot_root(new_root: str, put_old: str) -> None:
     number = _SYS_PIVOT_ROOT[platform.machine()]
     _check(_libc.syscall(number, _b(new_root), _b(put_old)), "pivot_root")

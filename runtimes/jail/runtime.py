@@ -7,13 +7,16 @@ run request is put on the child's stdin.
 from __future__ import annotations
 
 import asyncio
+import glob
 import logging
 import os
+import stat
 import tempfile
 
 import pyseccomp
 
 import runtimes
+from runtimes import dirlock
 from runtimes.config import MIB, RuntimeConfig
 from runtimes.jail import modes
 from runtimes.jail.egress import EgressFilter
@@ -44,6 +47,7 @@ class JailedRuntime:
         self._uids: UidPool | None = None
         self._tmp_parent: tempfile.TemporaryDirectory | None = None
         self._tree_root = ""
+        self._tree_root_lock = -1  # held while this instance may still start zygotes on that mount point
         self._egress: EgressFilter | None = None
         self.on_layer_unused: list = []  # called with a layer path no zygote uses any more
 
@@ -88,7 +92,7 @@ class JailedRuntime:
             self.mode = modes.select(config.jail, self.platform, config.one_run_at_a_time)
             log.info("%s jail: %s", self.language, self.mode)
             tmp_parent = self._claim_identities()
-            self._tree_root = tempfile.mkdtemp(prefix=f"sandlot-root-{self.language}-")
+            self._tree_root, self._tree_root_lock = _make_tree_root(self.language)
             per_run_uids = self._uids if self.mode == modes.FULL else None
             # one run at a time, sharing the runtime's uid: nothing is kept ready (jail/oneshot.py prepares it)
             targets = {} if config.one_run_at_a_time and self.mode != modes.FULL else self.ready_targets()
@@ -209,6 +213,7 @@ class JailedRuntime:
         if self._tmp_parent is not None:
             self._tmp_parent.cleanup()
         if self._tree_root:
+            os.close(self._tree_root_lock)
             os.rmdir(self._tree_root)  # only ever a mount point, in the zygotes' own namespaces
 
     @property
@@ -279,3 +284,24 @@ def _import_paths() -> list[str]:
     if seccomp_dir not in paths:
         paths.append(seccomp_dir)
     return paths
+
+
+TREE_ROOT_PREFIX = "sandlot-root-"
+
+
+def _make_tree_root(language: str) -> tuple[str, int]:
+    """An empty directory for the zygotes' tree to be mounted on (in their own namespaces), and a lock on it.
+
+    Instances that were killed (no stop) leave theirs behind: whichever no live
+    instance holds a lock on are removed first.
+    """
+    parent = tempfile.gettempdir()
+    for path in glob.glob(os.path.join(parent, TREE_ROOT_PREFIX + "*")):
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
+            dirlock.remove_if_unlocked(path)
+    root = tempfile.mkdtemp(prefix=f"{TREE_ROOT_PREFIX}{language}-{os.getpid()}-", dir=parent)
+    return root, dirlock.lock_shared(root)

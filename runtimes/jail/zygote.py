@@ -12,11 +12,11 @@ fd 3, where the run's wrapper reports the exit status it is about to exit with.
 The zygote reaps every child through a pidfd and reports how it ended; when the
 service goes away it kills what is left and exits.
 
-In the `full` and `userns` modes each child is the init of namespaces of its own
-(child.py): it forks the process that runs the code and reports, on a status
-pipe only the zygote reads, how that process ended. The zygote reports that
-status once the init has been reaped, which is after the kernel has killed
-everything else in its PID namespace.
+In the `full` and `userns` modes each child is pid 2 of a PID namespace of its
+own, forked into it after a small init was made there (inits.py), and has
+mount, IPC and UTS namespaces of its own (child.py). Once the zygote has reaped
+the child it kills that init, and it reports how the child ended once the init
+is gone, which is after the kernel has killed everything else in the namespace.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ import socket
 import sys
 import traceback
 
-from runtimes.jail import child, linux, namespaces, protocol, tree
-from runtimes.jail.child import ChildPlan, Handles, confine, tmpfs_takes_huge_pages
+from runtimes.jail import linux, namespaces, protocol, tree
+from runtimes.jail.child import ChildPlan, Handles, confine, fence_signals, tmpfs_takes_huge_pages
+from runtimes.jail.inits import InitMaker, fork_run
 from runtimes.jail.modes import TREE_MODES, USERNS
 
 CHILD_SETUP_FAILED = 125
-STATUS_FD = 4  # an init's end of its status pipe, after stdin, stdout, stderr and ready
 
 
 class Zygote:
@@ -45,12 +45,13 @@ class Zygote:
         self.control = socket.socket(fileno=config["control_fd"])
         self.plan = ChildPlan.from_dict(config["plan"])
         self.runner = importlib.import_module(config["runner"])
-        self.children: dict[int, tuple[int, int]] = {}  # pidfd -> pid, read end of its status pipe (or -1)
+        self.children: dict[int, tuple[int, int]] = {}  # pidfd -> pid, pidfd of its namespace's init (or -1)
+        self.ending: dict[int, bytes] = {}  # pidfd of an init killed after its child -> the child's exit report
         self.poller = select.poll()
         self.vm_size = _VmSize()
         self.lifeline = os.pidfd_open(os.getpid())  # children learn through it whether the zygote still lives
-        # userns: children map their ids through it (the tree has no /proc)
-        self.proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if self.plan.mode == USERNS else -1
+        # for a new namespace's ids and for the inits' namespaces (the tree has no /proc)
+        self.proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if self.plan.namespaced else -1
         self.state = self.runner.prepare(config["runner_config"])
         self.report: dict = {"mode": self.plan.mode, **self.state.report}
 
@@ -69,6 +70,9 @@ class Zygote:
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
             linux.set_dumpable(False)
+            # a user namespace of its own, as without root: the PID namespaces of its runs are made in it
+            linux.unshare(linux.CLONE_NEWUSER)
+            namespaces.map_own_ids(self.proc, uid, uid)
         self.ids = (os.getuid(), os.getgid())
         for path in config["import_paths"]:
             while path in sys.path:
@@ -76,6 +80,8 @@ class Zygote:
         sys.path_importer_cache.clear()
 
     def serve(self) -> None:
+        # before the warm-up: the inits are forks of a small process, not of the warm heap
+        self.inits = InitMaker(self.lifeline, self.proc) if self.plan.namespaced else None
         self.report.update(self.runner.warm(self.state))
         gc.collect()
         gc.freeze()  # children then share the warm heap instead of copying it
@@ -109,35 +115,36 @@ class Zygote:
 
     def _fork(self, uid: int, tmpdir: str, variant: dict, fds: list[int]) -> None:
         address_space = self.vm_size.read()
-        status_r, status_w = os.pipe2(os.O_CLOEXEC) if self.plan.namespaced else (-1, -1)
+        init = namespace = -1
         try:
-            pid = namespaces.fork_into(self.plan.clone_flags) if self.plan.namespaced else os.fork()
+            if self.inits is not None:
+                init, namespace = self.inits.make()
+                pid = fork_run(namespace, self.plan.clone_flags)
+            else:
+                pid = os.fork()
         except OSError as exc:
             self.control.send(protocol.FORK_FAILED + str(exc).encode())
-            for fd in (*fds, status_r, status_w):
+            if init >= 0:
+                _kill(init)
+            for fd in (*fds, init, namespace):
                 if fd >= 0:
                     os.close(fd)
             return
         if pid == 0:
-            self._become_child(uid, tmpdir, variant, [*fds, status_w] if status_w >= 0 else fds, address_space)
+            self._become_child(uid, tmpdir, variant, fds, address_space)
         pidfd = os.pidfd_open(pid)
-        for fd in (*fds, status_w):
+        for fd in (*fds, namespace):
             if fd >= 0:
                 os.close(fd)
         socket.send_fds(self.control, [protocol.forked(pid)], [pidfd])
-        self.children[pidfd] = (pid, status_r)
+        self.children[pidfd] = (pid, init)
         self.poller.register(pidfd, select.POLLIN)
 
     def _become_child(self, uid: int, tmpdir: str, variant: dict, fds: list[int], address_space: int) -> None:
         try:
-            # stdin, stdout, stderr, ready (, status: namespaced only)
+            # stdin, stdout, stderr, ready
             confine(self.plan, uid, tmpdir, tuple(fds), Handles(self.lifeline, self.proc, self.ids))
-            if self.plan.namespaced:
-                run_pid = os.fork()
-                if run_pid:
-                    child.be_init(run_pid, STATUS_FD)
-                os.close(STATUS_FD)
-            child.fence_signals()
+            fence_signals()
             os.write(3, b"1")
             if not getattr(self.runner, "REPORTS_EXIT", False):
                 os.close(3)
@@ -150,37 +157,42 @@ class Zygote:
         os._exit(CHILD_SETUP_FAILED)
 
     def _reap(self, pidfd: int) -> None:
-        result = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
-        pid, status_r = self.children.pop(pidfd)
         self.poller.unregister(pidfd)
+        if pidfd in self.ending:  # an init is gone, and with it everything else of its namespace
+            os.close(pidfd)
+            self.control.send(self.ending.pop(pidfd))
+            return
+        result = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
         os.close(pidfd)
-        signaled = result.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
-        value = result.si_status
-        if status_r >= 0:  # an init: its run's status, if it lived to report it
-            report = _read_nonblocking(status_r, child.STATUS.size)
-            os.close(status_r)
-            if not signaled and value == 0 and len(report) == child.STATUS.size:
-                flag, value = child.STATUS.unpack(report)
-                signaled = bool(flag)
-        self.control.send(protocol.exited(pid, signaled, value))
+        pid, init = self.children.pop(pidfd)
+        report = protocol.exited(pid, result.si_code in (os.CLD_KILLED, os.CLD_DUMPED), result.si_status)
+        if init < 0:
+            self.control.send(report)
+            return
+        _kill(init)
+        self.ending[init] = report
+        self.poller.register(init, select.POLLIN)
 
     def _shutdown(self) -> None:
+        for pidfd, (_pid, init) in self.children.items():
+            _kill(pidfd)
+            if init >= 0:
+                _kill(init)
+        for pidfd in self.ending:
+            _kill(pidfd)
         for pidfd in self.children:
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        for pidfd, (_pid, status_r) in list(self.children.items()):
             os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
-            os.close(pidfd)
-            if status_r >= 0:
-                os.close(status_r)
+        for pidfd in [*self.ending, *(init for _pid, init in self.children.values() if init >= 0)]:
+            select.select([pidfd], [], [], 5)  # gone; its maker reaps it
         self.children.clear()
+        self.ending.clear()
 
 
-def _read_nonblocking(fd: int, size: int) -> bytes:
-    os.set_blocking(fd, False)
+def _kill(pidfd: int) -> None:
     try:
-        return os.read(fd, size)
-    except OSError:
-        return b""
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # already gone
 
 
 class _VmSize:
