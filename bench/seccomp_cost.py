@@ -24,7 +24,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from runtimes.jail import seccomp_policy  # noqa: E402
-from runtimes.jail.linux import set_no_new_privs  # noqa: E402
+from runtimes.linux import set_no_new_privs  # noqa: E402
 
 CALLS = {
     "getppid": lambda r, buf: os.getppid(),  # not cached by libc: a system call each time

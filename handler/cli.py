@@ -69,7 +69,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from handler import logs
     from handler.metrics import Metrics, start_separate_listener
-    from runtimes.jail import linux
+    from runtimes import linux
 
     overrides = {}
     if args.port is not None:
@@ -201,7 +201,7 @@ def run_file(args: argparse.Namespace) -> int:
 def _run_locally(request: dict) -> dict:
     """The run through this machine's runtimes, in this process: the service's run path, jail and result."""
     from handler import run_path
-    from runtimes.jail import linux
+    from runtimes import linux
 
     settings = load_settings()
     linux.set_dumpable(False)

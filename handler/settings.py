@@ -205,7 +205,7 @@ class Settings(BaseSettings):
     def _not_under_tmp(cls, value: str, info: ValidationInfo) -> str:
         if info.data.get("SANDLOT_BACKEND") == "lambda":
             return value  # no layers here; and the API function on Lambda imports no jail module
-        from runtimes.jail.tree import under_tmp
+        from runtimes.tree import under_tmp
 
         if under_tmp(value):
             raise ValueError("must not be under /tmp: every run gets a /tmp of its own, which would hide the layers")

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-from runtimes.jail import linux, tree
+from runtimes import linux, tree
 
 BUILD_FILES = ("/etc/pip.conf", "/etc/xdg/pip", "/etc/npmrc", "/usr/etc/npmrc", "/etc/ssl/certs", "/usr/lib/ssl")
 

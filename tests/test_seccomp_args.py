@@ -14,8 +14,8 @@ import struct
 import pytest
 
 from runtimes.jail import seccomp_policy
-from runtimes.jail.linux import set_no_new_privs
 from runtimes.jail.protections import in_child
+from runtimes.linux import set_no_new_privs
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long

@@ -32,9 +32,10 @@ import signal
 import socket
 from dataclasses import dataclass
 
-from runtimes.jail import landlock, linux, namespaces, seccomp_policy
+from runtimes import linux
+from runtimes.jail import landlock, namespaces, seccomp_policy
 from runtimes.jail.modes import FULL, SINGLE, USERNS
-from runtimes.jail.tree import DEVICES
+from runtimes.tree import DEVICES
 
 RUN_HOSTNAME = "sandbox"  # what uname() tells a run (in a UTS namespace of its own): the host's name stays the host's
 

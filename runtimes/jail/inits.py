@@ -30,7 +30,8 @@ import select
 import signal
 import socket
 
-from runtimes.jail import linux, namespaces
+from runtimes import linux
+from runtimes.jail import namespaces
 
 _MAKE = b"i"
 _FAILED = b"!"

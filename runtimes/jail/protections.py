@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from runtimes.jail import linux
+from runtimes import linux
 
 _LANDLOCK_CREATE_RULESET = {"x86_64": 444, "aarch64": 444}
 _LANDLOCK_CREATE_RULESET_VERSION = 1

@@ -24,9 +24,9 @@ from runtimes.jail.execution import execute
 from runtimes.jail.pool import ChildPool
 from runtimes.jail.protections import Protections, platform_protections
 from runtimes.jail.supervisor import SandboxUnavailable, Zygote
-from runtimes.jail.tree import TreeSpec
 from runtimes.jail.uids import UidPool
 from runtimes.payload import RunRequest
+from runtimes.tree import TreeSpec
 
 log = logging.getLogger("sandlot.runtime")
 

@@ -27,7 +27,7 @@ import struct
 
 import pyseccomp
 
-from runtimes.jail.linux import SeccompProgram, set_no_new_privs
+from runtimes.linux import SeccompProgram, set_no_new_privs
 
 CLONE_THREAD = 0x00010000
 AF_UNIX = 1

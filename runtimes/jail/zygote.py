@@ -32,7 +32,8 @@ import socket
 import sys
 import traceback
 
-from runtimes.jail import linux, namespaces, protocol, tree
+from runtimes import linux, tree
+from runtimes.jail import namespaces, protocol
 from runtimes.jail.child import ChildPlan, Handles, confine, fence_signals, tmpfs_takes_huge_pages
 from runtimes.jail.inits import InitMaker, fork_run
 from runtimes.jail.modes import TREE_MODES, USERNS

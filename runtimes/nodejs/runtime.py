@@ -8,7 +8,8 @@ import math
 import os
 import subprocess
 
-from runtimes.jail import modes, protocol, tree
+from runtimes import tree
+from runtimes.jail import modes, protocol
 from runtimes.jail.runtime import JailedRuntime
 from runtimes.jail.supervisor import Zygote
 from runtimes.nodejs import snapshot

@@ -7,7 +7,8 @@ import json
 import os
 import subprocess
 
-from runtimes.jail import protocol, tree
+from runtimes import tree
+from runtimes.jail import protocol
 from runtimes.jail.runtime import JailedRuntime
 from runtimes.payload import RunRequest
 

@@ -1,4 +1,4 @@
-"""The read-only root a run sees.
+"""The read-only root a run sees (and an isolated layer build: layers/isolation.py).
 
 Service side, `TreeSpec` lists what the tree holds: host paths bound read-only at
 the same place (so that modules a zygote imported before it confined itself keep
@@ -15,7 +15,7 @@ import re
 import subprocess
 from dataclasses import asdict, dataclass, field
 
-from runtimes.jail import linux
+from runtimes import linux
 
 DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
 SYSTEM_FILES = (

@@ -1,5 +1,6 @@
-"""Thin ctypes wrappers for the Linux calls the jail needs and Python 3.11 lacks.
+"""Thin ctypes wrappers for the Linux calls Python 3.11 lacks (mounts, namespaces, prctl, seccomp).
 
+Shared by the jail and by the isolated layer build (layers/isolation.py).
 Everything here is imported by the zygote before it confines itself, so it must
 only use the standard library.
 """
