@@ -13,12 +13,16 @@ The handler takes a run request and returns the run result (the local seam's
 dicts), or `{"action": "probe"}` / `{"action": "dependencies"}`. Errors travel
 as the function's error: errorType `Unavailable` (a -500 envelope with its
 message) or `InvalidRequest` (a -400 one). Runs go through OneShotRuns: the
-result is returned only when nothing of the run is left.
+result is returned only when nothing of the run is left. The child for the
+next run is prepared once awslambdaric has posted the result and waits for the
+next invocation (`between_invocations`), so that preparing it never delays the
+answer; a run that arrives before it is ready waits for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
@@ -49,6 +53,36 @@ def transport_escapes_non_ascii() -> bool:
     except ImportError:
         return True
     return bool(Encoder().ensure_ascii)
+
+
+_between: list[Callable[[], None]] = []
+
+
+def between_invocations(callback: Callable[[], None]) -> bool:
+    """Call `callback` each time awslambdaric has answered an invocation (posted its result or error) and
+    turns to wait for the next one, and once before the first. False if this awslambdaric has no such step.
+
+    awslambdaric's loop is `wait_next_invocation()` then `handle_event_request()` (handler, then the post),
+    so the start of `wait_next_invocation` is where the last answer has been posted.
+    """
+    try:
+        from awslambdaric.lambda_runtime_client import LambdaRuntimeClient
+    except ImportError:
+        return False
+    wait = getattr(LambdaRuntimeClient, "wait_next_invocation", None)
+    if wait is None:
+        return False
+    if not _between:
+
+        @functools.wraps(wait)
+        def wait_next_invocation(client, *args, **kwargs):
+            for between in _between:
+                between()
+            return wait(client, *args, **kwargs)
+
+        LambdaRuntimeClient.wait_next_invocation = wait_next_invocation
+    _between.append(callback)
+    return True
 
 
 class RuntimeFunction:
@@ -96,6 +130,9 @@ class RuntimeFunction:
             raise InitFailure(f"the {runtime.language} jail could not start here: {reason}")
         self.runs = OneShotRuns(runtime, list(platform.writable) if platform else [])
         await self.runs.start()
+        runs, loop = self.runs, self.loop
+        if between_invocations(lambda: loop.call_soon_threadsafe(runs.prepare_later)):
+            runs.prepare_after_run = False  # prepared once the result is posted, not while it is
         log.info(
             "%s runtime function ready in %.3f s (zygote %.3f s, first child %.3f s); "
             "protections in force: %s; platform: %s%s",
