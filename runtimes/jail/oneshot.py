@@ -76,20 +76,28 @@ def strays_of(uid: int) -> list[int]:
     """Live processes whose real uid is `uid`, except this process and its direct children (the zygotes):
     what the runtime started itself. A run's processes are the zygote's children, and an orphan goes
     to init, never to us (this process is no subreaper), so nothing of a run can pass for one of these.
+
+    Only a process that might be of `uid` has its status read (the costly part, where the machine runs
+    many processes): as that uid, one it may signal; as root, one that /proc shows as the uid's or as
+    root's (a non-dumpable process shows as root's).
     """
     me = os.getpid()
+    as_uid = os.geteuid() == uid
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
             continue
+        pid = int(entry)
         try:
-            if os.stat(f"/proc/{entry}").st_uid not in (uid, 0):  # a non-dumpable process shows as root's
+            if as_uid:
+                os.kill(pid, 0)  # PermissionError: neither its real nor its saved uid is ours
+            elif os.stat(f"/proc/{entry}").st_uid not in (uid, 0):
                 continue
-            owner, parent, zombie = _status(int(entry))
+            owner, parent, zombie = _status(pid)
         except (OSError, ValueError):
             continue
         if owner == uid and parent != me and not zombie:
-            found.append(int(entry))
+            found.append(pid)
     return found
 
 
@@ -111,8 +119,8 @@ def kill_strays(uid: int) -> int:
             try:
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
                 killed += 1
-            except ProcessLookupError:
-                pass
+            except (ProcessLookupError, PermissionError):
+                pass  # gone, its pid taken by another uid's process
             pidfds.append(pidfd)
         _wait_gone(pidfds)
     raise StrayProcesses(f"processes of uid {uid} kept appearing after {SWEEP_ROUNDS} rounds of SIGKILL")
