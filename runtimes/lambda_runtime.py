@@ -13,10 +13,14 @@ The handler takes a run request and returns the run result (the local seam's
 dicts), or `{"action": "probe"}` / `{"action": "dependencies"}`. Errors travel
 as the function's error: errorType `Unavailable` (a -500 envelope with its
 message) or `InvalidRequest` (a -400 one). Runs go through OneShotRuns: the
-result is returned only when nothing of the run is left. The child for the
-next run is prepared once awslambdaric has posted the result and waits for the
-next invocation (`between_invocations`), so that preparing it never delays the
-answer; a run that arrives before it is ready waits for it.
+result is returned only when nothing of the run is left.
+
+The child for the next run is prepared once awslambdaric has posted the result,
+before it asks for the next invocation (`between_invocations`): preparing it
+never delays the answer, and it is done before Lambda freezes the instance (an
+instance waiting for its next invocation gets no CPU, so work left for then
+would only happen once the next invocation is already waiting for it). An
+invocation that arrives meanwhile waits at the Runtime API.
 """
 
 from __future__ import annotations
@@ -59,8 +63,8 @@ _between: list[Callable[[], None]] = []
 
 
 def between_invocations(callback: Callable[[], None]) -> bool:
-    """Call `callback` each time awslambdaric has answered an invocation (posted its result or error) and
-    turns to wait for the next one, and once before the first. False if this awslambdaric has no such step.
+    """Call `callback` each time awslambdaric has answered an invocation (posted its result or error),
+    before it asks for the next one, and once before the first. False if this awslambdaric has no such step.
 
     awslambdaric's loop is `wait_next_invocation()` then `handle_event_request()` (handler, then the post),
     so the start of `wait_next_invocation` is where the last answer has been posted.
@@ -106,6 +110,15 @@ class RuntimeFunction:
     def _call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
+    def _between(self) -> None:
+        """awslambdaric posted the last answer and is about to ask for the next invocation."""
+        if self.runs is None:
+            return
+        try:
+            self._call(self.runs.between())
+        except Exception:  # noqa: BLE001 - the next run forks its child itself then
+            log.exception("could not prepare the next run")
+
     async def _init(self) -> None:
         runtime = self.runtime
         missing = runtime.missing()
@@ -130,9 +143,8 @@ class RuntimeFunction:
             raise InitFailure(f"the {runtime.language} jail could not start here: {reason}")
         self.runs = OneShotRuns(runtime, list(platform.writable) if platform else [])
         await self.runs.start()
-        runs, loop = self.runs, self.loop
-        if between_invocations(lambda: loop.call_soon_threadsafe(runs.prepare_later)):
-            runs.prepare_after_run = False  # prepared once the result is posted, not while it is
+        if between_invocations(self._between):
+            self.runs.prepare_after_run = False  # prepared once the result is posted, not while it is
         log.info(
             "%s runtime function ready in %.3f s (zygote %.3f s, first child %.3f s); "
             "protections in force: %s; platform: %s%s",

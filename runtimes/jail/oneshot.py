@@ -5,13 +5,13 @@ uid of the runtime itself, and a process of the same uid is reachable through
 /proc/<pid>/fd and /proc/<pid>/mem. So, on top of a JailedRuntime started with
 `one_run_at_a_time` (its pool then keeps no children ready: this prepares them):
 
-- the owner says when a run is over for good (`prepare_later`: the Lambda
-  function calls it once the result is posted, so that preparing the next
-  child does not compete with posting it); only then is the child for the
-  next run prepared. Where runs share the runtime's uid, no other prepared
-  child exists while a run executes, and a run that arrives while the next
-  child is being prepared waits for it; where each run has a uid of its own
-  (root), a few children of the usual kind are kept ready;
+- the owner says when a run is over for good (`between`: the Lambda function
+  calls it once the result is posted, so that preparing the next child does
+  not compete with posting it); only then is the child for the next run
+  prepared. Where runs share the runtime's uid, no other prepared child exists
+  while a run executes, and a run that arrives while the next child is being
+  prepared waits for it; where each run has a uid of its own (root), what the
+  server keeps ready is prepared in the background;
 - `run` returns only when the run's process has been reaped by the zygote, every
   other process of the run's uid that the runtime did not start itself (the
   runtime process and its own children, i.e. the zygote) is killed, and what the
@@ -267,8 +267,8 @@ class OneShotRuns:
         self.prepared: dict[tuple, deque[Child]] = {}
         self._preparing: asyncio.Task | None = None
         self.running = False
-        # whether a run prepares the next child itself as it ends; an owner that calls prepare_later
-        # once the result is delivered (the Lambda function, after the post) turns this off
+        # whether a run prepares the next child itself as it ends; an owner that calls `between` once the
+        # result is delivered (the Lambda function, after the post) turns this off
         self.prepare_after_run = True
         self.runs = 0
 
@@ -311,12 +311,19 @@ class OneShotRuns:
                 ready.append(child)
 
     def prepare_later(self) -> None:
-        """The last run is over and its result delivered: prepare the next child in the background (a run
-        that arrives meanwhile waits for it). Call it on the runtime's event loop."""
+        """Prepare the next children in the background (where runs share our uid, a run that arrives
+        meanwhile waits for them). Call it on the runtime's event loop."""
         if self.running:
             return
         if self._preparing is None or self._preparing.done():
             self._preparing = asyncio.get_running_loop().create_task(self.prepare())
+
+    async def between(self) -> None:
+        """The last run is over and its result delivered. Where runs share our uid, return once the child
+        for the next run is ready; otherwise prepare in the background."""
+        self.prepare_later()
+        if self.shares_uid and self._preparing is not None:
+            await asyncio.shield(self._preparing)
 
     async def run(self, request: RunRequest, timeout: float) -> dict:
         runtime = self.runtime
