@@ -249,6 +249,31 @@ def _remove(path: str) -> str:
     return path
 
 
+def _gone(child: Child) -> asyncio.Future:
+    """Done once the child has exited: its pidfd turns readable when the process is dead (its memory and
+    files released; for a namespace's init, once everything else in the namespace is dead too), without
+    waiting for the zygote to reap it and say so."""
+    loop = asyncio.get_running_loop()
+    gone = loop.create_future()
+    if child.pidfd < 0:
+        return child.exited
+
+    def on_exit() -> None:
+        loop.remove_reader(child.pidfd)
+        if not gone.done():
+            gone.set_result(None)
+
+    loop.add_reader(child.pidfd, on_exit)
+    child.exited.add_done_callback(lambda _: on_exit() if not gone.done() else None)
+    return gone
+
+
+async def _sweep(uid: int) -> None:
+    """kill_strays, without a thread unless there is something to kill (one scan is quick)."""
+    if strays_of(uid):
+        await asyncio.to_thread(kill_strays, uid)
+
+
 class OneShotRuns:
     """Runs requests one at a time on a started JailedRuntime (config.one_run_at_a_time)."""
 
@@ -342,11 +367,12 @@ class OneShotRuns:
             self.runs += 1
             # without the filter a run may leave processes holding its output pipes open: sweep them as soon
             # as the run's process is gone, so that the output is complete without waiting for them
-            sweeper = None if self.filter_in_force else asyncio.ensure_future(self._sweep_after(child))
+            gone = _gone(child)
+            sweeper = None if self.filter_in_force else asyncio.ensure_future(self._sweep_after(child, gone))
             try:
                 outcome = await execute(child, runtime.encode(request, timeout), timeout, runtime.config.output_limit)
             finally:
-                await self._end(child, sweeper)
+                await self._end(child, sweeper, gone)
         finally:
             self.running = False
         if self.prepare_after_run:
@@ -366,22 +392,22 @@ class OneShotRuns:
                     await self._end(others.popleft())  # of another kind: gone before this one exists
         return await self.runtime.pool.take(variant)
 
-    async def _sweep_after(self, child: Child) -> None:
-        await child.exited
-        await asyncio.to_thread(kill_strays, child.uid)
+    async def _sweep_after(self, child: Child, gone: asyncio.Future) -> None:
+        await gone
+        await _sweep(child.uid)
 
-    async def _end(self, child: Child, sweeper: asyncio.Future | None = None) -> None:
-        """Kill and reap the child, its strays, its files: nothing of it outlives this."""
+    async def _end(self, child: Child, sweeper: asyncio.Future | None = None, gone=None) -> None:
+        """Kill the child and wait until it is dead, then its strays, its files: nothing of it outlives this."""
         kill(child)
-        await child.exited  # the zygote has reaped it
-        self.runtime.pool.finish(child)
+        await (gone or child.exited)  # dead: its pidfd says so, or the zygote has reaped it
+        self.runtime.pool.finish(child)  # what it held goes back once the zygote has reaped it
         if child.tmpdir:
             _remove(child.tmpdir)
         if not self.filter_in_force:  # with the filter, a run cannot create a process
             if sweeper is not None:
                 await sweeper  # swept once the run's process was gone; nothing of the uid can appear since
             else:
-                await asyncio.to_thread(kill_strays, child.uid)
+                await _sweep(child.uid)
         if self.scratch is not None:
             removed = self.scratch.clean()
             if removed:
