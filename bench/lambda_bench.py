@@ -5,12 +5,17 @@ Rows (one table, all from the same run on this machine; read ratios, not absolut
   probed, zygote up, first child prepared), and the function's own "ready in" (runtime start to the
   first ready child) from its log; as root (full jail) and on the simulated Lambda (unprivileged uid,
   outer filter, RequireSeccomp false: no seccomp there);
-- warm invoke p50/p95: boto3 -> Invoke API emulation -> awslambdaric -> runtime function, and straight
-  through the Runtime API (no boto3), next to the local service's p50 (HTTP) for the same code; the
-  whole path `sandlot serve` (lambda backend) over HTTP; and the simulated Lambda's runtime function
-  straight through the Runtime API, back to back (its next child is prepared only once a run is gone).
+- warm invoke p50/p95: boto3 (the LambdaInvoker's own client) -> Invoke API emulation -> awslambdaric ->
+  runtime function, and straight through the Runtime API (no boto3), next to the local service's p50
+  (HTTP) for the same code; the whole path `sandlot serve` (lambda backend) over HTTP; and the simulated
+  Lambda's runtime function (where runs share the runtime's uid, the next child is prepared only once a
+  run's result is posted) straight through the Runtime API and through boto3;
+- each of these back to back (the next request as soon as the answer is in) and paced (`--pace`, 10 a
+  second by default, as bench/bench.py paces Node): back to back, a Node run also waits for the start of
+  its node process, which may only begin once the previous run's result is posted (a node process is
+  exec'ed for every run); paced, the next child is ready when the request comes.
 
-    python bench/lambda_bench.py [--requests 200] [--inits 3] [--no-simulated]
+    python bench/lambda_bench.py [--requests 200] [--paced-requests 50] [--pace 10] [--inits 3] [--no-simulated]
 """
 
 from __future__ import annotations
@@ -65,7 +70,13 @@ def cold_inits(language: str, count: int, simulated_image: str | None) -> tuple[
     return statistics.median(totals), statistics.median(readies)
 
 
-def http_latencies(port: int, language: str, total: int) -> list[float]:
+def pause(interval: float, started: float) -> None:
+    """Paced: the next request one interval after the previous one started (at least 1 ms after its answer)."""
+    if interval:
+        time.sleep(max(0.001, interval - (time.perf_counter() - started)))
+
+
+def http_latencies(port: int, language: str, total: int, interval: float = 0.0) -> list[float]:
     body = json.dumps({"language": language, "code": WORKLOADS[language], "enable_network": True}).encode()
     headers = {"X-Api-Key": API_KEY, "Content-Type": "application/json"}
     connection = http.client.HTTPConnection("127.0.0.1", port)
@@ -78,11 +89,12 @@ def http_latencies(port: int, language: str, total: int) -> list[float]:
         assert answer["code"] == 0 and answer["data"]["exit_code"] == 0, answer
         if i >= 10:  # warm-up
             times.append(elapsed)
+        pause(interval, started)
     connection.close()
     return times
 
 
-def boto_latencies(client, name: str, language: str, total: int) -> list[float]:
+def boto_latencies(client, name: str, language: str, total: int, interval: float = 0.0) -> list[float]:
     payload = json.dumps({"language": language, "code": WORKLOADS[language], "enable_network": True})
     times = []
     for i in range(total + 10):
@@ -93,10 +105,11 @@ def boto_latencies(client, name: str, language: str, total: int) -> list[float]:
         assert "FunctionError" not in response and result["exit_code"] == 0, result
         if i >= 10:
             times.append(elapsed)
+        pause(interval, started)
     return times
 
 
-def runtime_api_latencies(instance, language: str, total: int) -> list[float]:
+def runtime_api_latencies(instance, language: str, total: int, interval: float = 0.0) -> list[float]:
     event = {"language": language, "code": WORKLOADS[language], "enable_network": True}
     times = []
     for i in range(total + 10):
@@ -106,42 +119,58 @@ def runtime_api_latencies(instance, language: str, total: int) -> list[float]:
         assert invocation.kind == "response", invocation.body
         if i >= 10:
             times.append(elapsed)
+        pause(interval, started)
     return times
+
+
+def add_rows(rows: list, language: str, measured: dict[str, list[float]], base_label: str) -> None:
+    base = statistics.median(measured[base_label])
+    for label, times in measured.items():
+        p50 = statistics.median(times)
+        spread = f"{ms(percentile(times, 0.95))} (+{ms(p50 - base)})"
+        rows.append((f"{language} {label}", ms(p50), spread))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--requests", type=int, default=200, help="back-to-back requests per row")
+    parser.add_argument("--paced-requests", type=int, default=50, help="paced requests per row (0: none)")
+    parser.add_argument("--pace", type=float, default=10.0, help="requests a second in the paced rows")
     parser.add_argument("--inits", type=int, default=3)
     parser.add_argument("--no-simulated", action="store_true")
     args = parser.parse_args()
     languages = ("python3", "nodejs")
+    modes = [("warm", 0.0, args.requests)]
+    if args.paced_requests:
+        modes.append((f"paced {args.pace:g}/s", 1.0 / args.pace, args.paced_requests))
     rows: list[tuple[str, str, str]] = []
 
     for language in languages:
         total, ready = cold_inits(language, args.inits, None)
         rows.append((f"{language} cold init, root (full jail)", ms(total), ms(ready)))
-    simulated_warm: dict[str, list[float]] = {}
-    if not args.no_simulated and os.geteuid() == 0:
-        from simulated import lay_out_image, start_simulated
+    simulated = not args.no_simulated and os.geteuid() == 0
+    image = ""
+    if simulated:
+        from simulated import lay_out_image
 
         image = lay_out_image()
         for language in languages:
             total, ready = cold_inits(language, args.inits, image)
             rows.append((f"{language} cold init, simulated Lambda", ms(total), ms(ready)))
-            instance = start_simulated(image, language, SANDLOT_REQUIRE_SECCOMP="false")
-            try:
-                simulated_warm[language] = runtime_api_latencies(instance, language, args.requests)
-            finally:
-                instance.stop()
 
-    import boto3
-    from botocore.config import Config
+    from handler.lambda_invoker import LambdaInvoker
 
     instances = {language: start_function(language) for language in languages}
     invoke_api = InvokeAPI()
     for language, instance in instances.items():
         invoke_api.add(f"sandlot-{language}", [instance])
+    sims = {}
+    if simulated:
+        from simulated import SIM_UID, start_simulated
+
+        for offset, language in enumerate(languages):  # side by side: a uid each (each sweeps its own)
+            sims[language] = start_simulated(image, language, uid=SIM_UID + offset, SANDLOT_REQUIRE_SECCOMP="false")
+            invoke_api.add(f"sim-{language}", [sims[language]])
     env = {
         "AWS_ENDPOINT_URL_LAMBDA": invoke_api.url,
         "AWS_REGION": "us-east-1",
@@ -152,35 +181,43 @@ def main() -> None:
         "SANDLOT_LAMBDA_NODEJS_FUNCTION": "sandlot-nodejs",
     }
     os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
-    client = boto3.client("lambda", config=Config(retries={"total_max_attempts": 1}, read_timeout=90))
+    client = LambdaInvoker({}, function_timeout=30).client  # configured as `sandlot serve` configures it
     local = Service().start()
     remote = Service(SANDLOT_BACKEND="lambda", **env).start()
     try:
-        for language in languages:
-            name = f"sandlot-{language}"
-            measured = {
-                "local service, HTTP": http_latencies(local.port, language, args.requests),
-                "runtime API straight": runtime_api_latencies(instances[language], language, args.requests),
-                "boto3 -> Invoke API -> awslambdaric": boto_latencies(client, name, language, args.requests),
-                "sandlot serve (lambda backend), HTTP": http_latencies(remote.port, language, args.requests),
-            }
-            if language in simulated_warm:
-                measured["simulated Lambda, runtime API straight"] = simulated_warm[language]
-            base = statistics.median(measured["local service, HTTP"])
-            for label, times in measured.items():
-                p50 = statistics.median(times)
-                spread = f"{ms(percentile(times, 0.95))} (+{ms(p50 - base)})"
-                rows.append((f"{language} warm, {label}", ms(p50), spread))
+        for label, interval, count in modes:
+            for language in languages:
+                name = f"sandlot-{language}"
+                measured = {
+                    f"{label}, local service, HTTP": http_latencies(local.port, language, count, interval),
+                    f"{label}, runtime API straight": runtime_api_latencies(
+                        instances[language], language, count, interval
+                    ),
+                    f"{label}, boto3 -> Invoke API -> awslambdaric": boto_latencies(
+                        client, name, language, count, interval
+                    ),
+                    f"{label}, sandlot serve (lambda backend), HTTP": http_latencies(
+                        remote.port, language, count, interval
+                    ),
+                }
+                if language in sims:
+                    measured[f"{label}, simulated Lambda, runtime API straight"] = runtime_api_latencies(
+                        sims[language], language, count, interval
+                    )
+                    measured[f"{label}, simulated Lambda, boto3"] = boto_latencies(
+                        client, f"sim-{language}", language, count, interval
+                    )
+                add_rows(rows, language, measured, f"{label}, local service, HTTP")
     finally:
         local.stop()
         remote.stop()
         invoke_api.close()
-        for instance in instances.values():
+        for instance in [*instances.values(), *sims.values()]:
             instance.stop()
 
-    print(f"\n{'row':60} {'p50/total ms':>13} {'p95 (+over local p50) / ready-in ms':>36}")
+    print(f"\n{'row':64} {'p50/total ms':>13} {'p95 (+over local p50) / ready-in ms':>36}")
     for label, first, second in rows:
-        print(f"{label:60} {first:>13} {second:>36}")
+        print(f"{label:64} {first:>13} {second:>36}")
 
 
 if __name__ == "__main__":

@@ -91,6 +91,9 @@ class LambdaInvoker:
                 read_timeout=self.read_timeout,
                 retries={"total_max_attempts": 1, "mode": "standard"},
                 max_pool_connections=self.max_connections,
+                # the call's shape is ours and fixed (a name, bytes): checking it against the model costs
+                # about as much as signing it, on every run
+                parameter_validation=False,
             )
             self._client = boto3.client("lambda", config=config)
         return self._client

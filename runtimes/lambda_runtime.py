@@ -14,11 +14,19 @@ dicts), or `{"action": "probe"}` / `{"action": "dependencies"}`. Errors travel
 as the function's error: errorType `Unavailable` (a -500 envelope with its
 message) or `InvalidRequest` (a -400 one). Runs go through OneShotRuns: the
 result is returned only when nothing of the run is left.
+
+The child for the next run is prepared once awslambdaric has posted the result,
+before it asks for the next invocation (`between_invocations`): preparing it
+never delays the answer, and it is done before Lambda freezes the instance (an
+instance waiting for its next invocation gets no CPU, so work left for then
+would only happen once the next invocation is already waiting for it). An
+invocation that arrives meanwhile waits at the Runtime API.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
@@ -51,6 +59,36 @@ def transport_escapes_non_ascii() -> bool:
     return bool(Encoder().ensure_ascii)
 
 
+_between: list[Callable[[], None]] = []
+
+
+def between_invocations(callback: Callable[[], None]) -> bool:
+    """Call `callback` each time awslambdaric has answered an invocation (posted its result or error),
+    before it asks for the next one, and once before the first. False if this awslambdaric has no such step.
+
+    awslambdaric's loop is `wait_next_invocation()` then `handle_event_request()` (handler, then the post),
+    so the start of `wait_next_invocation` is where the last answer has been posted.
+    """
+    try:
+        from awslambdaric.lambda_runtime_client import LambdaRuntimeClient
+    except ImportError:
+        return False
+    wait = getattr(LambdaRuntimeClient, "wait_next_invocation", None)
+    if wait is None:
+        return False
+    if not _between:
+
+        @functools.wraps(wait)
+        def wait_next_invocation(client, *args, **kwargs):
+            for between in _between:
+                between()
+            return wait(client, *args, **kwargs)
+
+        LambdaRuntimeClient.wait_next_invocation = wait_next_invocation
+    _between.append(callback)
+    return True
+
+
 class RuntimeFunction:
     """One runtime, started at import, serving one invocation at a time."""
 
@@ -71,6 +109,15 @@ class RuntimeFunction:
 
     def _call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def _between(self) -> None:
+        """awslambdaric posted the last answer and is about to ask for the next invocation."""
+        if self.runs is None:
+            return
+        try:
+            self._call(self.runs.between())
+        except Exception:  # noqa: BLE001 - the next run forks its child itself then
+            log.exception("could not prepare the next run")
 
     async def _init(self) -> None:
         runtime = self.runtime
@@ -96,6 +143,8 @@ class RuntimeFunction:
             raise InitFailure(f"the {runtime.language} jail could not start here: {reason}")
         self.runs = OneShotRuns(runtime, list(platform.writable) if platform else [])
         await self.runs.start()
+        if between_invocations(self._between):
+            self.runs.prepare_after_run = False  # prepared once the result is posted, not while it is
         log.info(
             "%s runtime function ready in %.3f s (zygote %.3f s, first child %.3f s); "
             "protections in force: %s; platform: %s%s",

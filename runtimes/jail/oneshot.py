@@ -3,18 +3,22 @@
 A platform without a uid or namespaces per run (Lambda) gives every run the
 uid of the runtime itself, and a process of the same uid is reachable through
 /proc/<pid>/fd and /proc/<pid>/mem. So, on top of a JailedRuntime started with
-`one_run_at_a_time` (its pool then keeps no children ready):
+`one_run_at_a_time` (its pool then keeps no children ready: this prepares them):
 
-- where runs share the runtime's uid, the child for the next run is prepared
-  only after the current run is gone (while its result is being posted), and
-  no other prepared child exists while a run executes; where each run has a uid
-  of its own (root), the pool keeps children ready as it does for the server;
+- the owner says when a run is over for good (`between`: the Lambda function
+  calls it once the result is posted, so that preparing the next child does
+  not compete with posting it); only then is the child for the next run
+  prepared. Where runs share the runtime's uid, no other prepared child exists
+  while a run executes, and a run that arrives while the next child is being
+  prepared waits for it; where each run has a uid of its own (root), what the
+  server keeps ready is prepared in the background;
 - `run` returns only when the run's process has been reaped by the zygote, every
   other process of the run's uid that the runtime did not start itself (the
   runtime process and its own children, i.e. the zygote) is killed, and what the
   run left in the writable places is removed. Where the seccomp filter is in
   force a run cannot create a process (fork, vfork and clone without
-  CLONE_THREAD fail), so the sweep of /proc is only needed without it;
+  CLONE_THREAD fail), so the sweep of /proc is only needed without it; it runs
+  once, as soon as the run's process is gone, and waits on pidfds;
 - files the runtime itself keeps there (a Node startup snapshot, the runs' parent
   directory) are checked after each run that shares the runtime's uid: if one was
   touched, the zygote is replaced so that no later run starts from it.
@@ -28,7 +32,9 @@ import os
 import select
 import shutil
 import signal
+import stat
 import tempfile
+from collections import deque
 
 from runtimes.jail.execution import execute, kill
 from runtimes.jail.runtime import JailedRuntime
@@ -45,17 +51,24 @@ class StrayProcesses(RuntimeError):
 
 
 def _status(pid: int) -> tuple[int, int, bool]:
-    """(real uid, parent, is a zombie) of a process; raises OSError once it is gone."""
+    """(real uid, parent, is a zombie) of a process; raises OSError once it is gone.
+
+    Read raw: the sweep reads this for every process that looks like root's, on every run.
+    """
+    fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, 4096)
+    finally:
+        os.close(fd)
     uid, parent, zombie = -1, -1, False
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("State:"):
-                zombie = line.split()[1] in ("Z", "X")
-            elif line.startswith("PPid:"):
-                parent = int(line.split()[1])
-            elif line.startswith("Uid:"):
-                uid = int(line.split()[1])
-                break
+    for line in data.split(b"\n"):
+        if line.startswith(b"State:"):
+            zombie = line.split()[1] in (b"Z", b"X")
+        elif line.startswith(b"PPid:"):
+            parent = int(line.split()[1])
+        elif line.startswith(b"Uid:"):
+            uid = int(line.split()[1])
+            break
     return uid, parent, zombie
 
 
@@ -63,20 +76,28 @@ def strays_of(uid: int) -> list[int]:
     """Live processes whose real uid is `uid`, except this process and its direct children (the zygotes):
     what the runtime started itself. A run's processes are the zygote's children, and an orphan goes
     to init, never to us (this process is no subreaper), so nothing of a run can pass for one of these.
+
+    Only a process that might be of `uid` has its status read (the costly part, where the machine runs
+    many processes): as that uid, one it may signal; as root, one that /proc shows as the uid's or as
+    root's (a non-dumpable process shows as root's).
     """
     me = os.getpid()
+    as_uid = os.geteuid() == uid
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
             continue
+        pid = int(entry)
         try:
-            if os.stat(f"/proc/{entry}").st_uid not in (uid, 0):  # a non-dumpable process shows as root's
+            if as_uid:
+                os.kill(pid, 0)  # PermissionError: neither its real nor its saved uid is ours
+            elif os.stat(f"/proc/{entry}").st_uid not in (uid, 0):
                 continue
-            owner, parent, zombie = _status(int(entry))
+            owner, parent, zombie = _status(pid)
         except (OSError, ValueError):
             continue
         if owner == uid and parent != me and not zombie:
-            found.append(int(entry))
+            found.append(pid)
     return found
 
 
@@ -98,8 +119,8 @@ def kill_strays(uid: int) -> int:
             try:
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
                 killed += 1
-            except ProcessLookupError:
-                pass
+            except (ProcessLookupError, PermissionError):
+                pass  # gone, its pid taken by another uid's process
             pidfds.append(pidfd)
         _wait_gone(pidfds)
     raise StrayProcesses(f"processes of uid {uid} kept appearing after {SWEEP_ROUNDS} rounds of SIGKILL")
@@ -144,29 +165,50 @@ def _fingerprint(path: str) -> dict[str, tuple[int, int]]:
 
 
 class Scratch:
-    """The writable places a run shares with the runtime, as they were when the runtime was ready."""
+    """The writable places a run shares with the runtime, as they were when the runtime was ready.
+
+    An entry of a place is known by its name and inode. What the runtime's uid had there when the
+    runtime was ready stays; any other entry of that uid is what a run left, and goes. Another uid's
+    entries stay; in a sticky place the run does not own (/tmp) the run can neither remove nor replace
+    them, so one seen once is not looked at again: a run costs a directory read there, however full.
+    """
 
     def __init__(self, places: list[str], uid: int, own: list[str], runs_parent: str):
         self.places = sorted({os.path.realpath(p) for p in places if os.path.isdir(p)})
         self.uid = uid
         self.runs_parent = runs_parent
-        self.baseline = {place: set(self._entries(place)) for place in self.places}
+        self.kept: dict[str, set[tuple[str, int]]] = {}  # the uid's entries when the runtime was ready
+        self.others: dict[str, set[tuple[str, int]]] = {}  # other uids' entries, in places that keep them
+        for place in self.places:
+            self.kept[place] = set()
+            self.others[place] = set() if self._keeps_others(place) else None
+            for entry, owner in self._entries(place):
+                if owner == uid:
+                    self.kept[place].add((entry.name, entry.inode()))
+                elif self.others[place] is not None:
+                    self.others[place].add((entry.name, entry.inode()))
         self.own = own
         self.prints = self._prints()
 
-    def _entries(self, place: str) -> list[str]:
+    def _keeps_others(self, place: str) -> bool:
         try:
-            names = os.listdir(place)
+            st = os.stat(place)
         except OSError:
-            return []
-        found = []
-        for name in names:
+            return False
+        return bool(st.st_mode & stat.S_ISVTX) and st.st_uid != self.uid
+
+    def _entries(self, place: str, known: frozenset | set = frozenset()):
+        """(entry, owner uid) of each entry of place not in known (by name and inode)."""
+        try:
+            with os.scandir(place) as scan:
+                entries = [e for e in scan if (e.name, e.inode()) not in known]
+        except OSError:
+            return
+        for entry in entries:
             try:
-                if os.lstat(os.path.join(place, name)).st_uid == self.uid:
-                    found.append(name)
+                yield entry, entry.stat(follow_symlinks=False).st_uid
             except OSError:
                 continue
-        return found
 
     def _prints(self) -> dict:
         prints = {}
@@ -178,9 +220,12 @@ class Scratch:
         """Remove what was not there before (and the runs' own directories); paths removed."""
         removed = []
         for place in self.places:
-            for name in self._entries(place):
-                if name not in self.baseline[place]:
-                    removed.append(_remove(os.path.join(place, name)))
+            others = self.others[place]
+            for entry, owner in self._entries(place, self.kept[place] | (others or set())):
+                if owner == self.uid:
+                    removed.append(_remove(entry.path))
+                elif others is not None:
+                    others.add((entry.name, entry.inode()))
         if self.runs_parent and os.path.isdir(self.runs_parent):
             for name in os.listdir(self.runs_parent):
                 removed.append(_remove(os.path.join(self.runs_parent, name)))
@@ -204,6 +249,31 @@ def _remove(path: str) -> str:
     return path
 
 
+def _gone(child: Child) -> asyncio.Future:
+    """Done once the child has exited: its pidfd turns readable when the process is dead (its memory and
+    files released; for a namespace's init, once everything else in the namespace is dead too), without
+    waiting for the zygote to reap it and say so."""
+    loop = asyncio.get_running_loop()
+    gone = loop.create_future()
+    if child.pidfd < 0:
+        return child.exited
+
+    def on_exit() -> None:
+        loop.remove_reader(child.pidfd)
+        if not gone.done():
+            gone.set_result(None)
+
+    loop.add_reader(child.pidfd, on_exit)
+    child.exited.add_done_callback(lambda _: on_exit() if not gone.done() else None)
+    return gone
+
+
+async def _sweep(uid: int) -> None:
+    """kill_strays, without a thread unless there is something to kill (one scan is quick)."""
+    if strays_of(uid):
+        await asyncio.to_thread(kill_strays, uid)
+
+
 class OneShotRuns:
     """Runs requests one at a time on a started JailedRuntime (config.one_run_at_a_time)."""
 
@@ -213,12 +283,18 @@ class OneShotRuns:
         self.runtime = runtime
         self.writable = writable
         self.scratch: Scratch | None = None
-        self.prepared: Child | None = None
-        self._prepared_variant: tuple | None = None
-        self._preparing: asyncio.Task | None = None
         self.shares_uid = not runtime.config.privileged  # runs get this process's own uid
         if self.shares_uid and os.getuid() == 0:
             raise ValueError("runs that share the runtime's uid cannot be swept as root: use the full jail")
+        # children kept ready between runs, by variant: one of the usual kind where runs share our uid (and
+        # none while a run executes); where each run has a uid of its own, what the server keeps ready
+        self.targets: dict[tuple, int] = {}
+        self.prepared: dict[tuple, deque[Child]] = {}
+        self._preparing: asyncio.Task | None = None
+        self.running = False
+        # whether a run prepares the next child itself as it ends; an owner that calls `between` once the
+        # result is delivered (the Lambda function, after the post) turns this off
+        self.prepare_after_run = True
         self.runs = 0
 
     @property
@@ -235,78 +311,103 @@ class OneShotRuns:
 
     async def start(self) -> None:
         """After runtime.start(): remember the writable places, prepare the first child."""
+        runtime = self.runtime
+        self.targets = {self.default_variant(): 1} if self.shares_uid else runtime.ready_targets()
+        self.prepared = {variant: deque() for variant in self.targets}
         if self.shares_uid:
-            runtime = self.runtime
             runs_parent = runtime._tmp_parent.name if runtime._tmp_parent is not None else ""
             places = [*self.writable, tempfile.gettempdir()]
             self.scratch = Scratch(places, os.getuid(), [runtime.config.data_dir], runs_parent)
-            await self.prepare()
+        await self.prepare()
 
     async def prepare(self) -> None:
-        """The child for the next run (nothing of a run exists now)."""
+        """Children for the next runs (where runs share our uid: only while no run executes)."""
         runtime = self.runtime
-        if runtime.refused or runtime.pool is None or self.prepared is not None:
-            return
-        variant = self.default_variant()
-        try:
-            self.prepared = await runtime.pool.take(variant)
-            self._prepared_variant = variant
-        except SandboxUnavailable as exc:
-            log.warning("could not prepare a child for the next run: %s", exc)
+        for variant, target in self.targets.items():
+            ready = self.prepared[variant]
+            while len(ready) < target:
+                if runtime.refused or runtime.pool is None or (self.running and self.shares_uid):
+                    return
+                try:
+                    child = await runtime.pool.take(variant)
+                except SandboxUnavailable as exc:
+                    log.warning("could not prepare a child for the next run: %s", exc)
+                    return
+                ready.append(child)
 
     def prepare_later(self) -> None:
-        """Prepare in the background (the next run waits for it)."""
+        """Prepare the next children in the background (where runs share our uid, a run that arrives
+        meanwhile waits for them). Call it on the runtime's event loop."""
+        if self.running:
+            return
         if self._preparing is None or self._preparing.done():
             self._preparing = asyncio.get_running_loop().create_task(self.prepare())
 
+    async def between(self) -> None:
+        """The last run is over and its result delivered. Where runs share our uid, return once the child
+        for the next run is ready; otherwise prepare in the background."""
+        self.prepare_later()
+        if self.shares_uid and self._preparing is not None:
+            await asyncio.shield(self._preparing)
+
     async def run(self, request: RunRequest, timeout: float) -> dict:
         runtime = self.runtime
-        if self._preparing is not None:
-            await asyncio.shield(self._preparing)
-            self._preparing = None
-        if runtime.refused:
-            raise SandboxUnavailable(runtime.refused)
-        if runtime.pool is None:
-            raise SandboxUnavailable(f"the {runtime.language} runtime is not running")
-        if self.shares_uid:
-            child = await self._child_for(runtime.variant(request))
-        else:  # a uid per run: the pool keeps children ready, as for the server (the run cannot reach them)
-            child = await runtime.pool.take(runtime.variant(request))
-        self.runs += 1
-        # without the filter a run may leave processes holding its output pipes open: kill them as soon
-        # as the run's process is gone, so that the output is complete without waiting for them
-        sweeper = None if self.filter_in_force else asyncio.ensure_future(self._sweep_after(child))
+        if self.running:
+            raise SandboxUnavailable("one run at a time: another run is in progress")
+        self.running = True
         try:
-            outcome = await execute(child, runtime.encode(request, timeout), timeout, runtime.config.output_limit)
+            if self.shares_uid and self._preparing is not None:  # nothing prepared may outlast this point
+                await asyncio.shield(self._preparing)
+                self._preparing = None
+            if runtime.refused:
+                raise SandboxUnavailable(runtime.refused)
+            if runtime.pool is None:
+                raise SandboxUnavailable(f"the {runtime.language} runtime is not running")
+            child = await self._child_for(runtime.variant(request))
+            self.runs += 1
+            # without the filter a run may leave processes holding its output pipes open: sweep them as soon
+            # as the run's process is gone, so that the output is complete without waiting for them
+            gone = _gone(child)
+            sweeper = None if self.filter_in_force else asyncio.ensure_future(self._sweep_after(child, gone))
+            try:
+                outcome = await execute(child, runtime.encode(request, timeout), timeout, runtime.config.output_limit)
+            finally:
+                await self._end(child, sweeper, gone)
         finally:
-            if sweeper is not None:
-                await asyncio.gather(sweeper, return_exceptions=True)
-            await self._end(child)
-            if self.shares_uid:
-                self.prepare_later()  # only now that the run is gone, while its result is on its way
+            self.running = False
+        if self.prepare_after_run:
+            self.prepare_later()
         return outcome.to_result()
 
     async def _child_for(self, variant: tuple) -> Child:
-        prepared, self.prepared = self.prepared, None
-        if prepared is not None:
-            if self._prepared_variant == variant and not prepared.exited.done():
-                return prepared
-            await self._end(prepared)  # of the wrong kind: gone before another exists
+        ready = self.prepared.get(variant)
+        while ready:
+            child = ready.popleft()
+            if not child.exited.done():
+                return child
+            await self._end(child)  # killed while it waited
+        if self.shares_uid:
+            for others in self.prepared.values():
+                while others:
+                    await self._end(others.popleft())  # of another kind: gone before this one exists
         return await self.runtime.pool.take(variant)
 
-    async def _sweep_after(self, child: Child) -> None:
-        await child.exited
-        await asyncio.to_thread(kill_strays, child.uid)
+    async def _sweep_after(self, child: Child, gone: asyncio.Future) -> None:
+        await gone
+        await _sweep(child.uid)
 
-    async def _end(self, child: Child) -> None:
-        """Kill and reap the child, its strays, its files: nothing of it outlives this."""
+    async def _end(self, child: Child, sweeper: asyncio.Future | None = None, gone=None) -> None:
+        """Kill the child and wait until it is dead, then its strays, its files: nothing of it outlives this."""
         kill(child)
-        await child.exited  # the zygote has reaped it
-        self.runtime.pool.finish(child)
+        await (gone or child.exited)  # dead: its pidfd says so, or the zygote has reaped it
+        self.runtime.pool.finish(child)  # what it held goes back once the zygote has reaped it
         if child.tmpdir:
             _remove(child.tmpdir)
         if not self.filter_in_force:  # with the filter, a run cannot create a process
-            await asyncio.to_thread(kill_strays, child.uid)
+            if sweeper is not None:
+                await sweeper  # swept once the run's process was gone; nothing of the uid can appear since
+            else:
+                await _sweep(child.uid)
         if self.scratch is not None:
             removed = self.scratch.clean()
             if removed:
@@ -319,6 +420,6 @@ class OneShotRuns:
     async def stop(self) -> None:
         if self._preparing is not None:
             await asyncio.gather(self._preparing, return_exceptions=True)
-        if self.prepared is not None:
-            await self._end(self.prepared)
-            self.prepared = None
+        for ready in self.prepared.values():
+            while ready:
+                await self._end(ready.popleft())

@@ -94,8 +94,8 @@ class JailedRuntime:
             tmp_parent = self._claim_identities()
             self._tree_root, self._tree_root_lock = _make_tree_root(self.language)
             per_run_uids = self._uids if self.mode == modes.FULL else None
-            # one run at a time, sharing the runtime's uid: nothing is kept ready (jail/oneshot.py prepares it)
-            targets = {} if config.one_run_at_a_time and self.mode != modes.FULL else self.ready_targets()
+            # one run at a time: nothing is kept ready here (jail/oneshot.py prepares children once a run is over)
+            targets = {} if config.one_run_at_a_time else self.ready_targets()
             self.pool = ChildPool(
                 self._start_zygote,
                 per_run_uids,

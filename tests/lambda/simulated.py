@@ -59,10 +59,15 @@ def lay_out_image() -> str:
     return root
 
 
-def start_simulated(image: str, language: str, sigsys: bool = False, **env: str) -> FunctionInstance:
-    """A runtime function instance on the simulated platform; its temp dir is the only place it may write."""
+def start_simulated(
+    image: str, language: str, sigsys: bool = False, uid: int = SIM_UID, **env: str
+) -> FunctionInstance:
+    """A runtime function instance on the simulated platform; its temp dir is the only place it may write.
+
+    Each instance sweeps its uid after every run, as on Lambda, where an instance has a sandbox of its
+    own: instances that must live side by side need uids of their own."""
     tmp = tempfile.mkdtemp(prefix="sandlot-sim-")
-    os.chown(tmp, SIM_UID, SIM_UID)
+    os.chown(tmp, uid, uid)
     refusals = ["--sigsys" if sigsys else "--eperm", REFUSED]
     function_env = {
         "PATH": "/usr/bin:/bin",
@@ -79,7 +84,7 @@ def start_simulated(image: str, language: str, sigsys: bool = False, **env: str)
         function_env,
         name=f"sim-{language}",
         python=os.path.join(image, "venv", "bin", "python"),
-        prefix=(sys.executable, OUTER_FILTER, "--uid", str(SIM_UID), *refusals, "--"),
+        prefix=(sys.executable, OUTER_FILTER, "--uid", str(uid), *refusals, "--"),
         cwd="/",
     )
     instance.tmp = tmp

@@ -3,6 +3,7 @@
 import json
 import os
 import sys
+import time
 
 import pytest
 from functions import FAKE_CREDENTIALS
@@ -159,3 +160,35 @@ def test_the_image_layout_is_what_the_functions_need(image):
     for package in ("awslambdaric", "pyseccomp.py", "runtimes", "layers"):
         assert any(name.startswith(package) for name in os.listdir(venv_site)), package
     assert os.stat(os.path.join(venv_site, "runtimes")).st_mode & 0o022 == 0
+
+
+def test_no_process_prepared_for_a_later_invocation_exists_while_a_run_executes(lenient):
+    """Runs share the runtime's uid here: the child for the next run is prepared only after the result is
+    posted, and a run that comes back to back waits for it to be taken, never runs beside it."""
+    client = lenient.process.pid
+    look = f"""
+import os
+me, found = os.getpid(), []
+for entry in os.listdir("/proc"):
+    if entry.isdigit() and int(entry) != me:
+        try:
+            status = open(f"/proc/{{entry}}/status").read()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if int(fields["Uid"].split()[0]) == os.getuid() and fields["State"].split()[0] not in ("Z", "X"):
+            found.append((int(entry), int(fields["PPid"])))
+zygotes = {{pid for pid, parent in found if parent == {client}}}
+print(sorted(pid for pid, parent in found if parent in zygotes))
+"""
+    for _ in range(5):  # back to back: each arrives while the next child may still be being prepared
+        result = result_of(lenient, {"language": "python3", "code": look, "enable_network": True})
+        assert result["stdout"] == "[]\n", result
+    # the control: once the result is posted, the next child is prepared, and the look above would see it
+    zygotes = {pid for pid, parent, _ in processes_of_sim_uid() if parent == client}
+    for _ in range(100):
+        if any(parent in zygotes for _, parent, _ in processes_of_sim_uid()):
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("no child was prepared after the run")
