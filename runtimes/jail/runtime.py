@@ -292,16 +292,28 @@ TREE_ROOT_PREFIX = "sandlot-root-"
 def _make_tree_root(language: str) -> tuple[str, int]:
     """An empty directory for the zygotes' tree to be mounted on (in their own namespaces), and a lock on it.
 
-    Instances that were killed (no stop) leave theirs behind: whichever no live
-    instance holds a lock on are removed first.
+    Instances that were killed (no stop) leave theirs behind: those whose instance
+    is gone (the pid in the name) and that no instance holds a lock on are removed
+    first.
     """
     parent = tempfile.gettempdir()
-    for path in glob.glob(os.path.join(parent, TREE_ROOT_PREFIX + "*")):
+    for path in glob.glob(os.path.join(parent, f"{TREE_ROOT_PREFIX}*-*-*")):
         try:
             info = os.lstat(path)
-        except OSError:
-            continue
-        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
+            owner = int(os.path.basename(path).rsplit("-", 2)[-2])
+        except (OSError, ValueError):
+            continue  # not one of ours (an older instance's names carry no pid: left alone)
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not _alive(owner):
             dirlock.remove_if_unlocked(path)
     root = tempfile.mkdtemp(prefix=f"{TREE_ROOT_PREFIX}{language}-{os.getpid()}-", dir=parent)
     return root, dirlock.lock_shared(root)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
