@@ -5,6 +5,10 @@ its own), next to an "outside" namespace holding canary listeners on the metadat
 private, documentation and one "public" address (tests/netns.py). No packet leaves them.
 Each canary is first reached by the test itself, so a refusal seen from a run is the
 jail's doing, not a missing route.
+
+Modes: root's full jail and `SANDLOT_JAIL=reduced` as root (nft on the host, by the runs' uids),
+and the whole service as an unprivileged uid (each zygote's own network namespace, egress through
+pasta, nft inside it: runtimes/jail/userspace_net.py).
 """
 
 import os
@@ -13,8 +17,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import unprivileged
 from conftest import needs_root
-from netns import CANARY_PORT, DOCUMENTATION, HOST_ADDRESS, METADATA, PRIVATE, PUBLIC, Canary, World, inside
+from netns import (
+    CANARY_PORT,
+    DOCUMENTATION,
+    HOST_ADDRESS,
+    METADATA,
+    OTHER_HOST_ADDRESS,
+    PRIVATE,
+    PUBLIC,
+    Canary,
+    World,
+    inside,
+)
 from service import IS_ROOT, Service, wait_for
 
 pytestmark = needs_root
@@ -66,6 +82,7 @@ def world():
         built.build()
         with inside(built.host):
             built.host_service = Canary("0.0.0.0", 0)  # a host service bound to every address
+            built.host_loopback = Canary("127.0.0.1", 0)  # and one on its loopback only
             built.abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             built.abstract.bind(f"\0sandlot-canary-{os.getpid()}")
             built.abstract.listen(8)
@@ -77,15 +94,9 @@ def world():
             service.stop()
         if hasattr(built, "host_service"):
             built.host_service.close()
+            built.host_loopback.close()
             built.abstract.close()
         built.destroy()
-
-
-@pytest.fixture
-def netns_service(world):
-    """The service in the host namespace; this test's thread (and its threads) in there too."""
-    with inside(world.host):
-        yield world.service
 
 
 @pytest.fixture(scope="module")
@@ -93,17 +104,37 @@ def reduced_service(world):
     """The reduced jail (no uid or tree of its own) in the host namespace, where it is offered."""
     with inside(world.host):
         try:
-            svc = Service(SANDLOT_JAIL="reduced").start()
+            svc = Service(SANDLOT_JAIL="reduced", SANDLOT_HOST="0.0.0.0").start()
         except RuntimeError as exc:
             pytest.skip(f"the reduced jail is not offered here: {exc}")
     yield svc
     svc.stop()
 
 
-@pytest.fixture(params=["full", "reduced"])
+@pytest.fixture(scope="module")
+def unprivileged_service(world):
+    """The whole service as nobody in the host namespace: the userns jail without root."""
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    with inside(world.host):
+        svc = unprivileged.service(SANDLOT_HOST="0.0.0.0").start()
+    yield svc
+    svc.stop()
+
+
+MODES = ["full", "reduced", "unprivileged"]
+
+
+def _service_for(request, world, mode):
+    if mode == "full":
+        return world.service
+    return request.getfixturevalue(f"{mode}_service")
+
+
+@pytest.fixture(params=MODES)
 def jailed(request, world):
-    """What seccomp holds, in each mode: the root jail, and the reduced one."""
-    service = world.service if request.param == "full" else request.getfixturevalue("reduced_service")
+    """What seccomp holds, in each mode: the root jail, the reduced one, and the service without root."""
+    service = _service_for(request, world, request.param)
     with inside(world.host):
         yield service
 
@@ -125,18 +156,28 @@ def outcome(stdout: str) -> dict[tuple[str, int], str]:
 LANGUAGES = ["python3", "nodejs"]
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("language", LANGUAGES)
-def test_a_run_with_network_reaches_the_outside_and_no_host_or_private_address(world, netns_service, language):
-    service = netns_service
-    assert service.detail()["runtimes"][language]["protections"]["egress_filter"] is True
+def test_a_run_with_network_reaches_the_outside_and_no_host_or_private_address(request, world, mode, language):
+    service = _service_for(request, world, mode)
+    with inside(world.host):
+        _reaches_the_outside_only(world, service, language)
+
+
+def _reaches_the_outside_only(world, service, language):
+    protections = service.detail()["runtimes"][language]["protections"]
+    assert protections["egress_filter"] is True and protections["network_refused"] == "", protections
     forbidden = [
         (METADATA, CANARY_PORT),
         *[(a, CANARY_PORT) for a in PRIVATE],
         *[(a, CANARY_PORT) for a in DOCUMENTATION],
         (HOST_ADDRESS, world.host_service.port),  # the host's own address, a service on 0.0.0.0
+        (OTHER_HOST_ADDRESS, world.host_service.port),  # another of its addresses
         (HOST_ADDRESS, service.port),  # Sandlot itself, on its default bind
         ("127.0.0.1", service.port),
+        ("127.0.0.1", world.host_loopback.port),  # a service on the host's loopback
     ]
+    gateway = (PUBLIC, world.host_loopback.port)  # the gateway's address is not the host's loopback (pasta)
     targets = [(PUBLIC, CANARY_PORT), *forbidden]
     # the test itself reaches every one: only the jail stands between a run and them
     before_control = {a: c.hits for a, c in world.canaries.items()}
@@ -146,12 +187,13 @@ def test_a_run_with_network_reaches_the_outside_and_no_host_or_private_address(w
     assert wait_for(lambda: {a: c.hits for a, c in world.canaries.items()} == control)
     hits_before = control
     started = time.monotonic()
-    data = run(service, connect_code(language, targets), language, enable_network=True, timeout=20)
+    data = run(service, connect_code(language, [*targets, gateway]), language, enable_network=True, timeout=20)
     seen = outcome(data["stdout"])
     assert seen[(PUBLIC, CANARY_PORT)] == f"connected canary {PUBLIC}", data
     for target in forbidden:
         assert seen[target] == REFUSED, (target, data)
-    assert time.monotonic() - started < 10  # refused at once, not left to time out
+    assert not seen[gateway].startswith("connected"), data  # nothing listens there outside
+    assert time.monotonic() - started < 15  # refused at once, not left to time out
     expected = {a: hits_before[a] + (1 if a == PUBLIC else 0) for a in world.canaries}
     assert wait_for(lambda: {a: c.hits for a, c in world.canaries.items()} == expected)
 

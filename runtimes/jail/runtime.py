@@ -23,6 +23,8 @@ from runtimes.jail.protections import Protections, platform_protections
 from runtimes.jail.supervisor import SandboxUnavailable, Zygote
 from runtimes.jail.tree import TreeSpec
 from runtimes.jail.uids import UidPool
+from runtimes.jail.userspace_net import NamespaceNetwork
+from runtimes.jail.userspace_net import plan as plan_network
 from runtimes.payload import RunRequest
 
 log = logging.getLogger("sandlot.runtime")
@@ -45,6 +47,7 @@ class JailedRuntime:
         self._tmp_parent: tempfile.TemporaryDirectory | None = None
         self._tree_root = ""
         self._egress: EgressFilter | None = None
+        self._network: NamespaceNetwork | None = None  # userns without root: the runs' own network namespace
         self.on_layer_unused: list = []  # called with a layer path no zygote uses any more
 
     # ---- for subclasses --------------------------------------------------------
@@ -88,6 +91,7 @@ class JailedRuntime:
             self.mode = modes.select(config.jail, self.platform, config.one_run_at_a_time)
             log.info("%s jail: %s", self.language, self.mode)
             tmp_parent = self._claim_identities()
+            self._network = self._plan_network()
             self._tree_root = tempfile.mkdtemp(prefix=f"sandlot-root-{self.language}-")
             per_run_uids = self._uids if self.mode == modes.FULL else None
             # one run at a time, sharing the runtime's uid: nothing is kept ready (jail/oneshot.py prepares it)
@@ -136,10 +140,22 @@ class JailedRuntime:
             self._uids.first,
             self._uids.first + self._uids.size - 1,
             allow=config.egress_allow,
-            proxies=tuple(v for k, v in config.run_env.items() if k.isupper()),
+            proxies=self._proxies(),
         )
         self._egress.install()
         return None
+
+    def _plan_network(self) -> NamespaceNetwork | None:
+        """userns without root: a network namespace per zygote, with pasta and nft in it, or network runs refused."""
+        if self.mode != modes.USERNS or os.geteuid() == 0 or self.platform is None:
+            return None
+        network = plan_network(self.platform, self.config.pasta, self.config.egress_allow, self._proxies())
+        if network.refused:
+            log.warning("%s: %s", self.language, network.refused)
+        return network
+
+    def _proxies(self) -> tuple[str, ...]:
+        return tuple(v for k, v in self.config.run_env.items() if k.isupper())
 
     def zygote_config(self) -> dict:
         """What a new zygote is started with, from the current layer and settings."""
@@ -151,6 +167,7 @@ class JailedRuntime:
             "tree": self.tree().to_dict() if self.mode in modes.TREE_MODES else None,
             "tree_root": self._tree_root,
             "zygote_uid": self._zygote_uid,
+            "network": self._network.zygote_config() if self._network else None,
             "plan": {
                 "mode": self.mode,
                 "landlock": self.platform.landlock if self.platform and self.mode in modes.TREE_MODES else 0,
@@ -163,7 +180,7 @@ class JailedRuntime:
         }
 
     async def _start_zygote(self) -> Zygote:
-        zygote = Zygote(self.interpreter(), self.zygote_config(), self.config.environment())
+        zygote = Zygote(self.interpreter(), self.zygote_config(), self.config.environment(), network=self._network)
         zygote.tag = self.layer()
         await zygote.start()
         return zygote
@@ -253,7 +270,10 @@ class JailedRuntime:
             "landlock": landlock,
             "rlimits": True,
             "scrubbed_environment": True,
-            "egress_filter": bool(self._egress and self._egress.installed),
+            "egress_filter": bool(self._egress and self._egress.installed)
+            or bool(self._network and self._network.in_force),
+            "network_namespace": bool(self._network and self._network.netns),  # the runs' own (userns without root)
+            "network_refused": self._network.refused if self._network else "",
         }
 
     # ---- runs -----------------------------------------------------------------
@@ -263,6 +283,8 @@ class JailedRuntime:
             raise SandboxUnavailable(self.refused)
         if self.pool is None or not self.started:
             raise SandboxUnavailable(f"the {self.language} runtime is starting")
+        if request.enable_network and self._network is not None and self._network.refused:
+            raise SandboxUnavailable(self._network.refused)
         timeout = self.config.clamp_timeout(request.timeout)
         child = await self.pool.take(self.variant(request))
         try:
