@@ -170,10 +170,12 @@ def uid_of(pid: int) -> int:
 
 def expected_processes(svc) -> int:
     """What should live below the service: each running runtime's zygote and its ready children
-    (two processes each where runs have a PID namespace: its init and the process that will run)."""
+    (two processes each where runs have a PID namespace: its init and the process that will run),
+    and without root the pasta of each zygote (the runs' way out of their network namespace)."""
     total = 0
     for rt in svc.detail()["runtimes"].values():
         if rt["zygote"] == "running":
             per_child = 2 if rt["protections"].get("pid_namespace") else 1
-            total += 1 + per_child * rt["ready_children"]
+            pasta = 1 if rt["protections"].get("network_namespace") and rt["protections"]["egress_filter"] else 0
+            total += 1 + pasta + per_child * rt["ready_children"]
     return total

@@ -31,7 +31,7 @@ from netns import (
     World,
     inside,
 )
-from service import IS_ROOT, Service, wait_for
+from service import IS_ROOT, Service, descendants, wait_for
 
 pytestmark = needs_root
 
@@ -377,3 +377,99 @@ def test_a_run_does_not_learn_the_hosts_name(service, language):
     data = run(service, HOSTNAME[language], language)
     assert data["stdout"] == "sandbox sandbox\n", data
     assert host not in data["stdout"]
+
+
+def _pastas(svc) -> list[int]:
+    found = []
+    for pid in descendants(svc.process.pid):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().startswith(("pasta", "passt")):  # pasta re-executes itself as passt.avx2 where it can
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_without_root_each_zygote_has_a_pasta_no_run_can_reach(world, unprivileged_service):
+    """One pasta per zygote (not per run), a child of the service that runs cannot name or signal."""
+    svc = unprivileged_service
+    pastas = _pastas(svc)
+    with inside(world.host):
+        assert len(pastas) == len(svc.detail()["runtimes"]), pastas  # python3's zygote and nodejs's
+    code = (
+        "import os, signal\n"
+        f"for pid in {pastas!r}:\n"
+        "    try:\n        os.kill(pid, signal.SIGKILL)\n        print('killed')\n"
+        "    except OSError as e:\n        print(e.errno)\n"
+    )
+    with inside(world.host):
+        data = run(svc, code, enable_network=True)
+    assert data["stdout"] == "1\n1\n" or data["stdout"] == "3\n3\n", data  # EPERM (fence) or ESRCH
+    assert all(_alive(pid) for pid in pastas)
+
+
+def test_without_root_pasta_ends_with_its_zygote_and_with_the_service(world):
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    with inside(world.host):
+        svc = unprivileged.service(SANDLOT_HOST="0.0.0.0").start()
+        try:
+            before = _pastas(svc)
+            assert len(before) == 2, before
+            zygote = next(p for p in descendants(svc.process.pid) if _is_python_zygote(p, svc.process.pid))
+            os.kill(zygote, 9)
+            # its pasta goes with it, and the next zygote has one of its own
+            assert wait_for(lambda: sum(_alive(p) for p in before) == 1), before
+            assert wait_for(lambda: len(_pastas(svc)) == 2 and set(_pastas(svc)) != set(before), 30)
+            assert wait_for(lambda: svc.detail()["runtimes"]["python3"]["zygote"] == "running", 30)
+            data = run(svc, connect_code("python3", [(PUBLIC, CANARY_PORT)]), enable_network=True)
+            assert outcome(data["stdout"]) == {(PUBLIC, CANARY_PORT): f"connected canary {PUBLIC}"}, data
+            last = _pastas(svc)
+            svc.process.kill()  # SIGKILL: nothing of the service runs its shutdown
+            svc.process.wait()
+            assert wait_for(lambda: not any(_alive(p) for p in last)), last
+        finally:
+            svc.stop()
+
+
+def _is_python_zygote(pid: int, service_pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            if int(f.read().rsplit(")", 1)[1].split()[1]) != service_pid:
+                return False
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read()
+    except OSError:
+        return False
+    return b"runtimes.jail.zygote" in argv and b"runtimes.python.runner" in argv
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_without_root_and_without_pasta_network_runs_are_refused_and_others_served(world, language):
+    """Never silently no network, never the host's network unfiltered: the run is refused, and says why."""
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    with inside(world.host):
+        svc = unprivileged.service(SANDLOT_PASTA="/nonexistent/pasta").start()
+        try:
+            refused = svc.run(connect_code(language, [(PUBLIC, CANARY_PORT)]), language=language, enable_network=True)
+            assert refused["code"] == -500, refused
+            assert "need pasta (apt-get install passt)" in refused["message"], refused
+            data = run(svc, connect_code(language, [(PUBLIC, CANARY_PORT)]), language, enable_network=False)
+            assert outcome(data["stdout"]) == {(PUBLIC, CANARY_PORT): REFUSED}, data
+            assert run(svc, HOSTNAME[language], language)["stdout"] == "sandbox sandbox\n"
+            protections = svc.detail()["runtimes"][language]["protections"]
+            assert protections["egress_filter"] is False and protections["network_namespace"] is True
+            assert "/nonexistent/pasta" in protections["network_refused"]
+            assert _pastas(svc) == []
+        finally:
+            svc.stop()
