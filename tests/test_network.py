@@ -114,12 +114,18 @@ def reduced_service(world):
 @pytest.fixture(scope="module")
 def unprivileged_service(world):
     """The whole service as nobody in the host namespace: the userns jail without root."""
-    if unprivileged.unavailable():
-        pytest.skip(unprivileged.unavailable())
+    _needs_unprivileged_network()
     with inside(world.host):
         svc = unprivileged.service(SANDLOT_HOST="0.0.0.0").start()
     yield svc
     svc.stop()
+
+
+def _needs_unprivileged_network() -> None:
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    if not os.path.exists("/dev/net/tun"):
+        pytest.skip("no /dev/net/tun on this machine: pasta cannot give a namespace a way out")
 
 
 MODES = ["full", "reduced", "unprivileged"]
@@ -418,8 +424,7 @@ def test_without_root_each_zygote_has_a_pasta_no_run_can_reach(world, unprivileg
 
 
 def test_without_root_pasta_ends_with_its_zygote_and_with_the_service(world):
-    if unprivileged.unavailable():
-        pytest.skip(unprivileged.unavailable())
+    _needs_unprivileged_network()
     with inside(world.host):
         svc = unprivileged.service(SANDLOT_HOST="0.0.0.0").start()
         try:
@@ -473,3 +478,22 @@ def test_without_root_and_without_pasta_network_runs_are_refused_and_others_serv
             assert _pastas(svc) == []
         finally:
             svc.stop()
+
+
+def test_without_root_a_proxy_on_the_hosts_loopback_is_reachable_and_nothing_else_there(world):
+    """pasta forwards the proxy's port, and only it, from the runs' namespace to the host's loopback."""
+    _needs_unprivileged_network()
+    with inside(world.host):
+        proxy = Canary("127.0.0.1", 0)
+        svc = unprivileged.service(HTTP_PROXY=f"http://127.0.0.1:{proxy.port}").start()
+        try:
+            targets = [("127.0.0.1", proxy.port), ("127.0.0.1", world.host_loopback.port), (PUBLIC, CANARY_PORT)]
+            data = run(svc, connect_code("python3", targets), enable_network=True)
+            assert outcome(data["stdout"]) == {
+                ("127.0.0.1", proxy.port): "connected canary 127.0.0.1",
+                ("127.0.0.1", world.host_loopback.port): REFUSED,
+                (PUBLIC, CANARY_PORT): f"connected canary {PUBLIC}",
+            }, data
+        finally:
+            svc.stop()
+            proxy.close()
