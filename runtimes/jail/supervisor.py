@@ -156,23 +156,24 @@ class Zygote:
                 self._resolve_pending(error=SandboxUnavailable(f"fork failed: {body.decode(errors='replace')}"))
             elif kind == protocol.READY and self._ready and not self._ready.done():
                 self._ready.set_result(json.loads(body))
-            elif kind == protocol.NET_ATTACH and len(fds) == 2:
-                task = asyncio.get_running_loop().create_task(self._attach_network(*fds))
+            elif kind == protocol.NET_ATTACH:
+                task = asyncio.get_running_loop().create_task(self._attach_network(fds))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
 
-    async def _attach_network(self, userns: int, netns: int) -> None:
-        """The zygote has its network namespace and rules: pasta gives it a way out, then it goes on."""
+    async def _attach_network(self, namespaces: list[int]) -> None:
+        """The zygote has its network namespace and rules (fds: its user and network namespaces):
+        pasta gives it a way out, then the zygote goes on."""
         try:
-            if self._network is None or not self._network.in_force:
+            if self._network is None or not self._network.in_force or len(namespaces) != 2:
                 raise OSError("this runtime has no network for its runs")
-            pasta = await Pasta.attach(self._network, userns, netns)
+            pasta = await Pasta.attach(self._network, *namespaces)
         except OSError as exc:
             self._send(protocol.NET_FAILED + str(exc).encode())
             return
         finally:
-            os.close(userns)
-            os.close(netns)
+            for fd in namespaces:
+                os.close(fd)
         if not self.alive:
             pasta.stop()
             return

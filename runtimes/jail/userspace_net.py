@@ -195,18 +195,25 @@ class Pasta:
             raise OSError(f"pasta could not be started: {exc}") from exc
         errors.close()
         pasta = cls(process, workdir)
+        try:
+            await pasta._configured(pid_file)
+        except BaseException:
+            pasta.stop()
+            raise
+        shutil.rmtree(workdir, ignore_errors=True)  # pasta keeps its stderr open; nothing else is needed
+        return pasta
+
+    async def _configured(self, pid_file: str) -> None:
+        """Wait for pasta's pid file: it writes it once the namespace is configured."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ATTACH_TIMEOUT
         while not _read(pid_file):
-            if process.poll() is not None or loop.time() > deadline:
-                why = _read(os.path.join(workdir, "stderr")).strip() or (
-                    f"exit status {process.returncode}" if process.returncode is not None else "timeout"
+            if self.process.poll() is not None or loop.time() > deadline:
+                why = _read(os.path.join(self._workdir, "stderr")).strip() or (
+                    f"exit status {self.process.returncode}" if self.process.returncode is not None else "timeout"
                 )
-                pasta.stop()
                 raise OSError(f"pasta could not set up the runs' network: {why}")
             await asyncio.sleep(0.005)
-        shutil.rmtree(workdir, ignore_errors=True)  # pasta keeps its stderr open; nothing else is needed
-        return pasta
 
     @property
     def alive(self) -> bool:
