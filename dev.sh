@@ -18,6 +18,9 @@ setup() {
     ldconfig -p 2>/dev/null | grep -q libseccomp.so.2 || missing+=(libseccomp2)
     if [ "$(id -u)" = 0 ]; then
         command -v nft >/dev/null || missing+=(nftables)  # egress rules for runs with network
+        # without root (a service started as another uid, as the tests do): the runs' way out of their
+        # network namespace (runtimes/jail/userspace_net.py)
+        command -v pasta >/dev/null || missing+=(passt)
     fi
     if [ ${#missing[@]} -gt 0 ]; then
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -26,6 +29,9 @@ setup() {
             echo "dev.sh: install ${missing[*]} first (apt-get install ${missing[*]})" >&2
             exit 1
         fi
+    fi
+    if [ "$(id -u)" = 0 ] && [ -c /dev/net/tun ] && [ "$(stat -c %a /dev/net/tun)" = 600 ]; then
+        chmod 0666 /dev/net/tun  # what Debian's udev gives it; pasta, without root, needs to open it
     fi
     [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]"

@@ -1,9 +1,10 @@
 """Sandlot benchmark: latency and throughput of runs over HTTP, next to the cost of a cold interpreter.
 
 Starts its own service on a free port, prints one table. Not run by CI: machines are shared and
-noisy, so read the ratios within one run, not absolute numbers across runs.
+noisy, so read the ratios within one run, not absolute numbers across runs. `--unprivileged`
+starts the whole service as nobody (the userns jail without root; tests/unprivileged.py).
 
-    python bench/bench.py [--requests 400] [--clients 1,4]
+    python bench/bench.py [--requests 400] [--clients 1,4] [--unprivileged]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
+import unprivileged  # noqa: E402
 from service import API_KEY, Service  # noqa: E402
 from test_api import DIFY_PYTHON_WRAPPER, b64  # noqa: E402  (Dify's wrappers, as the tests send them)
 from test_nodejs import DIFY_JS_WRAPPER  # noqa: E402
@@ -114,12 +116,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--clients", default="1,4")
     parser.add_argument("--languages", default="python3,nodejs")
+    parser.add_argument("--unprivileged", action="store_true", help="the whole service as nobody (no root)")
     args = parser.parse_args()
     client_counts = [int(c) for c in args.clients.split(",")]
 
     python = default_python()
     node = os.environ.get("NODEJS_PATH", "/usr/bin/node")
-    service = Service(MAX_WORKERS="4", MAX_REQUESTS="100").start()
+    make = unprivileged.service if args.unprivileged else Service
+    service = make(MAX_WORKERS="4", MAX_REQUESTS="100").start()
     header = f"{'workload':40} {'clients':>7} {'pacing':>8} {'p50 ms':>8} {'p99 ms':>8} {'runs/s':>8} {'p50/spawn':>9}"
 
     def row(name, language, code, clients, total, spawn, rate=None):

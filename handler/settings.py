@@ -167,7 +167,12 @@ class Settings(BaseSettings):
     SANDLOT_EGRESS_ALLOW: Annotated[list[IPvAnyNetwork], NoDecode] = Field(
         [],
         description="comma-separated CIDRs runs with network may reach although refused by default (the host's "
-        "own addresses, loopback, link-local, private and other special-purpose ranges are, as root with nft)",
+        "own addresses, loopback, link-local, private and other special-purpose ranges are)",
+    )
+    SANDLOT_PASTA: str = Field(
+        "pasta",
+        description="without root: pasta (Debian package `passt`), command or path, which gives runs with network "
+        "their way out of a network namespace of their own; empty or missing: runs with network are refused",
     )
 
     # the lambda backend: the runtime functions (names or ARNs); boto3's own configuration for the rest
@@ -282,6 +287,7 @@ class Settings(BaseSettings):
             zygote_max_age=self.SANDLOT_ZYGOTE_MAX_AGE,
             run_env=proxies,
             egress_allow=tuple(str(n) for n in self.SANDLOT_EGRESS_ALLOW),
+            pasta=self.SANDLOT_PASTA,
         )
 
 

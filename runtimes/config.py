@@ -63,6 +63,7 @@ class RuntimeConfig:
     zygote_max_age: float = 300.0  # seconds; 0: replaced by forks only
     run_env: dict[str, str] = field(default_factory=dict)  # proxies handed to user code
     egress_allow: tuple[str, ...] = ()  # networks runs may reach although private
+    pasta: str = "pasta"  # userns without root: the runs' way out (runtimes/jail/userspace_net.py); "": none
 
     @property
     def privileged(self) -> bool:

@@ -1,7 +1,8 @@
 """Network namespaces made by a test, so that network tests never touch a real network.
 
 `World` builds two namespaces joined by a veth pair: "host", where the service under test
-runs (it has a public-looking address of its own, as a cloud machine would), and
+runs (it has a public-looking address of its own, as a cloud machine would, and another one
+on its loopback interface), and
 "outside", which holds canary listeners on the addresses a run must not reach (cloud
 metadata, private ranges, a documentation range) and one it may reach (a "public"
 address). Every address exists only inside these namespaces. Needs root.
@@ -23,6 +24,7 @@ CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
 HOST_ADDRESS = "5.6.7.8"  # the host's own address, on its veth
+OTHER_HOST_ADDRESS = "5.6.9.9"  # another of its own, not on the interface with the default route
 PUBLIC = "5.6.7.1"  # "the internet": the outside end of the veth
 METADATA = "169.254.169.254"
 PRIVATE = ("10.0.0.1", "192.168.1.1", "172.16.0.1", "100.64.0.1")
@@ -105,6 +107,7 @@ class World:
         ip("-n", self.host, "addr", "add", f"{HOST_ADDRESS}/24", "dev", "sl-h")
         ip("-n", self.host, "link", "set", "sl-h", "up")
         ip("-n", self.host, "route", "add", "default", "via", PUBLIC)
+        ip("-n", self.host, "addr", "add", f"{OTHER_HOST_ADDRESS}/32", "dev", "lo")
         ip("-n", self.outside, "addr", "add", f"{PUBLIC}/24", "dev", "sl-o")
         for address in (METADATA, *PRIVATE, *DOCUMENTATION):
             ip("-n", self.outside, "addr", "add", f"{address}/32", "dev", "lo")

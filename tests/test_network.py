@@ -5,6 +5,10 @@ its own), next to an "outside" namespace holding canary listeners on the metadat
 private, documentation and one "public" address (tests/netns.py). No packet leaves them.
 Each canary is first reached by the test itself, so a refusal seen from a run is the
 jail's doing, not a missing route.
+
+Modes: root's full jail and `SANDLOT_JAIL=reduced` as root (nft on the host, by the runs' uids),
+and the whole service as an unprivileged uid (each zygote's own network namespace, egress through
+pasta, nft inside it: runtimes/jail/userspace_net.py).
 """
 
 import os
@@ -13,9 +17,21 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import unprivileged
 from conftest import needs_root
-from netns import CANARY_PORT, DOCUMENTATION, HOST_ADDRESS, METADATA, PRIVATE, PUBLIC, Canary, World, inside
-from service import IS_ROOT, Service, wait_for
+from netns import (
+    CANARY_PORT,
+    DOCUMENTATION,
+    HOST_ADDRESS,
+    METADATA,
+    OTHER_HOST_ADDRESS,
+    PRIVATE,
+    PUBLIC,
+    Canary,
+    World,
+    inside,
+)
+from service import IS_ROOT, Service, descendants, wait_for
 
 pytestmark = needs_root
 
@@ -66,6 +82,7 @@ def world():
         built.build()
         with inside(built.host):
             built.host_service = Canary("0.0.0.0", 0)  # a host service bound to every address
+            built.host_loopback = Canary("127.0.0.1", 0)  # and one on its loopback only
             built.abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             built.abstract.bind(f"\0sandlot-canary-{os.getpid()}")
             built.abstract.listen(8)
@@ -77,15 +94,9 @@ def world():
             service.stop()
         if hasattr(built, "host_service"):
             built.host_service.close()
+            built.host_loopback.close()
             built.abstract.close()
         built.destroy()
-
-
-@pytest.fixture
-def netns_service(world):
-    """The service in the host namespace; this test's thread (and its threads) in there too."""
-    with inside(world.host):
-        yield world.service
 
 
 @pytest.fixture(scope="module")
@@ -93,17 +104,43 @@ def reduced_service(world):
     """The reduced jail (no uid or tree of its own) in the host namespace, where it is offered."""
     with inside(world.host):
         try:
-            svc = Service(SANDLOT_JAIL="reduced").start()
+            svc = Service(SANDLOT_JAIL="reduced", SANDLOT_HOST="0.0.0.0").start()
         except RuntimeError as exc:
             pytest.skip(f"the reduced jail is not offered here: {exc}")
     yield svc
     svc.stop()
 
 
-@pytest.fixture(params=["full", "reduced"])
+@pytest.fixture(scope="module")
+def unprivileged_service(world):
+    """The whole service as nobody in the host namespace: the userns jail without root."""
+    _needs_unprivileged_network()
+    with inside(world.host):
+        svc = unprivileged.service(SANDLOT_HOST="0.0.0.0").start()
+    yield svc
+    svc.stop()
+
+
+def _needs_unprivileged_network() -> None:
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    if not os.path.exists("/dev/net/tun"):
+        pytest.skip("no /dev/net/tun on this machine: pasta cannot give a namespace a way out")
+
+
+MODES = ["full", "reduced", "unprivileged"]
+
+
+def _service_for(request, world, mode):
+    if mode == "full":
+        return world.service
+    return request.getfixturevalue(f"{mode}_service")
+
+
+@pytest.fixture(params=MODES)
 def jailed(request, world):
-    """What seccomp holds, in each mode: the root jail, and the reduced one."""
-    service = world.service if request.param == "full" else request.getfixturevalue("reduced_service")
+    """What seccomp holds, in each mode: the root jail, the reduced one, and the service without root."""
+    service = _service_for(request, world, request.param)
     with inside(world.host):
         yield service
 
@@ -125,18 +162,28 @@ def outcome(stdout: str) -> dict[tuple[str, int], str]:
 LANGUAGES = ["python3", "nodejs"]
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("language", LANGUAGES)
-def test_a_run_with_network_reaches_the_outside_and_no_host_or_private_address(world, netns_service, language):
-    service = netns_service
-    assert service.detail()["runtimes"][language]["protections"]["egress_filter"] is True
+def test_a_run_with_network_reaches_the_outside_and_no_host_or_private_address(request, world, mode, language):
+    service = _service_for(request, world, mode)
+    with inside(world.host):
+        _reaches_the_outside_only(world, service, language)
+
+
+def _reaches_the_outside_only(world, service, language):
+    protections = service.detail()["runtimes"][language]["protections"]
+    assert protections["egress_filter"] is True and protections["network_refused"] == "", protections
     forbidden = [
         (METADATA, CANARY_PORT),
         *[(a, CANARY_PORT) for a in PRIVATE],
         *[(a, CANARY_PORT) for a in DOCUMENTATION],
         (HOST_ADDRESS, world.host_service.port),  # the host's own address, a service on 0.0.0.0
+        (OTHER_HOST_ADDRESS, world.host_service.port),  # another of its addresses
         (HOST_ADDRESS, service.port),  # Sandlot itself, on its default bind
         ("127.0.0.1", service.port),
+        ("127.0.0.1", world.host_loopback.port),  # a service on the host's loopback
     ]
+    gateway = (PUBLIC, world.host_loopback.port)  # the gateway's address is not the host's loopback (pasta)
     targets = [(PUBLIC, CANARY_PORT), *forbidden]
     # the test itself reaches every one: only the jail stands between a run and them
     before_control = {a: c.hits for a, c in world.canaries.items()}
@@ -146,12 +193,13 @@ def test_a_run_with_network_reaches_the_outside_and_no_host_or_private_address(w
     assert wait_for(lambda: {a: c.hits for a, c in world.canaries.items()} == control)
     hits_before = control
     started = time.monotonic()
-    data = run(service, connect_code(language, targets), language, enable_network=True, timeout=20)
+    data = run(service, connect_code(language, [*targets, gateway]), language, enable_network=True, timeout=20)
     seen = outcome(data["stdout"])
     assert seen[(PUBLIC, CANARY_PORT)] == f"connected canary {PUBLIC}", data
     for target in forbidden:
         assert seen[target] == REFUSED, (target, data)
-    assert time.monotonic() - started < 10  # refused at once, not left to time out
+    assert not seen[gateway].startswith("connected"), data  # nothing listens there outside
+    assert time.monotonic() - started < 15  # refused at once, not left to time out
     expected = {a: hits_before[a] + (1 if a == PUBLIC else 0) for a in world.canaries}
     assert wait_for(lambda: {a: c.hits for a, c in world.canaries.items()} == expected)
 
@@ -335,3 +383,117 @@ def test_a_run_does_not_learn_the_hosts_name(service, language):
     data = run(service, HOSTNAME[language], language)
     assert data["stdout"] == "sandbox sandbox\n", data
     assert host not in data["stdout"]
+
+
+def _pastas(svc) -> list[int]:
+    found = []
+    for pid in descendants(svc.process.pid):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().startswith(("pasta", "passt")):  # pasta re-executes itself as passt.avx2 where it can
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_without_root_each_zygote_has_a_pasta_no_run_can_reach(world, unprivileged_service):
+    """One pasta per zygote (not per run), a child of the service that runs cannot name or signal."""
+    svc = unprivileged_service
+    pastas = _pastas(svc)
+    with inside(world.host):
+        assert len(pastas) == len(svc.detail()["runtimes"]), pastas  # python3's zygote and nodejs's
+    code = (
+        "import os, signal\n"
+        f"for pid in {pastas!r}:\n"
+        "    try:\n        os.kill(pid, signal.SIGKILL)\n        print('killed')\n"
+        "    except OSError as e:\n        print(e.errno)\n"
+    )
+    with inside(world.host):
+        data = run(svc, code, enable_network=True)
+    assert data["stdout"] == "1\n1\n" or data["stdout"] == "3\n3\n", data  # EPERM (fence) or ESRCH
+    assert all(_alive(pid) for pid in pastas)
+
+
+def test_without_root_pasta_ends_with_its_zygote_and_with_the_service(world):
+    _needs_unprivileged_network()
+    with inside(world.host):
+        svc = unprivileged.service(SANDLOT_HOST="0.0.0.0").start()
+        try:
+            before = _pastas(svc)
+            assert len(before) == 2, before
+            zygote = next(p for p in descendants(svc.process.pid) if _is_python_zygote(p, svc.process.pid))
+            os.kill(zygote, 9)
+            # its pasta goes with it, and the next zygote has one of its own
+            assert wait_for(lambda: sum(_alive(p) for p in before) == 1), before
+            assert wait_for(lambda: len(_pastas(svc)) == 2 and set(_pastas(svc)) != set(before), 30)
+            assert wait_for(lambda: svc.detail()["runtimes"]["python3"]["zygote"] == "running", 30)
+            data = run(svc, connect_code("python3", [(PUBLIC, CANARY_PORT)]), enable_network=True)
+            assert outcome(data["stdout"]) == {(PUBLIC, CANARY_PORT): f"connected canary {PUBLIC}"}, data
+            last = _pastas(svc)
+            svc.process.kill()  # SIGKILL: nothing of the service runs its shutdown
+            svc.process.wait()
+            assert wait_for(lambda: not any(_alive(p) for p in last)), last
+        finally:
+            svc.stop()
+
+
+def _is_python_zygote(pid: int, service_pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            if int(f.read().rsplit(")", 1)[1].split()[1]) != service_pid:
+                return False
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read()
+    except OSError:
+        return False
+    return b"runtimes.jail.zygote" in argv and b"runtimes.python.runner" in argv
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_without_root_and_without_pasta_network_runs_are_refused_and_others_served(world, language):
+    """Never silently no network, never the host's network unfiltered: the run is refused, and says why."""
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    with inside(world.host):
+        svc = unprivileged.service(SANDLOT_PASTA="/nonexistent/pasta").start()
+        try:
+            refused = svc.run(connect_code(language, [(PUBLIC, CANARY_PORT)]), language=language, enable_network=True)
+            assert refused["code"] == -500, refused
+            assert "need pasta (apt-get install passt)" in refused["message"], refused
+            data = run(svc, connect_code(language, [(PUBLIC, CANARY_PORT)]), language, enable_network=False)
+            assert outcome(data["stdout"]) == {(PUBLIC, CANARY_PORT): REFUSED}, data
+            assert run(svc, HOSTNAME[language], language)["stdout"] == "sandbox sandbox\n"
+            protections = svc.detail()["runtimes"][language]["protections"]
+            assert protections["egress_filter"] is False and protections["network_namespace"] is True
+            assert "/nonexistent/pasta" in protections["network_refused"]
+            assert _pastas(svc) == []
+        finally:
+            svc.stop()
+
+
+def test_without_root_a_proxy_on_the_hosts_loopback_is_reachable_and_nothing_else_there(world):
+    """pasta forwards the proxy's port, and only it, from the runs' namespace to the host's loopback."""
+    _needs_unprivileged_network()
+    with inside(world.host):
+        proxy = Canary("127.0.0.1", 0)
+        svc = unprivileged.service(HTTP_PROXY=f"http://127.0.0.1:{proxy.port}").start()
+        try:
+            targets = [("127.0.0.1", proxy.port), ("127.0.0.1", world.host_loopback.port), (PUBLIC, CANARY_PORT)]
+            data = run(svc, connect_code("python3", targets), enable_network=True)
+            assert outcome(data["stdout"]) == {
+                ("127.0.0.1", proxy.port): "connected canary 127.0.0.1",
+                ("127.0.0.1", world.host_loopback.port): REFUSED,
+                (PUBLIC, CANARY_PORT): f"connected canary {PUBLIC}",
+            }, data
+        finally:
+            svc.stop()
+            proxy.close()

@@ -8,8 +8,9 @@ Teredo), and every address of the host itself: the kernel's routing table
 decides (`fib daddr type local`), so an address the host gains after start is
 refused too, Sandlot's own port and services bound to 0.0.0.0 included. The
 resolvers of resolv.conf (port 53) and the configured proxies stay reachable;
-operators can allow more ranges. Without nft (or without root) the rules are not
-in force, and the health detail says so.
+operators can allow more ranges. Without nft the rules are not in force, and the
+health detail says so. Without root the same rules (`egress_rules`) hold every
+socket of a network namespace of the runs' own instead (userspace_net.py).
 """
 
 from __future__ import annotations
@@ -88,36 +89,62 @@ def proxy_endpoints(urls: list[str]) -> list[tuple[str, int]]:
     return endpoints
 
 
+def normalise(allow: tuple[str, ...]) -> list[str]:
+    return [str(ipaddress.ip_network(a, strict=False)) for a in allow]
+
+
 def _family(address: str) -> str:
     return "ip" if ipaddress.ip_network(address, strict=False).version == 4 else "ip6"
+
+
+def egress_rules(
+    match: str, allow: list[str], proxies: list[tuple[str, int]], host_addresses: tuple[str, ...] = ()
+) -> list[str]:
+    """The output chain's rules, each prefixed with `match` (which sockets they apply to; "" for all).
+
+    host_addresses: addresses of the host to refuse by name too, for a network namespace of the runs'
+    own, where the host's addresses are not "local" (runtimes/jail/userspace_net.py).
+    """
+    prefix = f"{match} " if match else ""
+    rules = [f"{prefix}ct state established,related accept"]
+    for server in resolvers():
+        fam = _family(server)
+        rules.append(f"{prefix}{fam} daddr {server} udp dport 53 accept")
+        rules.append(f"{prefix}{fam} daddr {server} tcp dport 53 accept")
+    for address, port in proxies:
+        rules.append(f"{prefix}{_family(address)} daddr {address} tcp dport {port} accept")
+    for network in allow:
+        rules.append(f"{prefix}{_family(network)} daddr {network} accept")
+    rules.append(f"{prefix}fib daddr type {{ {HOST_ADDRESS_TYPES} }} reject")
+    rules.append(f"{prefix}ip daddr {{ {', '.join(DENIED_V4)} }} reject")
+    rules.append(f"{prefix}ip6 daddr {{ {', '.join(DENIED_V6)} }} reject")
+    for version, family in ((4, "ip"), (6, "ip6")):
+        own = sorted({a for a in host_addresses if ipaddress.ip_address(a).version == version})
+        if own:
+            rules.append(f"{prefix}{family} daddr {{ {', '.join(own)} }} reject")
+    return rules
+
+
+def output_table(name: str, rules: list[str]) -> str:
+    """An nftables table with one output chain holding rules (accept by default)."""
+    body = "\n".join(f"    {rule}" for rule in rules)
+    return (
+        f"table inet {name} {{\n  chain output {{\n"
+        f"    type filter hook output priority 0; policy accept;\n{body}\n  }}\n}}\n"
+    )
 
 
 class EgressFilter:
     def __init__(self, first_uid: int, last_uid: int, allow: tuple[str, ...] = (), proxies: tuple[str, ...] = ()):
         self.table = f"sandlot_{first_uid}"
         self.uids = f"{first_uid}-{last_uid}"
-        self.allow = [str(ipaddress.ip_network(a, strict=False)) for a in allow]
+        self.allow = normalise(allow)
         self.proxies = list(proxies)
         self.installed = False
 
     def ruleset(self) -> str:
-        owner = f"meta skuid {self.uids}"
-        rules = [f"{owner} ct state established,related accept"]
-        for server in resolvers():
-            fam = _family(server)
-            rules.append(f"{owner} {fam} daddr {server} udp dport 53 accept")
-            rules.append(f"{owner} {fam} daddr {server} tcp dport 53 accept")
-        for address, port in proxy_endpoints(self.proxies):
-            rules.append(f"{owner} {_family(address)} daddr {address} tcp dport {port} accept")
-        for network in self.allow:
-            rules.append(f"{owner} {_family(network)} daddr {network} accept")
-        rules.append(f"{owner} fib daddr type {{ {HOST_ADDRESS_TYPES} }} reject")
-        rules.append(f"{owner} ip daddr {{ {', '.join(DENIED_V4)} }} reject")
-        rules.append(f"{owner} ip6 daddr {{ {', '.join(DENIED_V6)} }} reject")
-        body = "\n".join(f"    {rule}" for rule in rules)
-        return (
-            f"table inet {self.table} {{\n  chain output {{\n"
-            f"    type filter hook output priority 0; policy accept;\n{body}\n  }}\n}}\n"
+        return output_table(
+            self.table, egress_rules(f"meta skuid {self.uids}", self.allow, proxy_endpoints(self.proxies))
         )
 
     def install(self) -> bool:

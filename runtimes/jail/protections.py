@@ -8,8 +8,9 @@ its mode from it instead of from a single "am I root" switch.
 Every probe runs in a forked child, because on some platforms a refused call
 does not fail: it kills the caller with SIGSYS. A probe that dies says so.
 
-Only the standard library and pyseccomp (for the seccomp probe) are used: the
-record must be obtainable before anything else of the jail is set up.
+Only the standard library, pyseccomp (for the seccomp probe) and libnftables (through
+ctypes, for the network namespace's) are used: the record must be obtainable before
+anything else of the jail is set up.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from runtimes import linux
+from runtimes.jail import nftables
 
 _LANDLOCK_CREATE_RULESET = {"x86_64": 444, "aarch64": 444}
 _LANDLOCK_CREATE_RULESET_VERSION = 1
 
 # Places a run or the service might write to; the record says which are writable here.
 WRITABLE_CANDIDATES = ("/", "/etc", "/usr", "/var/tmp", "/tmp", "/dev/shm")
+TUN_DEVICE = "/dev/net/tun"
 PROBE_UID = 65534  # nobody: any uid other than ours tells whether we may change identity
 
 
@@ -53,6 +56,9 @@ class Protections:
     landlock: int  # Landlock ABI version, 0 when absent
     cgroups: bool  # a cgroup hierarchy (v1 pids controller, or v2) this process may create groups in
     writable: tuple[str, ...] = ()  # which of WRITABLE_CANDIDATES this process can write to
+    # Egress filtering without the host's nftables: a network namespace of our own (in a new user
+    # namespace without root) takes nft rules, and /dev/net/tun opens (pasta's link to it; userspace_net.py)
+    netns_egress: bool = False
     errors: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -135,6 +141,16 @@ def _cgroups() -> None:
     raise OSError(errno.EACCES, "no cgroup hierarchy this process may create groups in")
 
 
+def _netns_egress() -> None:
+    _unshare_as_caller(linux.CLONE_NEWNET)
+    nftables.run("table inet sandlot_probe {\n chain output {\n  type filter hook output priority 0;\n }\n}\n")
+    try:
+        os.close(os.open(TUN_DEVICE, os.O_RDWR | os.O_CLOEXEC))
+    except OSError as exc:
+        why = f"{TUN_DEVICE} (pasta needs it; Debian's udev makes it mode 0666): {exc.strerror}"
+        raise OSError(exc.errno, why) from None
+
+
 def _writable(path: str) -> bool:
     try:
         fd, name = tempfile.mkstemp(prefix=".sandlot-probe-", dir=path)
@@ -161,6 +177,7 @@ _PROBES: dict[str, Callable[[], object]] = {
     "landlock": _landlock,
     "cgroups": _cgroups,
     "writable": lambda: [p for p in WRITABLE_CANDIDATES if _writable(p)],
+    "netns_egress": _netns_egress,
 }
 
 
@@ -229,6 +246,7 @@ def probe() -> Protections:
         landlock=int(values["landlock"] or 0),
         cgroups=bool(values["cgroups"]),
         writable=tuple(values["writable"] or ()),
+        netns_egress=bool(values["netns_egress"]),
         errors=errors,
     )
 

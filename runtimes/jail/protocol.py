@@ -14,6 +14,9 @@ FORKED = b"C"  # zygote -> service: pid; fds: pidfd
 FORK_FAILED = b"E"  # zygote -> service: reason
 EXITED = b"X"  # zygote -> service: pid, killed-by-signal flag, code or signal number
 READY = b"R"  # zygote -> service: JSON report of the protections in force
+NET_ATTACH = b"N"  # zygote -> service (before READY): pasta may come; fds: its user and network namespaces
+NET_READY = b"n"  # service -> zygote: pasta has configured it
+NET_FAILED = b"f"  # service -> zygote: reason it could not
 
 MAX_MESSAGE = 65536
 _PID_STATUS = struct.Struct("<iii")

@@ -25,6 +25,8 @@ from runtimes.jail.pool import ChildPool
 from runtimes.jail.protections import Protections, platform_protections
 from runtimes.jail.supervisor import SandboxUnavailable, Zygote
 from runtimes.jail.uids import UidPool
+from runtimes.jail.userspace_net import NamespaceNetwork
+from runtimes.jail.userspace_net import plan as plan_network
 from runtimes.payload import RunRequest
 from runtimes.tree import TreeSpec
 
@@ -49,6 +51,7 @@ class JailedRuntime:
         self._tree_root = ""
         self._tree_root_lock = -1  # held while this instance may still start zygotes on that mount point
         self._egress: EgressFilter | None = None
+        self._network: NamespaceNetwork | None = None  # userns without root: the runs' own network namespace
         self.on_layer_unused: list = []  # called with a layer path no zygote uses any more
 
     # ---- for subclasses --------------------------------------------------------
@@ -92,6 +95,7 @@ class JailedRuntime:
             self.mode = modes.select(config.jail, self.platform, config.one_run_at_a_time)
             log.info("%s jail: %s", self.language, self.mode)
             tmp_parent = self._claim_identities()
+            self._network = self._plan_network()
             self._tree_root, self._tree_root_lock = _make_tree_root(self.language)
             per_run_uids = self._uids if self.mode == modes.FULL else None
             # one run at a time: nothing is kept ready here (jail/oneshot.py prepares children once a run is over)
@@ -140,10 +144,22 @@ class JailedRuntime:
             self._uids.first,
             self._uids.first + self._uids.size - 1,
             allow=config.egress_allow,
-            proxies=tuple(v for k, v in config.run_env.items() if k.isupper()),
+            proxies=self._proxies(),
         )
         self._egress.install()
         return None
+
+    def _plan_network(self) -> NamespaceNetwork | None:
+        """userns without root: a network namespace per zygote, with pasta and nft in it, or network runs refused."""
+        if self.mode != modes.USERNS or os.geteuid() == 0 or self.platform is None:
+            return None
+        network = plan_network(self.platform, self.config.pasta, self.config.egress_allow, self._proxies())
+        if network.refused:
+            log.warning("%s: %s", self.language, network.refused)
+        return network
+
+    def _proxies(self) -> tuple[str, ...]:
+        return tuple(v for k, v in self.config.run_env.items() if k.isupper())
 
     def zygote_config(self) -> dict:
         """What a new zygote is started with, from the current layer and settings."""
@@ -155,6 +171,7 @@ class JailedRuntime:
             "tree": self.tree().to_dict() if self.mode in modes.TREE_MODES else None,
             "tree_root": self._tree_root,
             "zygote_uid": self._zygote_uid,
+            "network": self._network.zygote_config() if self._network else None,
             "plan": {
                 "mode": self.mode,
                 "landlock": self.platform.landlock if self.platform and self.mode in modes.TREE_MODES else 0,
@@ -167,7 +184,7 @@ class JailedRuntime:
         }
 
     async def _start_zygote(self) -> Zygote:
-        zygote = Zygote(self.interpreter(), self.zygote_config(), self.config.environment())
+        zygote = Zygote(self.interpreter(), self.zygote_config(), self.config.environment(), network=self._network)
         zygote.tag = self.layer()
         await zygote.start()
         return zygote
@@ -258,7 +275,10 @@ class JailedRuntime:
             "landlock": landlock,
             "rlimits": True,
             "scrubbed_environment": True,
-            "egress_filter": bool(self._egress and self._egress.installed),
+            "egress_filter": bool(self._egress and self._egress.installed)
+            or bool(self._network and self._network.in_force),
+            "network_namespace": bool(self._network and self._network.netns),  # the runs' own (userns without root)
+            "network_refused": self._network.refused if self._network else "",
         }
 
     # ---- runs -----------------------------------------------------------------
@@ -268,6 +288,8 @@ class JailedRuntime:
             raise SandboxUnavailable(self.refused)
         if self.pool is None or not self.started:
             raise SandboxUnavailable(f"the {self.language} runtime is starting")
+        if request.enable_network and self._network is not None and self._network.refused:
+            raise SandboxUnavailable(self._network.refused)
         timeout = self.config.clamp_timeout(request.timeout)
         child = await self.pool.take(self.variant(request))
         try:

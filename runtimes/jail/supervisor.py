@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from runtimes.jail import protocol, zygote
+from runtimes.jail.userspace_net import NamespaceNetwork, Pasta
 from runtimes.payload import Unavailable
 
 log = logging.getLogger("sandlot.jail")
@@ -47,7 +48,7 @@ class Child:
 
 
 class Zygote:
-    def __init__(self, python: str, config: dict, env: dict[str, str]):
+    def __init__(self, python: str, config: dict, env: dict[str, str], network: NamespaceNetwork | None = None):
         self.on_exit: list = []  # called once if the zygote dies on its own
         self.tag = ""  # what the owner wants to know it by (the layer it was started on)
         self._python = python
@@ -62,6 +63,9 @@ class Zygote:
         self.report: dict = {}
         self.forks = 0
         self.alive = False
+        self._network = network  # userns without root: the runs' namespace and pasta (userspace_net.py)
+        self._pasta: Pasta | None = None
+        self._tasks: set[asyncio.Task] = set()
 
     async def start(self) -> dict:
         loop = asyncio.get_running_loop()
@@ -130,7 +134,7 @@ class Zygote:
         while True:
             try:
                 message, fds, _flags, _addr = socket.recv_fds(
-                    self._control, protocol.MAX_MESSAGE, 1, socket.MSG_CMSG_CLOEXEC
+                    self._control, protocol.MAX_MESSAGE, 2, socket.MSG_CMSG_CLOEXEC
                 )
             except BlockingIOError:
                 return
@@ -152,6 +156,50 @@ class Zygote:
                 self._resolve_pending(error=SandboxUnavailable(f"fork failed: {body.decode(errors='replace')}"))
             elif kind == protocol.READY and self._ready and not self._ready.done():
                 self._ready.set_result(json.loads(body))
+            elif kind == protocol.NET_ATTACH:
+                task = asyncio.get_running_loop().create_task(self._attach_network(fds))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _attach_network(self, namespaces: list[int]) -> None:
+        """The zygote has its network namespace and rules (fds: its user and network namespaces):
+        pasta gives it a way out, then the zygote goes on."""
+        try:
+            if self._network is None or not self._network.in_force or len(namespaces) != 2:
+                raise OSError("this runtime has no network for its runs")
+            pasta = await Pasta.attach(self._network, *namespaces)
+        except OSError as exc:
+            self._send(protocol.NET_FAILED + str(exc).encode())
+            return
+        finally:
+            for fd in namespaces:
+                os.close(fd)
+        if not self.alive:
+            pasta.stop()
+            return
+        self._pasta = pasta
+        asyncio.get_running_loop().add_reader(pasta.pidfd, self._on_pasta_exit)
+        self._send(protocol.NET_READY)
+
+    def _send(self, message: bytes) -> None:
+        if self._control is not None:
+            try:
+                self._control.send(message)
+            except OSError:
+                pass  # the zygote is gone: _on_eof follows
+
+    def _on_pasta_exit(self) -> None:
+        """Without pasta the runs' network is gone: this zygote ends too, and the pool starts another."""
+        log.error("pasta (the runs' network) ended: stopping its zygote")
+        self._stop_pasta()
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+
+    def _stop_pasta(self) -> None:
+        if self._pasta is not None:
+            asyncio.get_running_loop().remove_reader(self._pasta.pidfd)
+            self._pasta.stop()
+            self._pasta = None
 
     def _resolve_pending(self, result=None, error=None) -> None:
         if not self._pending:
@@ -198,6 +246,7 @@ class Zygote:
         while self._pending:
             self._resolve_pending(error=SandboxUnavailable("the zygote exited"))
         self._orphans_die()
+        self._stop_pasta()
         for callback in self.on_exit:
             callback(self)
 
@@ -216,6 +265,7 @@ class Zygote:
                 self._process.kill()
                 await asyncio.to_thread(self._process.wait)
         self._orphans_die()
+        self._stop_pasta()
         remaining = [f for f in self._exits.values() if not f.done()]
         if remaining:
             await asyncio.wait(remaining, timeout=10)

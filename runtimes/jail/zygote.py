@@ -33,7 +33,7 @@ import sys
 import traceback
 
 from runtimes import linux, tree
-from runtimes.jail import namespaces, protocol
+from runtimes.jail import namespaces, nftables, protocol
 from runtimes.jail.child import ChildPlan, Handles, confine, fence_signals, tmpfs_takes_huge_pages
 from runtimes.jail.inits import InitMaker, fork_run
 from runtimes.jail.modes import TREE_MODES, USERNS
@@ -60,8 +60,11 @@ class Zygote:
         mode = self.plan.mode
         if mode == USERNS and os.geteuid() != 0:  # a user namespace of its own, to build the tree in
             uid, gid = os.getuid(), os.getgid()
-            linux.unshare(linux.CLONE_NEWUSER)
+            network = config.get("network") or {}
+            linux.unshare(linux.CLONE_NEWUSER | (linux.CLONE_NEWNET if network.get("netns") else 0))
             namespaces.map_own_ids(self.proc, uid, gid)
+            if network.get("ruleset"):
+                self._join_network(network["ruleset"])
         if mode in TREE_MODES:
             tree.build_and_enter(config["tree"], config["tree_root"])
             self.plan = dataclasses.replace(self.plan, tmp_huge_pages=tmpfs_takes_huge_pages())
@@ -79,6 +82,20 @@ class Zygote:
             while path in sys.path:
                 sys.path.remove(path)
         sys.path_importer_cache.clear()
+
+    def _join_network(self, ruleset: str) -> None:
+        """The runs' network namespace (userspace_net.py): its egress rules, then pasta from the service."""
+        nftables.run_in_child(ruleset)
+        # pasta joins them through these (the zygote is not dumpable: its /proc/<pid>/ns is closed to others)
+        spaces = [os.open(f"self/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=self.proc) for kind in ("user", "net")]
+        try:
+            socket.send_fds(self.control, [protocol.NET_ATTACH], spaces)
+        finally:
+            for fd in spaces:
+                os.close(fd)
+        answer = self.control.recv(protocol.MAX_MESSAGE)
+        if answer != protocol.NET_READY:
+            raise OSError(f"no network for the runs: {answer[1:].decode(errors='replace') or 'the service is gone'}")
 
     def serve(self) -> None:
         # before the warm-up: the inits are forks of a small process, not of the warm heap

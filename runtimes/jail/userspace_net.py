@@ -1,0 +1,238 @@
+"""Network for the runs of a zygote without root: a namespace of their own, egress through pasta, nft inside.
+
+Without root the host's nftables are out of reach (egress.py's table needs CAP_NET_ADMIN on the
+host), and a run in the host's network stack could reach its loopback, its own addresses and
+its private networks. So a `userns` zygote without root unshares a network namespace with its
+user namespace (zygote.py `confine_tree`); all its children, and so every run, live in it. There:
+
+- the zygote installs the egress rules while it holds CAP_NET_ADMIN in its own user namespace
+  (nftables.py): the same refusals as root's (egress.py), for every socket of the namespace, plus
+  the host's own addresses by name, read when the zygote starts (in the namespace only the one
+  address pasta copies is "local");
+- the service then starts pasta (Debian package `passt`) attached to the zygote's user and network
+  namespaces. pasta gives the namespace a tap interface with the host's address and routes and
+  carries each TCP/UDP flow out through an ordinary socket of its own on the host. Nothing is
+  forwarded into the namespace (`-t none -u none`), nothing from the namespace to the host's
+  ports (`-T none -U none`, except the port of a proxy on the host's loopback, which the rules
+  allow), and the gateway address is not mapped to the host's loopback (`--no-map-gw`).
+
+pasta runs as the service's uid in the host's namespaces, as the service's child: it is killed
+when its zygote ends, by its parent-death signal when the service dies, and its own end ends its
+zygote (the pool starts another). Runs cannot reach it: each is in a PID namespace of its own
+without /proc, and the signal fence and Landlock keep their signals to themselves.
+
+Where this cannot be had (no network namespace, no nftables or /dev/net/tun for it, no pasta),
+runs with network are refused with the reason, never given the host's network unfiltered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import ipaddress
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+from runtimes import linux
+from runtimes.jail.egress import egress_rules, normalise, output_table, proxy_endpoints
+from runtimes.jail.protections import Protections
+
+log = logging.getLogger("sandlot.jail")
+
+TABLE = "sandlot_egress"
+ATTACH_TIMEOUT = 10.0  # seconds for pasta to configure the namespace
+
+
+def host_addresses(proc_net: str = "/proc/net") -> tuple[str, ...]:
+    """Every address this process's network namespace calls its own (its local and broadcast
+    routes, IPv4; its interface addresses, IPv6), read as an unprivileged process can."""
+    found: set[str] = set()
+    try:
+        with open(os.path.join(proc_net, "fib_trie")) as f:
+            last = ""
+            for line in f:
+                text = line.strip()
+                if text.startswith("|--"):
+                    last = text[3:].strip()
+                elif last and text.startswith("/32 ") and text.endswith(("LOCAL", "BROADCAST")):
+                    found.add(last)
+    except OSError:
+        pass
+    try:
+        with open(os.path.join(proc_net, "if_inet6")) as f:
+            for line in f:
+                raw = line.split()[0] if line.strip() else ""
+                if len(raw) == 32:
+                    found.add(str(ipaddress.IPv6Address(bytes.fromhex(raw))))
+    except OSError:
+        pass
+    return tuple(sorted(found, key=lambda a: (ipaddress.ip_address(a).version, ipaddress.ip_address(a))))
+
+
+@dataclass(frozen=True)
+class NamespaceNetwork:
+    """What the zygotes of a `userns` runtime without root do for their runs' network."""
+
+    netns: bool  # a network namespace of their own (runs without network then have no way out at all)
+    pasta: str = ""  # pasta's path; "" when runs with network are refused
+    allow: tuple[str, ...] = ()  # SANDLOT_EGRESS_ALLOW, normalised
+    proxies: tuple[tuple[str, int], ...] = ()  # the proxies' addresses and ports, reachable although private
+    refused: str = ""  # why runs with network are refused here ("" when they are served)
+
+    @property
+    def in_force(self) -> bool:
+        return bool(self.pasta) and not self.refused
+
+    def ruleset(self) -> str:
+        """The namespace's egress rules, with the host's addresses as they are now."""
+        return output_table(TABLE, egress_rules("", list(self.allow), list(self.proxies), host_addresses()))
+
+    def zygote_config(self) -> dict:
+        """For the zygote: whether to unshare a network namespace, and the rules to install before pasta."""
+        return {"netns": self.netns, "ruleset": self.ruleset() if self.in_force else ""}
+
+    @property
+    def loopback_ports(self) -> tuple[int, ...]:
+        """Ports of proxies on the host's loopback: pasta forwards these (and only these) to it."""
+        return tuple(sorted({port for address, port in self.proxies if ipaddress.ip_address(address).is_loopback}))
+
+    def pasta_command(self, userns: int, netns: int, pid_file: str) -> list[str]:
+        """pasta on the namespaces open as fds userns and netns (inherited), ready once pid_file is written."""
+        forwarded = ",".join(str(p) for p in self.loopback_ports) or "none"
+        return [
+            self.pasta,
+            "--foreground",
+            "--quiet",
+            "--config-net",
+            "--tcp-ports",
+            "none",
+            "--udp-ports",
+            "none",
+            "--tcp-ns",
+            forwarded,
+            "--udp-ns",
+            "none",
+            "--no-map-gw",
+            "--userns",
+            f"/proc/self/fd/{userns}",
+            "--netns",
+            f"/proc/self/fd/{netns}",
+            "--no-netns-quit",  # not bound to a file; pasta is stopped with its zygote
+            "--pid",
+            pid_file,
+        ]
+
+
+def plan(record: Protections, pasta: str, allow: tuple[str, ...], proxies: tuple[str, ...]) -> NamespaceNetwork:
+    """The runs' network for a `userns` runtime without root, from the protections record and settings."""
+    if not record.net_namespaces:
+        why = record.errors.get("net_namespaces", "not available")
+        return NamespaceNetwork(
+            netns=False,
+            refused=f"runs with network are refused: without root they need a network namespace of their own, "
+            f"and none can be made here ({why})",
+        )
+    if not record.netns_egress:
+        why = record.errors.get("netns_egress", "not available")
+        return NamespaceNetwork(
+            netns=True,
+            refused=f"runs with network are refused: without root their egress filter needs nftables in a network "
+            f"namespace and /dev/net/tun ({why})",
+        )
+    found = shutil.which(pasta) if pasta else None
+    if not found:
+        where = f"{pasta!r} not found (SANDLOT_PASTA)" if pasta else "SANDLOT_PASTA is empty"
+        return NamespaceNetwork(
+            netns=True,
+            refused=f"runs with network are refused: without root they need pasta (apt-get install passt): {where}",
+        )
+    return NamespaceNetwork(
+        netns=True, pasta=found, allow=tuple(normalise(allow)), proxies=tuple(proxy_endpoints(list(proxies)))
+    )
+
+
+def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs between fork and exec
+    linux.set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+class Pasta:
+    """One pasta process giving one zygote's network namespace its way out."""
+
+    def __init__(self, process: subprocess.Popen, workdir: str):
+        self.process = process
+        self.pidfd = os.pidfd_open(process.pid)
+        self._workdir = workdir
+
+    @classmethod
+    async def attach(cls, network: NamespaceNetwork, userns: int, netns: int) -> Pasta:
+        """Start pasta on a zygote's namespaces (fds it sent); return once pasta has configured them."""
+        workdir = tempfile.mkdtemp(prefix="sandlot-pasta-")
+        pid_file = os.path.join(workdir, "pid")
+        errors = open(os.path.join(workdir, "stderr"), "wb")  # noqa: SIM115 - pasta's, closed here once started
+        try:
+            process = subprocess.Popen(
+                network.pasta_command(userns, netns, pid_file),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=errors,
+                env={},
+                cwd="/",
+                close_fds=True,
+                pass_fds=(userns, netns),
+                preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+            )
+        except OSError as exc:
+            errors.close()
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise OSError(f"pasta could not be started: {exc}") from exc
+        errors.close()
+        pasta = cls(process, workdir)
+        try:
+            await pasta._configured(pid_file)
+        except BaseException:
+            pasta.stop()
+            raise
+        shutil.rmtree(workdir, ignore_errors=True)  # pasta keeps its stderr open; nothing else is needed
+        return pasta
+
+    async def _configured(self, pid_file: str) -> None:
+        """Wait for pasta's pid file: it writes it once the namespace is configured."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ATTACH_TIMEOUT
+        while not _read(pid_file):
+            if self.process.poll() is not None or loop.time() > deadline:
+                why = _read(os.path.join(self._workdir, "stderr")).strip() or (
+                    f"exit status {self.process.returncode}" if self.process.returncode is not None else "timeout"
+                )
+                raise OSError(f"pasta could not set up the runs' network: {why}")
+            await asyncio.sleep(0.005)
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            self.process.wait()
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
