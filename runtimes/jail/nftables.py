@@ -2,8 +2,8 @@
 
 Used where the `nft` command cannot be: a zygote without root installs the egress rules of its
 own network namespace (userspace_net.py) while it holds CAP_NET_ADMIN there, which an exec'ed
-`nft` would lose (its uid is not 0 in that user namespace). The library is loaded in a forked
-child, so it is never mapped into the zygote, whose address space every fork copies.
+`nft` would lose (its uid is not 0 in that user namespace). Callers load it in a forked child
+(protections.in_child), so it is never mapped into the zygote, whose address space every fork copies.
 
 Standard library only: the zygote imports this before it confines itself.
 """
@@ -11,7 +11,6 @@ Standard library only: the zygote imports this before it confines itself.
 from __future__ import annotations
 
 import ctypes
-import os
 
 LIBRARY = "libnftables.so.1"  # Debian: libnftables1, installed with nftables
 
@@ -39,29 +38,3 @@ def run(ruleset: str) -> None:
             raise OSError(f"nft refused the ruleset: {message or 'no reason given'}")
     finally:
         lib.nft_ctx_free(ctx)
-
-
-def run_in_child(ruleset: str) -> None:
-    """`run` in a forked child (same namespaces and capabilities); raises OSError if it failed."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        try:
-            os.close(read_end)
-            try:
-                run(ruleset)
-                os.write(write_end, b"ok")
-            except BaseException as exc:  # noqa: BLE001 - reported to the parent
-                os.write(write_end, str(exc).encode()[:4096] or b"failed")
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    answer = b""
-    try:
-        while chunk := os.read(read_end, 4096):
-            answer += chunk
-    finally:
-        os.close(read_end)
-    _, status = os.waitpid(pid, 0)
-    if answer != b"ok":
-        raise OSError(answer.decode(errors="replace") or f"the nft child ended with status {status}")

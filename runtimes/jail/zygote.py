@@ -37,6 +37,7 @@ from runtimes.jail import namespaces, nftables, protocol
 from runtimes.jail.child import ChildPlan, Handles, confine, fence_signals, tmpfs_takes_huge_pages
 from runtimes.jail.inits import InitMaker, fork_run
 from runtimes.jail.modes import TREE_MODES, USERNS
+from runtimes.jail.protections import in_child
 
 CHILD_SETUP_FAILED = 125
 
@@ -85,7 +86,9 @@ class Zygote:
 
     def _join_network(self, ruleset: str) -> None:
         """The runs' network namespace (userspace_net.py): its egress rules, then pasta from the service."""
-        nftables.run_in_child(ruleset)
+        _value, error = in_child(lambda: nftables.run(ruleset))  # libnftables never mapped into the zygote
+        if error:
+            raise OSError(error)
         # pasta joins them through these (the zygote is not dumpable: its /proc/<pid>/ns is closed to others)
         spaces = [os.open(f"self/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=self.proc) for kind in ("user", "net")]
         try:

@@ -93,6 +93,11 @@ def start_simulated(
 
 def processes_of_sim_uid() -> list[tuple[int, int, str]]:
     """(pid, parent, command) of every live process of the simulated uid."""
+    return live_processes_of(SIM_UID)
+
+
+def live_processes_of(uid: int) -> list[tuple[int, int, str]]:
+    """(pid, parent, command) of every process of uid that is not a zombie."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -105,6 +110,6 @@ def processes_of_sim_uid() -> list[tuple[int, int, str]]:
         except OSError:
             continue
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if int(fields["Uid"].split()[0]) == SIM_UID and fields["State"].split()[0] not in ("Z", "X"):
+        if int(fields["Uid"].split()[0]) == uid and fields["State"].split()[0] not in ("Z", "X"):
             found.append((int(entry), int(fields["PPid"]), command))
     return found

@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 
 from service import IS_ROOT  # noqa: E402
-from simulated import SYSTEM_PYTHON  # noqa: E402
+from simulated import SYSTEM_PYTHON, live_processes_of  # noqa: E402
 
 from runtimes.jail.oneshot import Scratch, kill_strays, strays_of  # noqa: E402
 
@@ -76,18 +76,7 @@ def test_the_runtimes_own_files_are_watched(tmp_path):
 
 
 def processes_of(uid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
-        except OSError:
-            continue
-        if int(fields["Uid"].split()[0]) == uid and fields["State"].split()[0] not in ("Z", "X"):
-            found.append(int(entry))
-    return found
+    return [pid for pid, _parent, _command in live_processes_of(uid)]
 
 
 def as_run_uid(command: str) -> subprocess.Popen:
