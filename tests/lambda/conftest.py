@@ -7,11 +7,14 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from functions import boto_environment, start_function  # noqa: E402
+from functions import OWN_UID, boto_environment, start_function  # noqa: E402
+from service import IS_ROOT  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def python_function():
+    if not IS_ROOT:
+        pytest.skip(OWN_UID)
     instance = start_function("python3")
     assert instance.ready, instance.output()
     yield instance
@@ -20,6 +23,8 @@ def python_function():
 
 @pytest.fixture(scope="session")
 def node_function():
+    if not IS_ROOT:
+        pytest.skip(OWN_UID)
     instance = start_function("nodejs")
     assert instance.ready, instance.output()
     yield instance

@@ -45,6 +45,11 @@ def function_env(language: str, **extra: str) -> dict[str, str]:
     return env
 
 
+# A runtime function owns its uid, as on Lambda: after each run it kills that uid's other processes and
+# removes that uid's new files from /tmp. Started without root it would take the test runner's own.
+OWN_UID = "a runtime function takes its uid as its own (its strays killed, its /tmp files removed): needs root"
+
+
 def start_function(language: str, timeout: float = 30, **extra: str) -> FunctionInstance:
     os.makedirs(function_env(language)["SANDLOT_DATA_DIR"], exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="sandlot-fn-")

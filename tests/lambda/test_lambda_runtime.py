@@ -5,12 +5,14 @@ import os
 import sys
 
 import pytest
-from functions import FAKE_CREDENTIALS, start_function
+from functions import FAKE_CREDENTIALS, OWN_UID, start_function
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 
 from service import IS_ROOT  # noqa: E402
 from test_cases import CASES, check  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not IS_ROOT, reason=OWN_UID)
 
 LIMIT = 6_291_456
 
