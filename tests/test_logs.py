@@ -8,7 +8,7 @@ import re
 
 import httpx
 import pytest
-from service import API_KEY
+from service import API_KEY, wait_for
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
@@ -26,6 +26,12 @@ def run_lines(output: str, request_id: str) -> list[dict]:
     return [line for line in json_lines(output) if line.get("request_id") == request_id and line.get("event") == "run"]
 
 
+def logged_run_lines(service, request_id: str) -> list[dict]:
+    """The request's run lines, once written: the middleware logs after the response has gone out."""
+    wait_for(lambda: run_lines(service.output(), request_id))
+    return run_lines(service.output(), request_id)
+
+
 def test_one_json_line_per_run_with_its_facts_and_no_code_or_output(service):
     secret_code = "print('OUTPUT-MARK-' + 'x7'); import sys; print('ERR-MARK-z9', file=sys.stderr); sys.exit(4)"
     response = httpx.post(
@@ -36,8 +42,8 @@ def test_one_json_line_per_run_with_its_facts_and_no_code_or_output(service):
     )
     assert response.headers["x-request-id"] == "req-logs-1"
     assert response.json()["data"]["exit_code"] == 4
+    [line] = logged_run_lines(service, "req-logs-1")
     output = service.output()
-    [line] = run_lines(output, "req-logs-1")
     assert line["trace_id"] == TRACE_ID
     assert line["language"] == "python3"
     assert line["outcome"] == "error"
@@ -68,7 +74,7 @@ def test_refused_and_invalid_run_requests_get_their_line_too(service):
         headers={"X-Api-Key": API_KEY, "X-Request-Id": "req-logs-bad"},
         json={"language": "python3", "code": ""},
     )
-    [line] = run_lines(service.output(), "req-logs-bad")
+    [line] = logged_run_lines(service, "req-logs-bad")
     assert line["outcome"] == "invalid" and line["status"] == 400 and line["language"] == "python3"
 
 
