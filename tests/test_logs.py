@@ -86,7 +86,12 @@ def test_plain_text_format_and_debug_payloads(narrow):
         timeout=60,
     )
     assert response.headers["x-request-id"] == "req-text-1"
-    lines = [line for line in narrow.output().splitlines() if "request_id=req-text-1" in line]
+
+    def text_lines() -> list[str]:
+        return [line for line in narrow.output().splitlines() if "request_id=req-text-1" in line]
+
+    wait_for(text_lines)  # written after the response has gone out
+    lines = text_lines()
     assert len(lines) == 1, lines
     assert not lines[0].startswith("{")
     assert "outcome=ok" in lines[0] and "language=python3" in lines[0]
