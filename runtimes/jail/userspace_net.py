@@ -21,14 +21,16 @@ when its zygote ends, by its parent-death signal when the service dies, and its 
 zygote (the pool starts another). Runs cannot reach it: each is in a PID namespace of its own
 without /proc, and the signal fence and Landlock keep their signals to themselves.
 
-Where this cannot be had (no network namespace, no nftables or /dev/net/tun for it, no pasta),
-runs with network are refused with the reason, never given the host's network unfiltered.
+Where this cannot be had (no network namespace, no nftables or /dev/net/tun for it, no pasta, or
+pasta ending as it starts), runs with network are refused with the reason, never given the host's
+network unfiltered; runs without network are still served.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import ipaddress
 import logging
@@ -88,6 +90,11 @@ class NamespaceNetwork:
     @property
     def in_force(self) -> bool:
         return bool(self.pasta) and not self.refused
+
+    def failed(self, why: str) -> NamespaceNetwork:
+        """pasta could not start on a zygote's namespace (e.g. its own seccomp filter refused under an
+        outer one): later zygotes do not try again, and runs with network are refused, saying why."""
+        return dataclasses.replace(self, pasta="", refused=f"runs with network are refused: {why}")
 
     def ruleset(self) -> str:
         """The namespace's egress rules, with the host's addresses as they are now."""

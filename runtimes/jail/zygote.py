@@ -97,8 +97,11 @@ class Zygote:
             for fd in spaces:
                 os.close(fd)
         answer = self.control.recv(protocol.MAX_MESSAGE)
-        if answer != protocol.NET_READY:
-            raise OSError(f"no network for the runs: {answer[1:].decode(errors='replace') or 'the service is gone'}")
+        if answer[:1] == protocol.NET_FAILED:
+            # the namespace keeps no way out: runs without network are still served, runs with it refused
+            self.report["network_error"] = answer[1:].decode(errors="replace")
+        elif answer != protocol.NET_READY:
+            raise OSError("no network for the runs: the service is gone")
 
     def serve(self) -> None:
         # before the warm-up: the inits are forks of a small process, not of the warm heap
