@@ -118,3 +118,36 @@ def _refusal(svc) -> bool:
     except Exception:  # noqa: BLE001 - not up yet
         return False
     return "no jail that keeps tenants apart" in detail["runtimes"]["python3"]["error"]
+
+
+WITH_TUN = dataclasses.replace(NOBODY, netns_egress=True)
+
+
+@pytest.mark.parametrize(
+    ("record", "pasta", "refused"),
+    [
+        (WITH_TUN, "sh", ""),  # any program found on PATH stands for pasta here
+        (NO_NAMESPACES, "sh", "none can be made here"),
+        (NOBODY, "sh", "nftables in a network namespace and /dev/net/tun"),
+        (
+            dataclasses.replace(WITH_TUN, seccomp=False, errors={"seccomp": "OSError: [Errno 125]"}),
+            "sh",
+            "pasta ends where its own seccomp filter cannot be installed, as here (OSError: [Errno 125])",
+        ),
+        (WITH_TUN, "/nonexistent/pasta", "need pasta (apt-get install passt): '/nonexistent/pasta' not found"),
+        (WITH_TUN, "", "SANDLOT_PASTA is empty"),
+    ],
+)
+def test_network_without_root_is_served_only_where_pasta_can_work(record, pasta, refused):
+    """Runs with network without root: served through pasta, or refused with the reason, never unfiltered."""
+    from runtimes.jail.userspace_net import plan
+
+    network = plan(record, pasta, (), ())
+    assert network.in_force is (not refused)
+    assert (refused in network.refused) if refused else network.refused == ""
+    assert network.netns is record.net_namespaces  # runs without network never share the host's stack
+    if refused:
+        assert network.zygote_config()["ruleset"] == ""  # no pasta is started for it
+    else:
+        failed = network.failed("pasta could not set up the runs' network: it said no")
+        assert not failed.in_force and failed.refused.endswith("it said no")

@@ -482,23 +482,33 @@ def test_without_root_and_without_pasta_network_runs_are_refused_and_others_serv
             svc.stop()
 
 
-FAILING_PASTA = """#!/bin/sh
+FAILING_PASTA = {
+    # ends before it has configured the namespace
+    "before": """#!/bin/sh
 echo started >> "$(dirname "$0")/calls"
+echo "Failed to open tun device (simulated)" >&2
+exit 1
+""",
+    # configures it (writes its pid file), then ends: the real pasta where its own seccomp filter is refused
+    "after": """#!/bin/sh
+echo started >> "$(dirname "$0")/calls"
+while [ $# -gt 0 ]; do [ "$1" = --pid ] && echo $$ > "$2"; shift; done
 echo "Failed to set up seccomp filter (simulated)" >&2
 exit 1
-"""
+""",
+}
 
 
-@pytest.fixture
-def failing_pasta():
-    """A pasta that ends as it starts, as the real one does where its own seccomp filter is refused."""
+@pytest.fixture(params=sorted(FAILING_PASTA))
+def failing_pasta(request):
+    """A pasta that ends as it starts, before or after it has configured the namespace."""
     where = tempfile.mkdtemp(prefix="sandlot-failing-pasta-", dir="/var/tmp")
     path = os.path.join(where, "pasta")
     with open(path, "w") as f:
-        f.write(FAILING_PASTA)
+        f.write(FAILING_PASTA[request.param])
     os.chmod(path, 0o755)
     os.chmod(where, 0o777)  # the service's uid notes each start there
-    yield path
+    yield path, "(simulated)"
     shutil.rmtree(where, ignore_errors=True)
 
 
@@ -507,23 +517,24 @@ def test_without_root_a_pasta_that_cannot_start_refuses_network_runs_and_others_
     network are refused with pasta's own words, and later zygotes do not try pasta again."""
     _needs_unprivileged_network()
     with inside(world.host):
-        svc = unprivileged.service(SANDLOT_PASTA=failing_pasta, SANDLOT_ZYGOTE_MAX_FORKS="10").start()
+        pasta, said = failing_pasta
+        svc = unprivileged.service(SANDLOT_PASTA=pasta, SANDLOT_ZYGOTE_MAX_FORKS="10").start()
         try:
             for language in LANGUAGES:
                 refused = svc.run(
                     connect_code(language, [(PUBLIC, CANARY_PORT)]), language=language, enable_network=True
                 )
                 assert refused["code"] == -500, refused
-                assert "Failed to set up seccomp filter (simulated)" in refused["message"], refused
+                assert said in refused["message"] and "pasta" in refused["message"], refused
                 protections = svc.detail()["runtimes"][language]["protections"]
                 assert protections["egress_filter"] is False and protections["network_namespace"] is True
-                assert "Failed to set up seccomp filter" in protections["network_refused"]
+                assert said in protections["network_refused"]
             for _ in range(12):  # past the fork limit: the next zygotes start, without pasta
                 assert run(svc, "print(6 * 7)")["stdout"] == "42\n"
             assert run(svc, HOSTNAME["nodejs"], "nodejs")["stdout"] == "sandbox sandbox\n"
             data = run(svc, connect_code("python3", [(PUBLIC, CANARY_PORT)]), "python3", enable_network=False)
             assert outcome(data["stdout"]) == {(PUBLIC, CANARY_PORT): REFUSED}, data
-            with open(os.path.join(os.path.dirname(failing_pasta), "calls")) as f:
+            with open(os.path.join(os.path.dirname(pasta), "calls")) as f:
                 assert f.read().count("started") == len(LANGUAGES)  # once per runtime, at its first zygote
             assert svc.process.poll() is None
         finally:

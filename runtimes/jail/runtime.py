@@ -187,7 +187,7 @@ class JailedRuntime:
         zygote = Zygote(self.interpreter(), self.zygote_config(), self.config.environment(), network=self._network)
         zygote.tag = self.layer()
         await zygote.start()
-        failed = zygote.report.get("network_error")
+        failed = zygote.network_error
         if failed and self._network is not None and not self._network.refused:
             self._network = self._network.failed(failed)
             log.error("%s: %s", self.language, self._network.refused)

@@ -65,6 +65,7 @@ class Zygote:
         self.alive = False
         self._network = network  # userns without root: the runs' namespace and pasta (userspace_net.py)
         self._pasta: Pasta | None = None
+        self.network_error = ""  # why its runs have no network after all (pasta failed or ended as it started)
         self._tasks: set[asyncio.Task] = set()
 
     async def start(self) -> dict:
@@ -169,6 +170,7 @@ class Zygote:
                 raise OSError("this runtime has no network for its runs")
             pasta = await Pasta.attach(self._network, *namespaces)
         except OSError as exc:
+            self.network_error = str(exc)
             self._send(protocol.NET_FAILED + str(exc).encode())
             return
         finally:
@@ -189,9 +191,17 @@ class Zygote:
                 pass  # the zygote is gone: _on_eof follows
 
     def _on_pasta_exit(self) -> None:
-        """Without pasta the runs' network is gone: this zygote ends too, and the pool starts another."""
-        log.error("pasta (the runs' network) ended: stopping its zygote")
+        """Without pasta the runs' network is gone. Ended while its zygote starts (pasta applies its own
+        seccomp filter only after it has configured the namespace): the zygote serves runs without
+        network, and the runtime refuses the others. Ended later: this zygote ends too, and the pool
+        starts another."""
+        assert self._pasta is not None
+        why = self._pasta.failure()
         self._stop_pasta()
+        if self._ready is not None and not self._ready.done():
+            self.network_error = f"pasta ended as its zygote started: {why}"
+            return
+        log.error("pasta (the runs' network) ended (%s): stopping its zygote", why)
         if self._process is not None and self._process.poll() is None:
             self._process.kill()
 

@@ -152,6 +152,13 @@ def plan(record: Protections, pasta: str, allow: tuple[str, ...], proxies: tuple
             refused=f"runs with network are refused: without root their egress filter needs nftables in a network "
             f"namespace and /dev/net/tun ({why})",
         )
+    if not record.seccomp:
+        why = record.errors.get("seccomp", "not available")
+        return NamespaceNetwork(
+            netns=True,
+            refused="runs with network are refused: without root their way out is pasta, and pasta ends where its "
+            f"own seccomp filter cannot be installed, as here ({why})",
+        )
     found = shutil.which(pasta) if pasta else None
     if not found:
         where = f"{pasta!r} not found (SANDLOT_PASTA)" if pasta else "SANDLOT_PASTA is empty"
@@ -173,41 +180,42 @@ def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs between fo
 class Pasta:
     """One pasta process giving one zygote's network namespace its way out."""
 
-    def __init__(self, process: subprocess.Popen, workdir: str):
+    def __init__(self, process: subprocess.Popen, errors: int):
         self.process = process
         self.pidfd = os.pidfd_open(process.pid)
-        self._workdir = workdir
+        self._errors = errors  # pasta's stderr: an unlinked file, read if pasta ends
 
     @classmethod
     async def attach(cls, network: NamespaceNetwork, userns: int, netns: int) -> Pasta:
         """Start pasta on a zygote's namespaces (fds it sent); return once pasta has configured them."""
         workdir = tempfile.mkdtemp(prefix="sandlot-pasta-")
         pid_file = os.path.join(workdir, "pid")
-        errors = open(os.path.join(workdir, "stderr"), "wb")  # noqa: SIM115 - pasta's, closed here once started
         try:
-            process = subprocess.Popen(
-                network.pasta_command(userns, netns, pid_file),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=errors,
-                env={},
-                cwd="/",
-                close_fds=True,
-                pass_fds=(userns, netns),
-                preexec_fn=functools.partial(_die_with_parent, os.getpid()),
-            )
-        except OSError as exc:
+            errors = tempfile.TemporaryFile(dir=workdir)  # noqa: SIM115 - kept as a bare fd, closed in stop()
+            try:
+                process = subprocess.Popen(
+                    network.pasta_command(userns, netns, pid_file),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=errors,
+                    env={},
+                    cwd="/",
+                    close_fds=True,
+                    pass_fds=(userns, netns),
+                    preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+                )
+            except OSError as exc:
+                errors.close()
+                raise OSError(f"pasta could not be started: {exc}") from exc
+            pasta = cls(process, os.dup(errors.fileno()))
             errors.close()
-            shutil.rmtree(workdir, ignore_errors=True)
-            raise OSError(f"pasta could not be started: {exc}") from exc
-        errors.close()
-        pasta = cls(process, workdir)
-        try:
-            await pasta._configured(pid_file)
-        except BaseException:
-            pasta.stop()
-            raise
-        shutil.rmtree(workdir, ignore_errors=True)  # pasta keeps its stderr open; nothing else is needed
+            try:
+                await pasta._configured(pid_file)
+            except BaseException:
+                pasta.stop()
+                raise
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)  # nothing of it is left on disk, whatever happens later
         return pasta
 
     async def _configured(self, pid_file: str) -> None:
@@ -216,9 +224,7 @@ class Pasta:
         deadline = loop.time() + ATTACH_TIMEOUT
         while not _read(pid_file):
             if self.process.poll() is not None or loop.time() > deadline:
-                why = _read(os.path.join(self._workdir, "stderr")).strip() or (
-                    f"exit status {self.process.returncode}" if self.process.returncode is not None else "timeout"
-                )
+                why = self.failure() if self.process.returncode is not None else "timeout"
                 raise OSError(f"pasta could not set up the runs' network: {why}")
             await asyncio.sleep(0.005)
 
@@ -226,15 +232,20 @@ class Pasta:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def failure(self) -> str:
+        """What pasta said before it ended (its stderr), or how it ended."""
+        said = os.pread(self._errors, 4096, 0).decode(errors="replace").strip() if self._errors >= 0 else ""
+        return said or f"exit status {self.process.poll()}"
+
     def stop(self) -> None:
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
             self.process.wait()
-        if self.pidfd >= 0:
-            os.close(self.pidfd)
-            self.pidfd = -1
-        shutil.rmtree(self._workdir, ignore_errors=True)
+        for fd in (self.pidfd, self._errors):
+            if fd >= 0:
+                os.close(fd)
+        self.pidfd = self._errors = -1
 
 
 def _read(path: str) -> str:

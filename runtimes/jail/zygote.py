@@ -97,10 +97,8 @@ class Zygote:
             for fd in spaces:
                 os.close(fd)
         answer = self.control.recv(protocol.MAX_MESSAGE)
-        if answer[:1] == protocol.NET_FAILED:
-            # the namespace keeps no way out: runs without network are still served, runs with it refused
-            self.report["network_error"] = answer[1:].decode(errors="replace")
-        elif answer != protocol.NET_READY:
+        # NET_FAILED: the namespace keeps no way out; the service refuses runs with network, serves the others
+        if answer[:1] not in (protocol.NET_READY, protocol.NET_FAILED):
             raise OSError("no network for the runs: the service is gone")
 
     def serve(self) -> None:
