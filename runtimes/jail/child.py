@@ -134,8 +134,11 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
     resource.setrlimit(resource.RLIMIT_FSIZE, (plan.max_file_bytes, plan.max_file_bytes))
     if plan.namespaced:  # counted per uid as root, per user namespace in userns: the run's own either way
         resource.setrlimit(resource.RLIMIT_NPROC, (plan.max_threads, plan.max_threads))
-    if plan.namespaced and plan.landlock:
-        landlock.restrict(plan.landlock, writable=("/tmp",), devices=DEVICES)
+    if plan.landlock:
+        # single: the run's directory is its only writable place, and (Landlock's ptrace rule) no process
+        # outside its domain, the runtime client and the zygote included, can be traced or have its
+        # memory, descriptors or environment opened, although they share its uid and stay dumpable
+        landlock.restrict(plan.landlock, writable=("/tmp",) if plan.namespaced else (tmpdir,), devices=DEVICES)
 
 
 def fence_signals() -> None:

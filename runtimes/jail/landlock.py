@@ -8,6 +8,11 @@ run, a child waiting for a later run, the zygote and the service are all
 outside). Rights the kernel's ABI does not know are left out, so the same call
 works from ABI 1 up; `restrict` says which ABI it used (0: no Landlock here).
 
+In every mode a domain also closes every process outside it to ptrace access, and so
+/proc/<pid>/mem, environ and fd: in `single` (Lambda), where the run shares the uid of the
+runtime client and the zygote and prctl cannot make them non-dumpable, that is what keeps
+them out of the run's reach; its writable place is then the run's own directory.
+
 Standard library only (the zygote imports it before it confines itself).
 """
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from runtimes import linux
-from runtimes.jail import nftables
+from runtimes.jail import landlock, nftables
 
 _LANDLOCK_CREATE_RULESET = {"x86_64": 444, "aarch64": 444}
 _LANDLOCK_CREATE_RULESET_VERSION = 1
@@ -112,6 +112,12 @@ def _landlock() -> int:
     if abi < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
+    # a domain must really be entered: it needs no_new_privs, set here or inherited where prctl is refused
+    try:
+        linux.set_no_new_privs()
+    except OSError:
+        pass
+    landlock.restrict(abi, writable=(), devices=())
     return abi
 
 

@@ -174,7 +174,7 @@ class JailedRuntime:
             "network": self._network.zygote_config() if self._network else None,
             "plan": {
                 "mode": self.mode,
-                "landlock": self.platform.landlock if self.platform and self.mode in modes.TREE_MODES else 0,
+                "landlock": self.platform.landlock if self.platform else 0,
                 "tmp_size_bytes": config.tmp_size_mb * MIB,
                 "tmp_files": config.tmp_files,
                 "max_open_files": config.max_open_files,
@@ -265,7 +265,7 @@ class JailedRuntime:
         """What each run gets in this runtime's mode (README: protections per run)."""
         mode = self.mode
         tree = mode in modes.TREE_MODES
-        landlock = self.platform.landlock if self.platform and tree else 0
+        landlock = self.platform.landlock if self.platform else 0
         return {
             "mode": mode,
             "fresh_process": True,

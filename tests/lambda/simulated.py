@@ -27,6 +27,7 @@ SYSTEM_PYTHON = "/usr/bin/python3.11"
 SIM_UID = 61051  # a uid of its own, so that sweeping it touches no one else's processes
 OUTER_FILTER = os.path.join(REPO, "tests", "outer_filter.py")
 REFUSED = "prctl,seccomp,unshare,setns,chroot,pivot_root,mount,umount2,setuid,setgid,setresuid,setresgid,setgroups"
+LANDLOCK = "landlock_create_ruleset,landlock_add_rule,landlock_restrict_self"
 LAYOUT_INPUTS = ("pyproject.toml", "layers/python/requirements.txt", "layers/nodejs/package.json", "infra/layout.sh")
 
 
@@ -60,15 +61,18 @@ def lay_out_image() -> str:
 
 
 def start_simulated(
-    image: str, language: str, sigsys: bool = False, uid: int = SIM_UID, **env: str
+    image: str, language: str, sigsys: bool = False, uid: int = SIM_UID, landlock: bool = True, **env: str
 ) -> FunctionInstance:
     """A runtime function instance on the simulated platform; its temp dir is the only place it may write.
+
+    Whether Lambda's kernel lets a function use Landlock is not known (the probe says where it runs):
+    `landlock=False` refuses its calls too, for a platform without it.
 
     Each instance sweeps its uid after every run, as on Lambda, where an instance has a sandbox of its
     own: instances that must live side by side need uids of their own."""
     tmp = tempfile.mkdtemp(prefix="sandlot-sim-")
     os.chown(tmp, uid, uid)
-    refusals = ["--sigsys" if sigsys else "--eperm", REFUSED]
+    refusals = ["--sigsys" if sigsys else "--eperm", REFUSED if landlock else f"{REFUSED},{LANDLOCK}"]
     function_env = {
         "PATH": "/usr/bin:/bin",
         "LANG": "C.UTF-8",

@@ -103,13 +103,68 @@ def test_without_seccomp_no_run_can_print_the_credentials(lenient):
         assert secret not in json.dumps(result)
 
 
-def test_the_hunt_would_find_them_if_they_were_there(lenient):
-    """The control for the test above: the runtime client's memory IS readable here (same uid, prctl
-    refused so it stays dumpable), and the hunt finds what it holds, e.g. the event itself."""
+def _event_hunt(instance) -> dict:
+    """A run looking for its own event in the memory of every process it can open."""
     marker = "marker" + os.urandom(8).hex()
     code = SECRET_HUNT.replace("SECRETS", repr([marker[::-1]])) + f"\n# {marker}"
-    result = result_of(lenient, {"language": "python3", "code": code, "enable_network": True})
-    assert f"/proc/{lenient.process.pid}/mem" in result["stdout"], result
+    return result_of(instance, {"language": "python3", "code": code, "enable_network": True})
+
+
+REACH_THE_CLIENT = """
+import os
+for what in ("mem", "environ", "fd/0", "maps"):
+    try:
+        open(f"/proc/{client}/{{what}}", "rb").read(1)
+        print(what, "opened")
+    except OSError as e:
+        print(what, e.strerror)
+for place in (os.environ["TMPDIR"], os.path.dirname(os.environ["TMPDIR"])):
+    try:
+        open(os.path.join(place, "planted"), "w").write("x")
+        print("wrote", place == os.environ["TMPDIR"] and "own" or "parent")
+    except OSError as e:
+        print("write", e.strerror)
+"""
+
+
+def test_with_landlock_a_run_cannot_open_the_runtime_client_or_write_beside_its_directory(lenient):
+    """Same uid, and the client stays dumpable (prctl refused); Landlock's ptrace rule still closes its
+    memory, environment and descriptors to the run, and the run writes only its own directory."""
+    probe = result_of(lenient, {"action": "probe"})
+    assert probe["platform"]["landlock"] >= 1 and probe["protections"]["landlock"] == probe["platform"]["landlock"]
+    result = result_of(
+        lenient,
+        {
+            "language": "python3",
+            "code": REACH_THE_CLIENT.format(client=lenient.process.pid),
+            "enable_network": True,
+        },
+    )
+    assert result["stdout"].splitlines() == [
+        "mem Permission denied",
+        "environ Permission denied",
+        "fd/0 Permission denied",
+        "maps Permission denied",
+        "wrote own",
+        "write Permission denied",
+    ], result
+    assert "clean []" in _event_hunt(lenient)["stdout"]
+
+
+def test_without_landlock_the_hunt_finds_the_event_in_the_runtime_clients_memory(image):
+    """The control, and the hole README names: where the platform has no Landlock either, the runtime
+    client's memory IS readable (same uid, prctl refused so it stays dumpable), and the hunt finds what
+    it holds, e.g. the event itself."""
+    # a uid of its own: it sweeps its uid after each run, and `lenient` lives beside it
+    instance = start_simulated(image, "python3", uid=SIM_UID + 1, landlock=False, SANDLOT_REQUIRE_SECCOMP="false")
+    try:
+        assert instance.ready, instance.output()
+        probe = result_of(instance, {"action": "probe"})
+        assert probe["platform"]["landlock"] == 0 and "landlock" in probe["platform"]["errors"]
+        result = _event_hunt(instance)
+        assert f"/proc/{instance.process.pid}/mem" in result["stdout"], result
+    finally:
+        instance.stop()
 
 
 def test_without_seccomp_nothing_a_run_leaves_reaches_the_next(lenient):
