@@ -46,6 +46,8 @@ class FunctionEnvironment(BaseSettings):
     SANDLOT_PYTHON_LAYER: str = os.path.join(IMAGE_ROOT, "layers", "python")
     SANDLOT_NODEJS_LAYER: str = os.path.join(IMAGE_ROOT, "layers", "nodejs")
     SANDLOT_PYTHON_PRELOAD: Annotated[list[str], NoDecode] = []
+    SANDLOT_ZYGOTE_MAX_FORKS: int = Field(2000, ge=10)  # as the service's: how long runs share a zygote
+    SANDLOT_ZYGOTE_MAX_AGE: float = Field(300, ge=0)
 
     @field_validator("ALLOWED_SYSCALLS", "SANDLOT_PYTHON_PRELOAD", mode="before")
     @classmethod
@@ -88,6 +90,8 @@ class FunctionEnvironment(BaseSettings):
             extra_syscalls=tuple(self.ALLOWED_SYSCALLS),
             jail=self.SANDLOT_JAIL,
             one_run_at_a_time=True,
+            zygote_max_forks=self.SANDLOT_ZYGOTE_MAX_FORKS,
+            zygote_max_age=self.SANDLOT_ZYGOTE_MAX_AGE,
             run_env=proxies,
         )
 

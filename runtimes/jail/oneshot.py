@@ -323,6 +323,8 @@ class OneShotRuns:
     async def prepare(self) -> None:
         """Children for the next runs (where runs share our uid: only while no run executes)."""
         runtime = self.runtime
+        if self.shares_uid and not self.running and runtime.pool is not None and runtime.pool.due_for_replacement:
+            await self._replace_zygote()
         for variant, target in self.targets.items():
             ready = self.prepared[variant]
             while len(ready) < target:
@@ -334,6 +336,19 @@ class OneShotRuns:
                     log.warning("could not prepare a child for the next run: %s", exc)
                     return
                 ready.append(child)
+
+    async def _replace_zygote(self) -> None:
+        """Where runs share our uid, a worn-out zygote is replaced here, while nothing of a run lives (the
+        pool would do it in the background, during a run). What the new zygote brings among the runtime's
+        own files (node: its startup snapshot) is then known to be the runtime's own doing: the tamper
+        check takes it as the new normal, instead of reporting the runtime's own change as a run's."""
+        try:
+            await self.runtime.pool.replace_zygote()
+        except SandboxUnavailable as exc:
+            log.warning("could not replace the zygote: %s", exc)
+            return
+        if self.scratch is not None:
+            self.scratch.rebase()
 
     def prepare_later(self) -> None:
         """Prepare the next children in the background (where runs share our uid, a run that arrives

@@ -131,6 +131,11 @@ class ChildPool:
             self._background(self._rotate())
         return self._zygote
 
+    @property
+    def due_for_replacement(self) -> bool:
+        """The current zygote has made its share of children or lived its time."""
+        return self._zygote is not None and self._zygote.alive and self._zygote_worn_out()
+
     def _zygote_worn_out(self) -> bool:
         """Forks and age both bound how long runs share the zygote's layout and hash secret."""
         aged = self._max_age > 0 and time.monotonic() - self._zygote_born >= self._max_age

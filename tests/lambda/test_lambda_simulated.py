@@ -1,5 +1,6 @@
 """The runtime functions on a simulated Lambda: unprivileged, read-only code, prctl and seccomp refused."""
 
+import glob
 import json
 import os
 import sys
@@ -7,7 +8,14 @@ import time
 
 import pytest
 from functions import FAKE_CREDENTIALS
-from simulated import SIM_UID, SYSTEM_PYTHON, lay_out_image, processes_of_sim_uid, start_simulated
+from simulated import (
+    SIM_UID,
+    SYSTEM_PYTHON,
+    lay_out_image,
+    live_processes_of,
+    processes_of_sim_uid,
+    start_simulated,
+)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 
@@ -83,6 +91,28 @@ def test_node_too(image):
         instance.stop()
 
 
+def test_zygotes_are_replaced_between_runs_without_a_false_tamper_alarm(image):
+    """SANDLOT_ZYGOTE_MAX_FORKS bounds a zygote on Lambda too. Each node zygote brings a startup snapshot
+    of its own into the runtime's files; a replacement made by the runtime is not taken for a run's
+    tampering (which would replace the zygote once more and say so in the log)."""
+    uid = SIM_UID + 2  # a uid of its own: it sweeps its uid after each run
+    instance = start_simulated(image, "nodejs", uid=uid, SANDLOT_REQUIRE_SECCOMP="false", SANDLOT_ZYGOTE_MAX_FORKS="10")
+    try:
+        assert instance.ready, instance.output()
+        client = instance.process.pid
+        zygotes = set()
+        for i in range(25):
+            result = result_of(
+                instance, {"language": "nodejs", "code": f"console.log({i} * 2)", "enable_network": True}
+            )
+            assert result["stdout"] == f"{i * 2}\n", result
+            zygotes |= {pid for pid, parent, _ in live_processes_of(uid) if parent == client}
+        assert len(zygotes) >= 3, zygotes  # replaced at least twice in 25 runs
+        assert "touched the runtime's own files" not in instance.output()
+    finally:
+        instance.stop()
+
+
 def test_without_seccomp_runs_serve_when_the_operator_allows_it(lenient):
     code = "import requests; print(1 + 1)"
     result = result_of(lenient, {"language": "python3", "code": code, "enable_network": True})
@@ -127,6 +157,22 @@ for place in (os.environ["TMPDIR"], os.path.dirname(os.environ["TMPDIR"])):
 """
 
 
+TAMPER = """
+try:
+    open({path!r}, "w").write("planted")
+    print("planted")
+except OSError as e:
+    print(e.strerror)
+"""
+
+
+def _tamper(instance) -> str:
+    """A run plants a file among the runtime's own files (its data dir: layers, node snapshots)."""
+    (data_dir,) = glob.glob(os.path.join(instance.tmp, "sandlot-data-*"))
+    code = TAMPER.format(path=os.path.join(data_dir, "planted"))
+    return result_of(instance, {"language": "python3", "code": code, "enable_network": True})["stdout"]
+
+
 def test_with_landlock_a_run_cannot_open_the_runtime_client_or_write_beside_its_directory(lenient):
     """Same uid, and the client stays dumpable (prctl refused); Landlock's ptrace rule still closes its
     memory, environment and descriptors to the run, and the run writes only its own directory."""
@@ -149,6 +195,8 @@ def test_with_landlock_a_run_cannot_open_the_runtime_client_or_write_beside_its_
         "write Permission denied",
     ], result
     assert "clean []" in _event_hunt(lenient)["stdout"]
+    assert _tamper(lenient) == "Permission denied\n"
+    assert "touched the runtime's own files" not in lenient.output()
 
 
 def test_without_landlock_the_hunt_finds_the_event_in_the_runtime_clients_memory(image):
@@ -163,6 +211,13 @@ def test_without_landlock_the_hunt_finds_the_event_in_the_runtime_clients_memory
         assert probe["platform"]["landlock"] == 0 and "landlock" in probe["platform"]["errors"]
         result = _event_hunt(instance)
         assert f"/proc/{instance.process.pid}/mem" in result["stdout"], result
+        # nor is the runtime's own files' being written kept from it; it is found after the run, and the
+        # zygote, which may have been started on them, is replaced before the next run
+        assert _tamper(instance) == "planted\n"
+        assert "a run touched the runtime's own files: replacing the zygote" in instance.output()
+        assert (
+            result_of(instance, {"language": "python3", "code": "print(7)", "enable_network": True})["stdout"] == "7\n"
+        )
     finally:
         instance.stop()
 
