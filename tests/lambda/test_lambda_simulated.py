@@ -141,13 +141,18 @@ def _event_hunt(instance) -> dict:
 
 
 REACH_THE_CLIENT = """
-import os
+import os, signal
 for what in ("mem", "environ", "fd/0", "maps"):
     try:
         open(f"/proc/{client}/{{what}}", "rb").read(1)
         print(what, "opened")
     except OSError as e:
         print(what, e.strerror)
+try:
+    os.kill({client}, signal.SIGCONT)  # harmless if it lands; Landlock's signal scope (ABI 6) stops it
+    print("signalled")
+except OSError as e:
+    print("signal", e.strerror)
 for place in (os.environ["TMPDIR"], os.path.dirname(os.environ["TMPDIR"])):
     try:
         open(os.path.join(place, "planted"), "w").write("x")
@@ -191,6 +196,7 @@ def test_with_landlock_a_run_cannot_open_the_runtime_client_or_write_beside_its_
         "environ Permission denied",
         "fd/0 Permission denied",
         "maps Permission denied",
+        "signal Operation not permitted" if probe["platform"]["landlock"] >= 6 else "signalled",
         "wrote own",
         "write Permission denied",
     ], result
