@@ -18,6 +18,7 @@ so this speaks the documented protocols on loopback:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -215,6 +216,7 @@ class FunctionInstance:
         self.busy = False
         self.init_seconds = 0.0
         self.log_path = ""
+        self.final_output = ""
         self.tmp = ""  # the instance's temp dir (its TMPDIR), removed when it stops for good
 
     def start(self, wait: bool = True, init_timeout: float = 60) -> FunctionInstance:
@@ -288,7 +290,7 @@ class FunctionInstance:
             with open(self.log_path, "rb") as f:
                 return f.read().decode(errors="replace")
         except OSError:
-            return ""
+            return self.final_output  # stopped: what its last log said
 
     def stop(self, for_good: bool = True) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -300,6 +302,10 @@ class FunctionInstance:
                 self.process.wait()
         if self.api is not None:
             self.api.close()
+        if self.log_path:  # a restart logs to a new file: keep what this one said, leave no file behind
+            self.final_output = self.output()
+            with contextlib.suppress(OSError):
+                os.unlink(self.log_path)
         if for_good and self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)  # what a killed runtime could not remove itself
 
