@@ -29,6 +29,7 @@ import asyncio
 import functools
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -105,7 +106,40 @@ class RuntimeFunction:
         self.runs: OneShotRuns | None = None
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="sandlot-runtime", daemon=True).start()
+        self._stop_on_sigterm()
         self._call(self._init())
+
+    def _stop_on_sigterm(self) -> None:
+        """Lambda ends an instance with SIGTERM (then SIGKILL): stop the runtime first, so that what it holds
+        goes with it (its zygote and children, and where it runs as root its uid block and egress rules).
+        awslambdaric's main thread may be blocked in C waiting for the next invocation, where no Python
+        signal handler runs: the signal reaches the runtime's loop through the wakeup fd instead."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # imported off the main thread (not by awslambdaric): signals are not ours to take
+        read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.signal(signal.SIGTERM, lambda *_: None)  # caught, so that it is written to the wakeup fd
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        self.loop.call_soon_threadsafe(self.loop.add_reader, read_fd, self._on_signal, read_fd)
+
+    def _on_signal(self, read_fd: int) -> None:
+        try:
+            received = os.read(read_fd, 64)
+        except BlockingIOError:
+            return
+        if signal.SIGTERM in received:
+            log.info("SIGTERM: stopping the %s runtime", self.runtime.language)
+            self.loop.remove_reader(read_fd)
+            self.loop.create_task(self._shutdown())
+
+    async def _shutdown(self) -> None:
+        try:
+            if self.runs is not None:
+                await self.runs.stop()
+            await self.runtime.stop()
+        except BaseException:  # noqa: BLE001 - ending anyway
+            log.exception("while stopping the runtime")
+        finally:
+            os._exit(0)
 
     def _call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()

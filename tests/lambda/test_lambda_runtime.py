@@ -2,6 +2,8 @@
 
 import json
 import os
+import signal
+import subprocess
 import sys
 
 import pytest
@@ -9,7 +11,7 @@ from functions import FAKE_CREDENTIALS, OWN_UID, start_function
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 
-from service import IS_ROOT  # noqa: E402
+from service import IS_ROOT, descendants, wait_for  # noqa: E402
 from test_cases import CASES, check  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not IS_ROOT, reason=OWN_UID)
@@ -227,5 +229,45 @@ def test_a_timed_out_function_is_restarted_and_serves_again():
         assert invocation.kind == "response", invocation.body
         assert "error: timeout" in invocation.json()["error"]
         assert result_of(function, {"language": "python3", "code": "print(2)"})["stdout"] == "2\n"
+    finally:
+        function.stop()
+
+
+def _claims() -> tuple[set[str], str]:
+    """The uid blocks live instances hold (lock files under an flock, /proc/locks) and the egress tables."""
+    with open("/proc/locks") as f:
+        locked = {int(line.split()[5].rsplit(":", 1)[1]) for line in f if " FLOCK " in line}
+    blocks = set()
+    for name in os.listdir("/run/sandlot") if os.path.isdir("/run/sandlot") else ():
+        try:
+            if os.stat(os.path.join("/run/sandlot", name)).st_ino in locked:
+                blocks.add(name)
+        except FileNotFoundError:
+            pass
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    return blocks, tables
+
+
+def test_sigterm_stops_the_runtime_and_leaves_nothing_behind():
+    """Lambda ends an instance with SIGTERM: the function stops its runtime first, so that its zygote and
+    children go, and as root its uid block and egress rules too (awslambdaric's main thread sits in C
+    waiting for the next invocation: the signal must still be acted on)."""
+    blocks_before, _ = _claims()
+    function = start_function("python3")
+    try:
+        assert result_of(function, {"language": "python3", "code": "print(1)"})["stdout"] == "1\n"
+        blocks, tables = _claims()
+        (ours,) = blocks - blocks_before
+        first = ours.removeprefix("uids-").removesuffix(".lock")
+        assert f"sandlot_{first}" in tables
+        below = descendants(function.process.pid)
+        assert len(below) >= 2, below  # its zygote and the child prepared for the next run
+        function.process.send_signal(signal.SIGTERM)
+        assert function.process.wait(10) == 0, function.output()[-2000:]
+        assert "SIGTERM: stopping the python3 runtime" in function.output()
+        assert wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in below), 10)
+        blocks, tables = _claims()
+        assert ours not in blocks and f"sandlot_{first}" not in tables
+        assert not os.path.exists(os.path.join("/run/sandlot", ours))
     finally:
         function.stop()
