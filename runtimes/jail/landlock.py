@@ -51,10 +51,8 @@ def _call(number: int, *args) -> int:
 
 
 def abi_version() -> int:
-    try:
-        return _call(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
-    except OSError:
-        return 0
+    """The kernel's Landlock ABI version; OSError (ENOSYS, EOPNOTSUPP, ...) where there is none."""
+    return _call(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
 
 
 def _filesystem_rights(abi: int) -> int:

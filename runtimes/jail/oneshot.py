@@ -253,10 +253,10 @@ def _gone(child: Child) -> asyncio.Future:
     """Done once the child has exited: its pidfd turns readable when the process is dead (its memory and
     files released; for a namespace's init, once everything else in the namespace is dead too), without
     waiting for the zygote to reap it and say so."""
-    loop = asyncio.get_running_loop()
-    gone = loop.create_future()
     if child.pidfd < 0:
         return child.exited
+    loop = asyncio.get_running_loop()
+    gone = loop.create_future()
 
     def on_exit() -> None:
         loop.remove_reader(child.pidfd)

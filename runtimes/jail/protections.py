@@ -15,7 +15,6 @@ anything else of the jail is set up.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import json
 import os
@@ -27,9 +26,6 @@ from dataclasses import asdict, dataclass, field
 
 from runtimes import linux
 from runtimes.jail import landlock, nftables
-
-_LANDLOCK_CREATE_RULESET = {"x86_64": 444, "aarch64": 444}
-_LANDLOCK_CREATE_RULESET_VERSION = 1
 
 # Places a run or the service might write to; the record says which are writable here.
 WRITABLE_CANDIDATES = ("/", "/etc", "/usr", "/var/tmp", "/tmp", "/dev/shm")
@@ -83,9 +79,6 @@ class Protections:
         return self.user_namespaces and self.mount_namespaces and self.pid_namespaces and self.net_namespaces
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
 def _unshare_as_caller(flags: int) -> None:
     """New namespaces of these kinds: directly as root, inside a new user namespace otherwise."""
     if os.geteuid() != 0:
@@ -103,15 +96,7 @@ def _seccomp() -> None:
 
 
 def _landlock() -> int:
-    import platform
-
-    number = _LANDLOCK_CREATE_RULESET.get(platform.machine())
-    if number is None:
-        return 0
-    abi = _libc.syscall(number, None, ctypes.c_size_t(0), ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION))
-    if abi < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+    abi = landlock.abi_version()
     # a domain must really be entered: it needs no_new_privs, set here or inherited where prctl is refused
     try:
         linux.set_no_new_privs()

@@ -49,6 +49,7 @@ log = logging.getLogger("sandlot.jail")
 
 TABLE = "sandlot_egress"
 ATTACH_TIMEOUT = 10.0  # seconds for pasta to configure the namespace
+REFUSED = "runs with network are refused: "  # how every refusal of runs with network begins
 
 
 def host_addresses(proc_net: str = "/proc/net") -> tuple[str, ...]:
@@ -94,7 +95,7 @@ class NamespaceNetwork:
     def failed(self, why: str) -> NamespaceNetwork:
         """pasta could not start on a zygote's namespace (e.g. its own seccomp filter refused under an
         outer one): later zygotes do not try again, and runs with network are refused, saying why."""
-        return dataclasses.replace(self, pasta="", refused=f"runs with network are refused: {why}")
+        return dataclasses.replace(self, pasta="", refused=f"{REFUSED}{why}")
 
     def ruleset(self) -> str:
         """The namespace's egress rules, with the host's addresses as they are now."""
@@ -136,35 +137,28 @@ class NamespaceNetwork:
         ]
 
 
+# What the record must offer for runs with network without root, and what they are told where it does not.
+_NEEDS = (
+    ("net_namespaces", "without root they need a network namespace of their own, and none can be made here"),
+    ("netns_egress", "without root their egress filter needs nftables in a network namespace and /dev/net/tun"),
+    (
+        "seccomp",
+        "without root their way out is pasta, and pasta ends where its own seccomp filter cannot be installed, as here",
+    ),
+)
+
+
 def plan(record: Protections, pasta: str, allow: tuple[str, ...], proxies: tuple[str, ...]) -> NamespaceNetwork:
     """The runs' network for a `userns` runtime without root, from the protections record and settings."""
-    if not record.net_namespaces:
-        why = record.errors.get("net_namespaces", "not available")
-        return NamespaceNetwork(
-            netns=False,
-            refused=f"runs with network are refused: without root they need a network namespace of their own, "
-            f"and none can be made here ({why})",
-        )
-    if not record.netns_egress:
-        why = record.errors.get("netns_egress", "not available")
-        return NamespaceNetwork(
-            netns=True,
-            refused=f"runs with network are refused: without root their egress filter needs nftables in a network "
-            f"namespace and /dev/net/tun ({why})",
-        )
-    if not record.seccomp:
-        why = record.errors.get("seccomp", "not available")
-        return NamespaceNetwork(
-            netns=True,
-            refused="runs with network are refused: without root their way out is pasta, and pasta ends where its "
-            f"own seccomp filter cannot be installed, as here ({why})",
-        )
+    for mechanism, need in _NEEDS:
+        if not getattr(record, mechanism):
+            why = record.errors.get(mechanism, "not available")
+            return NamespaceNetwork(netns=record.net_namespaces, refused=f"{REFUSED}{need} ({why})")
     found = shutil.which(pasta) if pasta else None
     if not found:
         where = f"{pasta!r} not found (SANDLOT_PASTA)" if pasta else "SANDLOT_PASTA is empty"
         return NamespaceNetwork(
-            netns=True,
-            refused=f"runs with network are refused: without root they need pasta (apt-get install passt): {where}",
+            netns=True, refused=f"{REFUSED}without root they need pasta (apt-get install passt): {where}"
         )
     return NamespaceNetwork(
         netns=True, pasta=found, allow=tuple(normalise(allow)), proxies=tuple(proxy_endpoints(list(proxies)))
@@ -227,10 +221,6 @@ class Pasta:
                 why = self.failure() if self.process.returncode is not None else "timeout"
                 raise OSError(f"pasta could not set up the runs' network: {why}")
             await asyncio.sleep(0.005)
-
-    @property
-    def alive(self) -> bool:
-        return self.process.poll() is None
 
     def failure(self) -> str:
         """What pasta said before it ended (its stderr), or how it ended."""
