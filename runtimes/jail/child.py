@@ -52,6 +52,7 @@ class ChildPlan:
     max_file_bytes: int
     landlock: int = 0  # Landlock ABI to use, 0 for none
     tmp_huge_pages: bool = False  # set by the zygote when this kernel's tmpfs takes huge=within_size
+    time_namespace: bool = False  # a time namespace per run, its clocks from zero (timens.py)
 
     @classmethod
     def from_dict(cls, data: dict) -> ChildPlan:

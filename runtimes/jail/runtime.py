@@ -175,6 +175,8 @@ class JailedRuntime:
             "plan": {
                 "mode": self.mode,
                 "landlock": self.platform.landlock if self.platform else 0,
+                "time_namespace": bool(self.platform and self.platform.time_namespaces)
+                and self.mode in modes.TREE_MODES,
                 "tmp_size_bytes": config.tmp_size_mb * MIB,
                 "tmp_files": config.tmp_files,
                 "max_open_files": config.max_open_files,
@@ -277,6 +279,7 @@ class JailedRuntime:
             "capabilities": "none",
             "private_tmp": "tmpfs" if tree else "directory",
             "landlock": landlock,
+            "time_namespace": bool(self.report.get("time_namespace")),  # clocks from zero: no host uptime
             "rlimits": True,
             "scrubbed_environment": True,
             "egress_filter": bool(self._egress and self._egress.installed)

@@ -41,7 +41,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-from runtimes import linux
+from runtimes import linux, tempdirs
 from runtimes.jail.egress import egress_rules, normalise, output_table, proxy_endpoints
 from runtimes.jail.protections import Protections
 
@@ -182,7 +182,7 @@ class Pasta:
     @classmethod
     async def attach(cls, network: NamespaceNetwork, userns: int, netns: int) -> Pasta:
         """Start pasta on a zygote's namespaces (fds it sent); return once pasta has configured them."""
-        workdir = tempfile.mkdtemp(prefix="sandlot-pasta-")
+        workdir = tempdirs.make("pasta")  # carries our pid: a killed service's is collected by the next
         pid_file = os.path.join(workdir, "pid")
         try:
             errors = tempfile.TemporaryFile(dir=workdir)  # noqa: SIM115 - kept as a bare fd, closed in stop()
@@ -209,7 +209,7 @@ class Pasta:
                 pasta.stop()
                 raise
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)  # nothing of it is left on disk, whatever happens later
+            tempdirs.remove(workdir)  # nothing of it is left on disk, whatever happens later
         return pasta
 
     async def _configured(self, pid_file: str) -> None:
