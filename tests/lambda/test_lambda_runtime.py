@@ -257,9 +257,10 @@ def test_sigterm_stops_the_runtime_and_leaves_nothing_behind():
     """Lambda ends an instance with SIGTERM: the function stops its runtime first, so that its zygote and
     children go, and as root its uid block and egress rules too (awslambdaric's main thread sits in C
     waiting for the next invocation: the signal must still be acted on)."""
-    function = start_function("python3")
+    function = start_function("python3", SANDLOT_DATA_DIR="")  # its data dir: one of its own in its TMPDIR
     try:
         assert result_of(function, {"language": "python3", "code": "print(1)"})["stdout"] == "1\n"
+        assert [n for n in os.listdir(function.tmp) if n.startswith("sandlot-data-")], os.listdir(function.tmp)
         blocks, tables = _claims(function.process.pid)
         (ours,) = blocks
         first = ours.removeprefix("uids-").removesuffix(".lock")
@@ -273,5 +274,6 @@ def test_sigterm_stops_the_runtime_and_leaves_nothing_behind():
         blocks, tables = _claims(function.process.pid)
         assert ours not in blocks and f"sandlot_{first}" not in tables
         assert not os.path.exists(os.path.join("/run/sandlot", ours))
+        assert [n for n in os.listdir(function.tmp) if n.startswith("sandlot-")] == []
     finally:
         function.stop()
