@@ -372,3 +372,25 @@ def test_after_sigterm_to_the_main_process_nothing_of_the_service_is_left_in_tmp
             if name.startswith("sandlot-") and stat.S_ISDIR(info.st_mode) and info.st_uid == uid and not other:
                 left.append(path)
     assert left == []
+
+
+# ---- the shared cases ----------------------------------------------------------------------------
+
+
+def test_the_shared_cases_do_not_notice(jail):
+    """tests/cases/run_cases.json in this mode: what the closed calls cost real code (nothing, it must be)."""
+    from test_cases import CASES, check
+
+    failed = {}
+    for case in CASES:
+        body = {"language": case["language"], "code": case["code"], "enable_network": case["enable_network"]}
+        if "timeout" in case:
+            body["timeout"] = case["timeout"]
+        envelope = jail.run(**body)
+        try:
+            assert envelope["code"] == 0, envelope
+            check(case["expect"], envelope["data"])
+        except AssertionError as exc:
+            failed[case["id"]] = f"{exc}: {envelope}"
+    print(f"{jail.mode}: {len(CASES) - len(failed)} of {len(CASES)} shared cases pass")
+    assert failed == {}
