@@ -76,10 +76,14 @@ def together(svc: Service, first: str, second: str, delay: float = 1.0, language
 
 SECRET = 0xA5
 PAGES = 8
-# A file every run can read (the interpreter's own, in the shared read-only tree), or PAGE_CACHE_FILE.
+# A file every run can read: one of the dependency layer (the service's own uid owns it without root,
+# and the kernel honours MADV_PAGEOUT and mincore for a file's owner), or PAGE_CACHE_FILE.
 _FILE = (
-    "import os, pydoc_data\n"
-    "F = os.environ.get('PAGE_CACHE_FILE') or os.path.join(os.path.dirname(pydoc_data.__file__), 'topics.py')\n"
+    "import os\n"
+    "F = os.environ.get('PAGE_CACHE_FILE')\n"
+    "if not F:\n"
+    "    import idna\n"
+    "    F = os.path.join(os.path.dirname(idna.__file__), 'uts46data.py')\n"
     "PAGE, PAGES, FIRST = 4096, 8, 16\n"
     "fd = os.open(F, os.O_RDONLY)\n"
 )
