@@ -5,6 +5,10 @@ the same place (so that modules a zygote imported before it confined itself keep
 their paths), paths hidden behind an empty directory, and the device nodes.
 Zygote side, `build_and_enter` mounts it in a private mount namespace and
 pivots into it; the namespace, and with it every mount, dies with the zygote.
+
+Some files a run sees are made, not bound: the host's `/etc/hosts` names the host
+(and whatever else its administrator put there), so a run's tree holds one that
+knows only localhost and the run's own hostname (`run_system_files`).
 """
 
 from __future__ import annotations
@@ -27,12 +31,18 @@ SYSTEM_FILES = (
     "/usr/share/zoneinfo",
 )
 
+RUN_HOSTNAME = "sandbox"  # what uname() tells a run (child.py sets it in the run's UTS namespace)
+# The run's /etc/hosts: loopback for localhost and for its own hostname, so that resolving
+# gethostname() works as on any machine; nothing of the host's.
+RUN_HOSTS = f"127.0.0.1\tlocalhost {RUN_HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback {RUN_HOSTNAME}\n"
+
 
 @dataclass
 class TreeSpec:
     binds: list[str] = field(default_factory=list)
     hidden: list[str] = field(default_factory=list)
     placed: dict[str, str] = field(default_factory=dict)  # path in the tree -> host file (e.g. a wrapper)
+    generated: dict[str, str] = field(default_factory=dict)  # path in the tree -> its text (no host file)
     devices: list[str] = field(default_factory=lambda: list(DEVICES))
     tmp_replaced: bool = True  # each child mounts its own /tmp over the tree's: nothing can live there
 
@@ -47,8 +57,21 @@ class TreeSpec:
         """Show host file source at target inside the tree (for files installed anywhere, even /tmp)."""
         self.placed[target] = os.path.realpath(source)
 
+    def generate(self, target: str, text: str) -> None:
+        """A file at target inside the tree holding text, read-only, made by the zygote in the tree's own root."""
+        if self.tmp_replaced and under_tmp(target):
+            raise ValueError(f"{target} is under /tmp, which every run replaces with its own")
+        self.generated[target] = text
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def run_system_files(spec: TreeSpec) -> None:
+    """What every run's tree holds of the system: certificates, resolver and time zone files from
+    the host, and a hosts file of its own (RUN_HOSTS) instead of the host's."""
+    spec.add(*(path for path in SYSTEM_FILES if path != "/etc/hosts"))
+    spec.generate("/etc/hosts", RUN_HOSTS)
 
 
 def under_tmp(path: str) -> bool:
@@ -159,6 +182,11 @@ def build_and_enter(spec: dict, root: str, writable: tuple[str, ...] = (), tmp_o
         linux.mount(source, root + target, None, linux.MS_BIND)
         flags = linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY | linux.MS_NOSUID | kept_flags(source)
         linux.mount(None, root + target, None, flags)
+    for target, text in spec.get("generated", {}).items():
+        os.makedirs(os.path.dirname(root + target), exist_ok=True)
+        fd = os.open(root + target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+        with open(fd, "w") as file:
+            file.write(text)
     for path in writable:
         bind(root, path, linux.MS_NOSUID | linux.MS_NODEV, writable=True)
     os.makedirs(root + "/.old", exist_ok=True)

@@ -55,6 +55,9 @@ class Protections:
     # Egress filtering without the host's nftables: a network namespace of our own (in a new user
     # namespace without root) takes nft rules, and /dev/net/tun opens (pasta's link to it; userspace_net.py)
     netns_egress: bool = False
+    # A time namespace per run (Linux >= 5.6, CAP_SYS_ADMIN and CAP_SYS_TIME over our user namespace, or
+    # one of our own without root): its CLOCK_MONOTONIC and CLOCK_BOOTTIME start at zero (jail/timens.py)
+    time_namespaces: bool = False
     errors: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -142,6 +145,22 @@ def _netns_egress() -> None:
         raise OSError(exc.errno, why) from None
 
 
+def _time_namespaces() -> None:
+    """A new time namespace with offsets, and a child in it that reads its clocks from zero."""
+    import time
+
+    linux.set_dumpable(True)  # a throwaway child: its /proc/self files must be its own to open for writing
+    _unshare_as_caller(linux.CLONE_NEWTIME)
+    with open("/proc/self/timens_offsets", "wb", buffering=0) as f:
+        f.write(b"monotonic -%d 0\nboottime -%d 0\n" % (time.monotonic(), time.clock_gettime(time.CLOCK_BOOTTIME)))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        os._exit(0 if time.clock_gettime(time.CLOCK_BOOTTIME) < 60 else 1)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise OSError("a process in a new time namespace still sees the machine's uptime")
+
+
 def _writable(path: str) -> bool:
     try:
         fd, name = tempfile.mkstemp(prefix=".sandlot-probe-", dir=path)
@@ -169,6 +188,7 @@ _PROBES: dict[str, Callable[[], object]] = {
     "cgroups": _cgroups,
     "writable": lambda: [p for p in WRITABLE_CANDIDATES if _writable(p)],
     "netns_egress": _netns_egress,
+    "time_namespaces": _time_namespaces,
 }
 
 
@@ -238,6 +258,7 @@ def probe() -> Protections:
         cgroups=bool(values["cgroups"]),
         writable=tuple(values["writable"] or ()),
         netns_egress=bool(values["netns_egress"]),
+        time_namespaces=bool(values["time_namespaces"]),
         errors=errors,
     )
 

@@ -34,7 +34,7 @@ import sys
 import traceback
 
 from runtimes import linux, tree
-from runtimes.jail import namespaces, nftables, protocol
+from runtimes.jail import namespaces, nftables, protocol, timens
 from runtimes.jail.child import ChildPlan, Handles, confine, fence_signals, tmpfs_takes_huge_pages
 from runtimes.jail.inits import InitMaker, fork_run
 from runtimes.jail.modes import PIVOT, USER_NAMESPACE
@@ -106,6 +106,7 @@ class Zygote:
             raise OSError("no network for the runs: the service is gone")
 
     def serve(self) -> None:
+        self.times = self._time_namespaces()  # before any child: see timens.py
         # before the warm-up: the inits are forks of a small process, not of the warm heap
         self.inits = InitMaker(self.lifeline, self.proc) if self.plan.mode.pid_namespace else None
         self.report.update(self.runner.warm(self.state))
@@ -121,6 +122,18 @@ class Zygote:
                         return
                 else:
                     self._reap(fd)
+
+    def _time_namespaces(self) -> timens.TimeNamespaces | None:
+        """Each run's clocks from zero, where the plan asks for it; the report says whether it is in force."""
+        if not self.plan.time_namespace:
+            return None
+        try:
+            times = timens.TimeNamespaces(self.proc)
+        except OSError as exc:
+            self.report["time_namespace_error"] = str(exc)
+            return None
+        self.report["time_namespace"] = True
+        return times
 
     def _on_control(self) -> bool:
         try:
@@ -143,6 +156,8 @@ class Zygote:
         address_space = self.vm_size.read()
         init = namespace = -1
         try:
+            if self.times is not None:
+                self.times.next()  # the run is the first process to enter it
             if self.inits is not None:
                 init, namespace = self.inits.make()
                 pid = fork_run(namespace, self.plan.mode.clone_flags)
