@@ -49,7 +49,7 @@ HEADERS = {
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # not no-referrer: that makes browsers send `Origin: null` on our own forms
     "Cache-Control": "no-store",
 }
 TRY_EXAMPLES = {"python3": "import sys\nprint(sys.version)", "nodejs": "console.log(process.version)"}

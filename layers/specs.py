@@ -99,7 +99,8 @@ def parse_python(spec: object, allow_any: bool = False) -> PackageSpec:
         requirement = Requirement(text)
     except InvalidRequirement as exc:
         looks_like = "a path or URL" if "/" in text or ":" in text else "a package name and a version constraint"
-        raise SpecError(f"{text!r} is not a valid requirement ({looks_like}?): {exc}") from None
+        reason = str(exc).splitlines()[0] if str(exc) else "unparsable"
+        raise SpecError(f"{text!r} is not a valid requirement ({looks_like}?): {reason}") from None
     if requirement.url:
         raise SpecError(f"{text!r}: URLs, paths and VCS links are not accepted, only a name and a version constraint")
     if requirement.marker is not None:

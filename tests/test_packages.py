@@ -276,6 +276,20 @@ def test_a_bad_spec_among_good_ones_does_not_take_them_down(svc):
     assert run(svc, "import iso8601\nprint(iso8601.parse_date('2024-01-02').year)")["stdout"] == "2024\n"
 
 
+def test_the_update_route_rebuilds_with_the_added_packages_and_shows_its_build(svc):
+    with svc.client() as client:  # dify-sandbox's route, the API key
+        assert client.post("/v1/sandbox/dependencies/update", json={"language": "python3"}, timeout=300).json() == {
+            "code": 0,
+            "message": "success",
+            "data": {},
+        }
+    assert run(svc, "import tabulate, termcolor, iso8601\nprint('still there')")["stdout"] == "still there\n"
+    with admin(svc) as client:
+        latest = client.get("/v1/sandlot/builds/latest", params={"language": "python3"}).json()["data"]
+    assert latest["trigger"] == "update" and latest["state"] == "succeeded"
+    assert any("Successfully installed" in line for line in latest["log"]["lines"])
+
+
 # ---- the CLI ---------------------------------------------------------------------------------------------------------
 
 
