@@ -6,7 +6,8 @@ zygote that cannot start on the new layer leaves the old layer serving. The old
 directory is removed once no zygote uses it.
 
 One build at a time, whichever language: a build takes a core or two and the
-runs being served must not feel it twice. Every build has a record (layers/builds.py)
+runs being served must not feel it twice. Builds run at nice BUILD_NICE (their own
+thread's priority, which pip and npm inherit), so that runs come first. Every build has a record (layers/builds.py)
 with its log as it comes: the package manager (layers/packages.py) makes its own;
 for the others (the update routes, the periodic refresh) `recorder` makes one.
 """
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,6 +29,16 @@ if TYPE_CHECKING:
     from layers.packages import RequestedPackages
 
 log = logging.getLogger("sandlot.layers")
+
+BUILD_NICE = 10  # runs (nice 0) get about ten times a build's share of a busy core
+
+
+def _lower_priority() -> None:
+    """In the build thread only (Linux priorities are per thread; the processes it starts inherit it)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, BUILD_NICE)
+    except OSError:
+        pass
 
 
 @dataclass
@@ -41,6 +54,7 @@ class LayerManager:
     def __init__(self, layers: dict[str, Layer]):
         self.layers = layers
         self._lock = asyncio.Lock()  # one build at a time, whichever language
+        self._builder = ThreadPoolExecutor(1, thread_name_prefix="layer-build", initializer=_lower_priority)
         self.recorder: Callable[[str, str], Build] | None = None  # (language, trigger) -> a record for the build
 
     def ensure(self, language: str) -> str:
@@ -83,7 +97,9 @@ class LayerManager:
                 record.start()
                 record.say(f"building the {language} layer")
             try:
-                path = await asyncio.to_thread(store.rebuild, requested, record.output if record else None)
+                output = record.output if record else None
+                loop = asyncio.get_running_loop()
+                path = await loop.run_in_executor(self._builder, store.rebuild, requested, output)
             except Exception as exc:
                 if record is not None:
                     record.say(f"the build failed: {exc}")

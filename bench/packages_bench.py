@@ -1,0 +1,168 @@
+"""Adding a package: how long until a run can import it, and what runs served meanwhile see.
+
+    python bench/packages_bench.py [--runs 300] [--packages pyjokes,numpy] [--node is-number] [--base default|six]
+
+Starts its own service (as root: the full jail; MAX_WORKERS=2) on a data dir of its own under /var/tmp, with the
+default base requirements (requests, httpx, jinja2: every build installs the base again) or just `six`. Then:
+
+1. idle: `print("hi")` back to back, --runs times, p50/p90/p99;
+2. for each package: `POST /v1/sandlot/packages`, then the same run loop until the package's build ends, each
+   run's latency kept apart by whether a build was running when it started; and the time from the add to the
+   first run that imports the package (polled every 50 ms by a second client);
+3. one table. Read it on an otherwise idle machine: other work on the two cores weighs on every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+import httpx
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+
+from service import API_KEY, Service  # noqa: E402
+
+ADMIN_KEY = "bench-admin-" + os.urandom(6).hex()
+HELLO = {"language": "python3", "code": "print('hi')"}
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else float("nan")
+
+
+def row(label: str, values: list[float]) -> str:
+    if not values:
+        return f"{label:<44} {'-':>6}"
+    ms = [v * 1000 for v in values]
+    p50, p90, p99 = statistics.median(ms), percentile(ms, 0.9), percentile(ms, 0.99)
+    return f"{label:<44} {len(ms):>6} {p50:>9.2f} {p90:>9.2f} {p99:>9.2f}"
+
+
+def one_run(client: httpx.Client) -> float:
+    started = time.perf_counter()
+    answer = client.post("/v1/sandbox/run", json=HELLO).json()
+    elapsed = time.perf_counter() - started
+    assert answer["code"] == 0 and answer["data"]["stdout"] == "hi\n", answer
+    return elapsed
+
+
+def build_state(admin: httpx.Client, build_id: int) -> dict:
+    return admin.get(f"/v1/sandlot/builds/{build_id}", params={"tail": 0}).json()["data"]
+
+
+def add_and_measure(svc: Service, spec: str, language: str, module_code: str) -> dict:
+    """Add spec; runs back to back meanwhile; time to the first run that imports it."""
+    admin = httpx.Client(base_url=svc.url, headers={"X-Api-Key": ADMIN_KEY}, timeout=60)
+    runs = httpx.Client(base_url=svc.url, headers={"X-Api-Key": API_KEY}, timeout=60)
+    prober = httpx.Client(base_url=svc.url, headers={"X-Api-Key": API_KEY}, timeout=60)
+    building: list[float] = []
+    other: list[float] = []
+    state = {"running": False, "done": False}
+    first_import: list[float] = []
+
+    def watch(build_id: int) -> None:
+        while not state["done"]:
+            current = build_state(admin, build_id)["state"]
+            state["running"] = current in ("building", "switching")
+            state["done"] = current in ("succeeded", "failed")
+            time.sleep(0.05)
+
+    def probe(started: float) -> None:
+        while time.perf_counter() - started < 900:
+            ended = state["done"]  # read before the run: a run after the build's end sees its layer
+            answer = prober.post("/v1/sandbox/run", json={"language": language, "code": module_code}).json()
+            if answer["code"] != 0:  # never expected: runs are served throughout a build and its switch
+                print(f"sandlot: a run during the build was refused: {answer}", file=sys.stderr)
+            elif answer["data"]["exit_code"] == 0:
+                first_import.append(time.perf_counter() - started)
+                return
+            if ended:
+                return  # the build failed
+            time.sleep(0.05)
+
+    started = time.perf_counter()
+    queued = admin.post("/v1/sandlot/packages", json={"language": language, "spec": spec}).json()
+    assert queued["code"] == 0, queued
+    build_id = queued["data"]["build"]["id"]
+    watcher = threading.Thread(target=watch, args=(build_id,))
+    prober_thread = threading.Thread(target=probe, args=(started,))
+    watcher.start()
+    prober_thread.start()
+    while not state["done"]:
+        during = state["running"]
+        elapsed = one_run(runs)
+        (building if during and state["running"] else other).append(elapsed)
+    watcher.join()
+    prober_thread.join()
+    final = build_state(admin, build_id)
+    for client in (admin, runs, prober):
+        client.close()
+    return {
+        "spec": spec,
+        "state": final["state"],
+        "build_seconds": final["duration"],
+        "to_import": first_import[0] if first_import else float("nan"),
+        "building": building,
+        "other": other,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=300, help="idle runs (default 300)")
+    parser.add_argument("--packages", default="pyjokes,numpy", help="pip specs to add, comma-separated")
+    parser.add_argument("--node", default="is-number", help="npm specs to add, comma-separated ('' for none)")
+    parser.add_argument("--base", choices=["default", "six"], default="default", help="the base requirements")
+    args = parser.parse_args()
+
+    root = tempfile.mkdtemp(prefix="sandlot-bench-packages-", dir="/var/tmp")
+    os.chmod(root, 0o755)
+    env = {"SANDLOT_DATA_DIR": os.path.join(root, "data"), "SANDLOT_ADMIN_KEY": ADMIN_KEY, "MAX_WORKERS": "2"}
+    if args.base == "six":
+        requirements = os.path.join(root, "requirements.txt")
+        with open(requirements, "w") as f:
+            f.write("six\n")
+        os.chmod(requirements, 0o644)
+        env["SANDLOT_PYTHON_REQUIREMENTS"] = requirements
+    svc = Service(**env)
+    try:
+        svc.start()
+        with httpx.Client(base_url=svc.url, headers={"X-Api-Key": API_KEY}, timeout=60) as client:
+            for _ in range(30):  # warm-up
+                one_run(client)
+            idle = [one_run(client) for _ in range(args.runs)]
+        results = []
+        for spec in [s for s in args.packages.split(",") if s]:
+            module = spec.split("=")[0].split("<")[0].split(">")[0].replace("-", "_")
+            results.append(add_and_measure(svc, spec, "python3", f"import {module}"))
+        for spec in [s for s in args.node.split(",") if s]:
+            name = spec.rsplit("@", 1)[0] if spec.rfind("@") > 0 else spec
+            results.append(add_and_measure(svc, spec, "nodejs", f"require({name!r})"))
+        print(f"base: {args.base}; MAX_WORKERS=2; python hello back to back, one client")
+        print(f"{'python hello':<44} {'runs':>6} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9}")
+        print(row("idle", idle))
+        for result in results:
+            print(row(f"while {result['spec']} builds", result["building"]))
+        print()
+        print(f"{'add':<24} {'build':>10} {'add -> first import':>20} {'result':>10}")
+        for result in results:
+            print(
+                f"{result['spec']:<24} {result['build_seconds'] or 0:>9.1f}s {result['to_import']:>19.2f}s "
+                f"{result['state']:>10}"
+            )
+    finally:
+        svc.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
