@@ -35,7 +35,7 @@ from handler import envelope
 from handler.invoker import LayerAdmin
 from layers.builds import Build
 from layers.specs import PackageRefused, SpecError
-from runtimes.payload import LANGUAGES, Unavailable
+from runtimes.payload import LANGUAGES
 
 if TYPE_CHECKING:  # not imported at run time: the API function on Lambda has no layer manager (and no jail)
     from layers.packages import PackageManager
@@ -96,8 +96,8 @@ class Packages:
             try:
                 baked = await self.invoker.dependencies(language)
                 error = ""
-            except Unavailable as exc:
-                baked, error = [], str(exc)
+            except Exception as exc:  # noqa: BLE001 - unavailable, throttled: the page and the route say so
+                baked, error = [], str(exc) or type(exc).__name__
             rows = [
                 {
                     "name": item.get("name", ""),

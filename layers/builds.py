@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 QUEUED, BUILDING, SWITCHING, SUCCEEDED, FAILED = "queued", "building", "switching", "succeeded", "failed"
 FINISHED = (SUCCEEDED, FAILED)
-LOG_LINES = 5000  # kept per build; older lines are dropped (their numbers are not reused)
-LOG_LINE_CHARS = 2000  # a longer line is cut
+LOG_LINES = 5000  # kept per running build; older lines are dropped (their numbers are not reused)
+LOG_LINE_CHARS = 500  # a longer line is cut
+FINISHED_LINES = 1000  # kept once it has ended (the error is at the end)
 SAVED_LINES = 400  # a finished build's log lines kept across restarts
 
 
@@ -93,6 +94,11 @@ class Build:
         self.error = error
         self.state = FAILED if error else SUCCEEDED
         self.finished_at = time.time()
+        with self._guard:
+            excess = len(self._lines) - FINISHED_LINES
+            if excess > 0:
+                del self._lines[:excess]
+                self._first_line += excess
         if self.on_finish is not None:
             self.on_finish()
 

@@ -23,11 +23,13 @@ that one bad spec does not take the good ones with it.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import os
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from layers import specs
@@ -42,7 +44,11 @@ HISTORY = 30  # finished builds kept (and written to the data dir)
 
 
 class RequestedPackages:
-    """One language's requested packages and pending changes, as kept in the data dir."""
+    """One language's requested packages and pending changes, as kept in the data dir.
+
+    Several instances may share a data dir (layers/store.py): every change to the file is made under an
+    exclusive flock, on the file as it is then (read again first), so that no instance overwrites another's
+    changes. Another instance's additions reach this one's layer with its next build or restart."""
 
     def __init__(self, language: str, path: Path):
         self.language = language
@@ -62,6 +68,19 @@ class RequestedPackages:
             raise LayerBuildError(
                 f"{self.path}: unreadable list of requested {self.language} packages ({exc}): fix or remove it"
             ) from exc
+
+    @contextmanager
+    def changing(self) -> Iterator[None]:
+        """Read the file again, let the block change the lists, write them back: all under the lock."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self.load()
+            yield
+            self.save()
+        finally:
+            os.close(fd)
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,15 +114,31 @@ class RequestedPackages:
             return {name: spec.build for name, spec in sorted(packages.items())}
         return [spec.build for _name, spec in sorted(packages.items())]
 
-    def commit(self, packages: dict[str, PackageSpec], changes: list[dict]) -> None:
+    def commit(self, changes: list[dict]) -> None:
         """A build with these changes now serves: they are installed."""
-        self.installed = packages
-        self.forget(changes)
+        with self.changing():
+            self.installed = self.applied(changes)
+            self._drop(changes)
 
     def forget(self, changes: list[dict]) -> None:
+        """Changes given up (their build failed)."""
+        with self.changing():
+            self._drop(changes)
+
+    def queue(self, changes: list[dict]) -> None:
+        with self.changing():
+            self.pending.extend(changes)
+
+    def note_builds(self, changes: list[dict]) -> None:
+        """Changes that moved to other builds (retries, a resumed queue)."""
+        moved = {change["id"]: change["build"] for change in changes}
+        with self.changing():
+            for change in self.pending:
+                change["build"] = moved.get(change["id"], change.get("build"))
+
+    def _drop(self, changes: list[dict]) -> None:
         done = {change["id"] for change in changes}
         self.pending = [change for change in self.pending if change["id"] not in done]
-        self.save()
 
 
 class PackageManager:
@@ -142,6 +177,7 @@ class PackageManager:
         """Every package of the language's layer with where it comes from; what is requested and pending."""
         layer = self.layers.layers[language]
         packages = self._packages(language)
+        packages.load()
         key = specs.python_name if language == "python3" else str
         installed = {key(item["name"]): item for item in self.layers.installed(language)}
         base = {key(name) for name in layer.base_names()}
@@ -199,6 +235,7 @@ class PackageManager:
         if not given:
             raise SpecError("no package name given")
         names = [specs.normalize_name(language, name) for name in given]
+        packages.load()
         wanted = packages.wanted()
         base = {specs.python_name(n) if language == "python3" else n for n in self.layers.layers[language].base_names()}
         for name in names:
@@ -242,8 +279,7 @@ class PackageManager:
             change["build"] = build.id
             build.changes.append(change)
             build.say(f"queued: {describe(change)}")
-        packages.pending.extend(changes)
-        packages.save()
+        packages.queue(changes)
         self._wake.set()
         return build, changes
 
@@ -274,6 +310,7 @@ class PackageManager:
                     change["build"] = build.id
                     build.changes.append(change)
                     build.say(f"pending since the last run: {describe(change)}")
+                packages.note_builds(build.changes)
                 self._queue.append(build)
         self._worker = asyncio.create_task(self._work(after))
 
@@ -311,6 +348,7 @@ class PackageManager:
 
     async def _run(self, build: Build) -> None:
         packages = self._packages(build.language)
+        packages.load()  # another instance on this data dir may have changed the list
         candidate = packages.applied(build.changes)
         build.requested = [spec.spec for spec in candidate.values()]
         for change in build.changes:
@@ -321,7 +359,7 @@ class PackageManager:
                 self.runtimes[build.language],
                 requested=packages.render(candidate),
                 record=build,
-                switched=lambda _path: packages.commit(candidate, build.changes),
+                switched=lambda _path: packages.commit(build.changes),
             )
         except Exception:  # noqa: BLE001 - the record holds the error (layers/manager.py)
             if not build.finished:
@@ -342,7 +380,7 @@ class PackageManager:
             build.retried_in = [retry.id for retry in retries]
             build.say(f"retrying each change on its own: builds {', '.join(str(i) for i in build.retried_in)}")
             self._queue[0:0] = retries
-            packages.save()  # the changes' build ids
+            packages.note_builds(build.changes)
             return
         build.dropped = list(build.changes)
         packages.forget(build.changes)

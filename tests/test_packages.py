@@ -20,6 +20,9 @@ import httpx
 import pytest
 from service import API_KEY, Service
 
+from layers import specs
+from layers.packages import RequestedPackages
+
 ADMIN_KEY = "admin-" + os.urandom(8).hex()
 MISSING = "sandlot-no-such-package-" + os.urandom(3).hex()  # not on the index: its build fails
 
@@ -174,6 +177,42 @@ def test_specs_with_urls_paths_or_options_are_refused(svc, language, spec, compl
     body = response.json()
     assert body["code"] == -400 and body["data"] is None
     assert complaint in body["message"]
+
+
+@pytest.mark.parametrize(
+    "language, spec, name, build",
+    [
+        ("python3", "six", "six", "six"),
+        ("python3", "Six==1.16.0", "six", "Six==1.16.0"),
+        ("python3", "requests[socks] >=2.31, <3", "requests", "requests[socks]<3,>=2.31"),
+        ("python3", "zope.interface~=6.0", "zope-interface", "zope.interface~=6.0"),
+        ("nodejs", "is-number", "is-number", "*"),
+        ("nodejs", "is-number@^7.0.0", "is-number", "^7.0.0"),
+        ("nodejs", "@types/node@>=20 <21", "@types/node", ">=20 <21"),
+        ("nodejs", "lodash@4.17.x || ^5", "lodash", "4.17.x || ^5"),
+    ],
+)
+def test_a_name_with_a_version_constraint_is_accepted(language, spec, name, build):
+    parsed = specs.parse(language, spec)
+    assert (parsed.name, parsed.build) == (name, build)
+
+
+def test_any_spec_passes_only_where_the_setting_allows_it():
+    for language, spec in (("python3", "--extra-index-url https://example.com/simple"), ("nodejs", "x@github:a/b")):
+        with pytest.raises(specs.SpecError):
+            specs.parse(language, spec)
+        assert specs.parse(language, spec, allow_any=True).spec == spec
+    with pytest.raises(specs.SpecError):  # still one line, even then
+        specs.parse("python3", "six\n--index-url https://example.com/", allow_any=True)
+
+
+def test_instances_sharing_a_data_dir_keep_each_others_changes(tmp_path):
+    first, second = (RequestedPackages("python3", tmp_path / "python3.json") for _ in range(2))
+    first.queue([{"id": "a", "op": "add", "name": "six", "spec": specs.parse("python3", "six").to_dict()}])
+    second.queue([{"id": "b", "op": "add", "name": "idna", "spec": specs.parse("python3", "idna").to_dict()}])
+    first.commit([{"id": "a", "op": "add", "name": "six", "spec": specs.parse("python3", "six").to_dict()}])
+    kept = RequestedPackages("python3", tmp_path / "python3.json")
+    assert list(kept.installed) == ["six"] and [c["id"] for c in kept.pending] == ["b"]
 
 
 def test_malformed_requests_are_refused_with_what_is_wrong(svc):
