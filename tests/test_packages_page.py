@@ -168,9 +168,12 @@ def shot(driver, name: str) -> None:
 
 
 def wait(driver, condition, timeout: float = 300):
+    """condition's answer once truthy; elements of a page being replaced meanwhile are looked for again."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(condition)
+    waiting = WebDriverWait(driver, timeout, poll_frequency=0.2, ignored_exceptions=[StaleElementReferenceException])
+    return waiting.until(condition)
 
 
 def by_id(driver, element_id: str):
