@@ -41,4 +41,5 @@ function follow(box) {
   poll();
 }
 
+document.querySelectorAll("[data-role=log]").forEach((log) => { log.scrollTop = log.scrollHeight; });  // the end first
 document.querySelectorAll("[data-follow]").forEach(follow);
