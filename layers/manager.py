@@ -102,7 +102,7 @@ class LayerManager:
                 path = await loop.run_in_executor(self._builder, store.rebuild, requested, output)
             except Exception as exc:
                 if record is not None:
-                    record.say(f"the build failed: {exc}")
+                    record.say("the build failed; the old layer keeps serving")
                     record.finish(str(exc) if isinstance(exc, LayerBuildError) else f"{type(exc).__name__}: {exc}")
                 raise
             store.use(path)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from layers import isolation
-from layers.store import LayerBuildError
+from layers.store import LayerBuildError, what_went_wrong
 
 DEFAULT_PACKAGE = Path(__file__).parent / "nodejs" / "package.json"
 
@@ -51,9 +51,7 @@ def build(
     env.update({"HOME": str(scratch), "LANG": "C.UTF-8", "PATH": os.path.dirname(node)})
     result = isolation.run(argv, str(scratch), readable, env, build_uid, on_output)
     if result.returncode != 0:
-        raise LayerBuildError(
-            f"npm failed with code {result.returncode}: {result.stdout.decode(errors='replace')[-4000:]}"
-        )
+        raise LayerBuildError(f"npm failed with code {result.returncode}: {what_went_wrong(result.stdout)}")
     (scratch / "node_modules").mkdir(exist_ok=True)
 
 

@@ -20,7 +20,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from layers import isolation
-from layers.store import LayerBuildError
+from layers.store import LayerBuildError, what_went_wrong
 
 DEFAULT_REQUIREMENTS = Path(__file__).parent / "python" / "requirements.txt"
 DIFY_REQUIREMENTS = Path("dependencies/python-requirements.txt")  # dify-sandbox's location
@@ -81,11 +81,7 @@ def build(
     if source != requirements:
         source.unlink(missing_ok=True)
     if result.returncode != 0:
-        raise LayerBuildError(f"pip failed with code {result.returncode}: {_tail(result.stdout)}")
-
-
-def _tail(output: bytes, limit: int = 4000) -> str:
-    return output.decode(errors="replace")[-limit:].strip()
+        raise LayerBuildError(f"pip failed with code {result.returncode}: {what_went_wrong(result.stdout)}")
 
 
 def installed(layer: str) -> list[dict[str, str]]:

@@ -36,6 +36,14 @@ class LayerBuildError(RuntimeError):
     pass
 
 
+def what_went_wrong(output: bytes, limit: int = 4000) -> str:
+    """The part of a build tool's output that says why it failed: its error lines (pip's `ERROR: ...`, npm's
+    `npm error ...`), else its last lines. The whole output is in the build's log."""
+    lines = [line.rstrip() for line in output.decode(errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    return "\n".join((errors or lines)[-20:])[-limit:].strip()
+
+
 Requested = list[str] | dict[str, str] | None  # pip requirement lines, or npm name -> range
 Output = Callable[[bytes], None] | None  # a build's output, line by line, as it comes
 

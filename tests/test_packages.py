@@ -369,6 +369,11 @@ def test_node_packages_the_same_way(svc):
     build = wait_build(svc, remove(svc, "is-number", language="nodejs").json()["data"]["build"]["id"])
     assert build["state"] == "succeeded"
     assert "Cannot find module 'is-number'" in run(svc, "require('is-number')", "nodejs")["error"]
+    layer = svc.detail()["runtimes"]["nodejs"]["layer"]
+    failed = wait_build(svc, add(svc, f"{MISSING}@^1.0.0", language="nodejs").json()["data"]["build"]["id"])
+    assert failed["state"] == "failed" and "npm failed" in failed["error"] and "404" in failed["error"]
+    assert svc.detail()["runtimes"]["nodejs"]["layer"] == layer
+    assert run(svc, "console.log('old layer')", "nodejs")["stdout"] == "old layer\n"
 
 
 # ---- restarts --------------------------------------------------------------------------------------------------------
