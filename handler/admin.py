@@ -35,6 +35,7 @@ from starlette.routing import Route
 
 from handler import run_path
 from handler.admission import ClientGone, Refused
+from handler.app import _until_disconnected
 from handler.packages_api import PackageError, Packages
 from runtimes.payload import LANGUAGES, RunRequest
 
@@ -57,11 +58,6 @@ TRY_EXAMPLES = {"python3": "import sys\nprint(sys.version)", "nodejs": "console.
 
 class FormError(Exception):
     pass
-
-
-async def _until_disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def run_counts(metrics) -> dict:

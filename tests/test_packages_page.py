@@ -278,3 +278,20 @@ def test_a_failed_build_shows_its_error_and_the_old_layer_serves(svc, browser):
     shot(browser, "7-failed-build")
     browser.get(svc.url + f"/admin/builds/{builds(svc)[0]['id']}")  # its own page, without script
     assert "No matching distribution" in browser.page_source
+
+
+def test_without_script_a_build_page_refreshes_itself_until_the_build_ends(svc):
+    client, token = signed_in(svc)
+    queued = client.post("/admin/packages", data={"csrf": token, "language": "python3", "spec": "termcolor"})
+    assert queued.status_code == 303 and "build" in queued.headers["location"]
+    build_id = builds(svc)[0]["id"]
+    page = client.get(f"/admin/builds/{build_id}").text
+    state = re.search(r'data-role="state">(\w+)<', page).group(1)
+    assert ('http-equiv="refresh"' in page) == (state not in ("succeeded", "failed"))
+    deadline = time.monotonic() + 300
+    while state not in ("succeeded", "failed") and time.monotonic() < deadline:
+        time.sleep(0.3)
+        page = client.get(f"/admin/builds/{build_id}").text
+        state = re.search(r'data-role="state">(\w+)<', page).group(1)
+    client.close()
+    assert state == "succeeded" and 'http-equiv="refresh"' not in page and "Successfully installed" in page
