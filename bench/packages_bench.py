@@ -5,11 +5,13 @@
 Starts its own service (as root: the full jail; MAX_WORKERS=2) on a data dir of its own under /var/tmp, with the
 default base requirements (requests, httpx, jinja2: every build installs the base again) or just `six`. Then:
 
-1. idle: `print("hi")` back to back, --runs times, p50/p90/p99;
-2. for each package: `POST /v1/sandlot/packages`, then the same run loop until the package's build ends, each
-   run's latency kept apart by whether a build was running when it started; and the time from the add to the
-   first run that imports the package (polled every 50 ms by a second client);
-3. one table. Read it on an otherwise idle machine: other work on the two cores weighs on every row.
+for each package:
+1. idle: `print("hi")` back to back, --runs times (p50/p90/p99), just before the add, so that each build's row
+   has an idle row taken moments earlier (this machine's load drifts by the minute);
+2. `POST /v1/sandlot/packages`, then the same run loop until the package's build ends, each run's latency kept
+   if a build was running both when it started and when it ended; and the time from the add to the first run
+   that imports the package (polled every 50 ms by a second client);
+then one table. Read it on an otherwise idle machine: other work on the two cores weighs on every row.
 """
 
 from __future__ import annotations
@@ -84,8 +86,9 @@ def add_and_measure(svc: Service, spec: str, language: str, module_code: str) ->
             elif answer["data"]["exit_code"] == 0:
                 first_import.append(time.perf_counter() - started)
                 return
-            if ended:
-                return  # the build failed
+            if ended:  # the build had ended before this run started: it failed, or the run did not see its layer
+                print(f"sandlot: a run after the build's end could not import: {answer}", file=sys.stderr)
+                return
             time.sleep(0.05)
 
     started = time.perf_counter()
@@ -135,21 +138,28 @@ def main() -> int:
     svc = Service(**env)
     try:
         svc.start()
-        with httpx.Client(base_url=svc.url, headers={"X-Api-Key": API_KEY}, timeout=60) as client:
-            for _ in range(30):  # warm-up
-                one_run(client)
-            idle = [one_run(client) for _ in range(args.runs)]
+        client = httpx.Client(base_url=svc.url, headers={"X-Api-Key": API_KEY}, timeout=60)
+        for _ in range(30):  # warm-up
+            one_run(client)
+        work = [
+            (spec, "python3", f"import {spec.split('=')[0].split('<')[0].split('>')[0].replace('-', '_')}")
+            for spec in args.packages.split(",")
+            if spec
+        ]
+        work += [
+            (spec, "nodejs", f"require({(spec.rsplit('@', 1)[0] if spec.rfind('@') > 0 else spec)!r})")
+            for spec in args.node.split(",")
+            if spec
+        ]
         results = []
-        for spec in [s for s in args.packages.split(",") if s]:
-            module = spec.split("=")[0].split("<")[0].split(">")[0].replace("-", "_")
-            results.append(add_and_measure(svc, spec, "python3", f"import {module}"))
-        for spec in [s for s in args.node.split(",") if s]:
-            name = spec.rsplit("@", 1)[0] if spec.rfind("@") > 0 else spec
-            results.append(add_and_measure(svc, spec, "nodejs", f"require({name!r})"))
+        for spec, language, code in work:
+            idle = [one_run(client) for _ in range(args.runs)]
+            results.append({**add_and_measure(svc, spec, language, code), "idle": idle})
+        client.close()
         print(f"base: {args.base}; MAX_WORKERS=2; python hello back to back, one client")
         print(f"{'python hello':<44} {'runs':>6} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9}")
-        print(row("idle", idle))
         for result in results:
+            print(row(f"idle, just before adding {result['spec']}", result["idle"]))
             print(row(f"while {result['spec']} builds", result["building"]))
         print()
         print(f"{'add':<24} {'build':>10} {'add -> first import':>20} {'result':>10}")

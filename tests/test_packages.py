@@ -268,6 +268,32 @@ def test_an_added_package_is_imported_by_the_next_run_and_a_removed_one_is_gone(
     assert run(svc, "import six\nprint(six.__name__)")["stdout"] == "six\n"  # the base stays
 
 
+def test_every_run_that_starts_after_the_switch_imports_the_package(svc):
+    """Children prepared ahead of demand from the old zygote must not serve a run after the switch: runs back to
+    back keep the pool preparing children while the build ends."""
+    seen: list[tuple[float, int]] = []
+    stop = threading.Event()
+
+    def keep_running():
+        while not stop.is_set():
+            started = time.time()
+            seen.append((started, run(svc, "import wcwidth")["exit_code"]))
+
+    runners = [threading.Thread(target=keep_running) for _ in range(2)]
+    for runner in runners:
+        runner.start()
+    try:
+        build = wait_build(svc, add(svc, "wcwidth").json()["data"]["build"]["id"])
+        time.sleep(2)
+    finally:
+        stop.set()
+        for runner in runners:
+            runner.join()
+    assert build["state"] == "succeeded"
+    after = [code for started, code in seen if started > build["finished_at"]]
+    assert after and all(code == 0 for code in after), after
+
+
 def test_two_adds_at_once_both_land(svc):
     answers = {}
     threads = [
