@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
@@ -39,6 +40,8 @@ from runtimes.payload import LANGUAGES
 
 if TYPE_CHECKING:  # not imported at run time: the API function on Lambda has no layer manager (and no jail)
     from layers.packages import PackageManager
+
+log = logging.getLogger("sandlot.packages")
 
 BAKED = (
     "the {language} layer is baked into the runtime function's image on the lambda backend: to add or remove a "
@@ -184,6 +187,14 @@ class PackagesAPI:
     def __init__(self, packages: Packages):
         self.packages = packages
         self.key = admin_key(packages.settings)
+        settings = packages.settings
+        if not settings.SANDLOT_ADMIN_KEY:
+            log.warning(
+                "SANDLOT_ADMIN_KEY is not set: the package routes take API_KEY (whoever holds the run key can change "
+                "what every tenant imports) and /admin is off"
+            )
+        elif settings.SANDLOT_ADMIN_KEY == settings.API_KEY:
+            log.warning("SANDLOT_ADMIN_KEY is the same as API_KEY: the run key can change what every tenant imports")
 
     def authorized(self, request: Request) -> bool:
         given = request.headers.get("x-api-key", "")
