@@ -400,26 +400,19 @@ def _show_list(data: dict) -> None:
     if data.get("error"):
         print(f"# {data['error']}")
     width = max([len(row["name"]) for row in rows] + [4])
-    print(f"{'name':<{width}}  {'version':<12}  {'from':<10}  requested")
+    wide = max([len(row.get("version") or "-") for row in rows] + [7])
+    print(f"{'name':<{width}}  {'version':<{wide}}  {'from':<10}  requested")
     for row in rows:
         pending = row.get("pending")
         note = f"  (pending: {pending['op']} {pending.get('spec') or ''}, build {pending['build']})" if pending else ""
         version, requested = row.get("version") or "-", row.get("requested") or ""
-        print(f"{row['name']:<{width}}  {version:<12}  {row['kind']:<10}  {requested}{note}")
-
-
-def _retry_of(args: argparse.Namespace, build: dict, ours: set[str]) -> int | None:
-    """The build that retries one of our changes alone, when a build of several changes failed."""
-    for retry in build.get("retried_in") or []:
-        changes = _call(args, "GET", f"/v1/sandlot/builds/{retry}", params={"tail": 0}).get("changes") or []
-        if ours & {change.get("id") for change in changes}:
-            return retry
-    return None
+        print(f"{row['name']:<{width}}  {version:<{wide}}  {row['kind']:<10}  {requested}{note}".rstrip())
 
 
 def _follow(args: argparse.Namespace, build_id: int, ours: set[str], offset: int = 0) -> int:
-    """Print a build's log as it comes (polling every args.poll seconds); where a build of several changes failed,
-    follow the retry that carries ours. 0 when the build with our changes succeeded, 1 when it failed."""
+    """Print a build's log as it comes (polling every args.poll seconds). Where a build of several changes
+    failed and each was retried alone, follow the retries that carry ours. 0 when every change of ours landed,
+    1 when one did not."""
     import time
 
     while True:
@@ -431,16 +424,20 @@ def _follow(args: argparse.Namespace, build_id: int, ours: set[str], offset: int
             print(f"sandlot: build {build_id} succeeded; the {data['language']} runtime serves {data['layer']}")
             return 0
         if data["state"] == "failed":
-            retry = _retry_of(args, data, ours)
-            if retry is None:
-                print(
-                    f"sandlot: build {build_id} failed; the old layer keeps serving: {data['error']}", file=sys.stderr
-                )
-                return BUILD_FAILED
-            print(f"sandlot: build {build_id} failed; following build {retry}, which retries our change alone")
-            build_id, offset = retry, 0
-            continue
+            break
         time.sleep(args.poll)
+    retries = []
+    for retry in data.get("retried_in") or []:
+        changes = _call(args, "GET", f"/v1/sandlot/builds/{retry}", params={"tail": 0}).get("changes") or []
+        carried = ours & {change.get("id") for change in changes}
+        if carried:
+            retries.append((retry, carried))
+    if not retries:
+        print(f"sandlot: build {build_id} failed; the old layer keeps serving: {data['error']}", file=sys.stderr)
+        return BUILD_FAILED
+    listed = ", ".join(str(retry) for retry, _ in retries)
+    print(f"sandlot: build {build_id} failed; each change is retried alone: builds {listed}")
+    return max(_follow(args, retry, carried) for retry, carried in retries)
 
 
 def packages_command(args: argparse.Namespace) -> int:
