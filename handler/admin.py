@@ -29,7 +29,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, quote, urlsplit
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
@@ -137,10 +137,13 @@ class AdminPage:
         if "application/x-www-form-urlencoded" not in request.headers.get("content-type", ""):
             raise FormError("expected a form (application/x-www-form-urlencoded)")
         body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_FORM:
-                raise FormError(f"form too large (limit {MAX_FORM} bytes)")
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_FORM:
+                    raise FormError(f"form too large (limit {MAX_FORM} bytes)")
+        except ClientDisconnect:
+            raise FormError("client disconnected") from None
         try:
             fields = parse_qs(body.decode(), keep_blank_values=True, strict_parsing=False, max_num_fields=20)
         except (UnicodeDecodeError, ValueError) as exc:

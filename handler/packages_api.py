@@ -28,7 +28,7 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -213,10 +213,13 @@ class PackagesAPI:
 
     async def _body(self, request: Request) -> dict:
         raw = b""
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > MAX_BODY:
-                raise PackageError(400, f"request body too large (limit {MAX_BODY} bytes)")
+        try:
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > MAX_BODY:
+                    raise PackageError(400, f"request body too large (limit {MAX_BODY} bytes)")
+        except ClientDisconnect:
+            raise PackageError(400, "client disconnected") from None
         try:
             data = json.loads(raw or b"{}")
         except (ValueError, RecursionError):

@@ -226,6 +226,8 @@ def test_malformed_requests_are_refused_with_what_is_wrong(svc):
             (client.post("/v1/sandlot/packages", json={"spec": "six", "index": "x"}), "unknown field"),
             (client.delete("/v1/sandlot/packages", params={"language": "python3"}), "`name`"),
             (client.get("/v1/sandlot/builds/latest", params={"language": "cobol"}), "unsupported language"),
+            (client.post("/v1/sandlot/packages", json={"specs": ["six"] * 30000}), "too large"),
+            (client.post("/v1/sandlot/packages", json={"specs": ["six"] * 51}), "at most 50"),
         ]
         for response, complaint in cases:
             assert response.status_code == 400 and response.json()["code"] == -400, response.text
