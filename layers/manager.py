@@ -6,10 +6,11 @@ zygote that cannot start on the new layer leaves the old layer serving. The old
 directory is removed once no zygote uses it.
 
 One build at a time, whichever language: a build takes a core or two and the
-runs being served must not feel it twice. Builds run at nice BUILD_NICE (their own
-thread's priority, which pip and npm inherit), so that runs come first. Every build has a record (layers/builds.py)
-with its log as it comes: the package manager (layers/packages.py) makes its own;
-for the others (the update routes, the periodic refresh) `recorder` makes one.
+runs being served must not feel it twice. Builds run at nice BUILD_NICE (their
+own thread's priority, which pip and npm inherit), so that runs come first.
+Every build has a record (layers/builds.py) with its log as it comes: the
+package manager (layers/packages.py) makes its own; for the others (the update
+routes, the periodic refresh) `recorder` makes one.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 A layer directory is `<data>/layers/<language>/<key>-<serial>`: the key is a hash
 of what it was built from (requirements or package.json, and the interpreter),
-the serial tells rebuilds apart; the packages an operator asked for on top of the
-sources (layers/packages.py) are part of the key too. A finished layer is never written again; a new
-build goes next to it and the runtime switches over. Builds are serialized.
+the serial tells rebuilds apart; the packages an operator asked for on top of
+the sources (layers/packages.py) are part of the key too. A finished layer is
+never written again; a new build goes next to it and the runtime switches over.
+Builds are serialized.
 
 Several instances may share a data directory: each holds a shared flock on every
 layer it uses, from the moment it starts building it (the scratch directory is
