@@ -10,7 +10,8 @@ for each package:
    has an idle row taken moments earlier (this machine's load drifts by the minute);
 2. `POST /v1/sandlot/packages`, then the same run loop until the package's build ends, each run's latency kept
    if a build was running both when it started and when it ended; and the time from the add to the first run
-   that imports the package (polled every 50 ms by a second client);
+   that imports the package (polled every 50 ms by a second client, which runs in the idle phase too, as does
+   a third polling the build's state: both phases carry the same side traffic);
 then one table. Read it on an otherwise idle machine: other work on the two cores weighs on every row.
 """
 
@@ -60,52 +61,59 @@ def build_state(admin: httpx.Client, build_id: int) -> dict:
     return admin.get(f"/v1/sandlot/builds/{build_id}", params={"tail": 0}).json()["data"]
 
 
-def add_and_measure(svc: Service, spec: str, language: str, module_code: str) -> dict:
-    """Add spec; runs back to back meanwhile; time to the first run that imports it."""
+def add_and_measure(svc: Service, spec: str, language: str, module_code: str, idle_runs: int) -> dict:
+    """Runs back to back: idle_runs of them first, then from the add until its build ends. Both phases carry the
+    same side traffic: a second client trying to import the package every 50 ms (it fails until the switch) and
+    a third asking for the build's state every 50 ms. Also the time from the add to the first import."""
     admin = httpx.Client(base_url=svc.url, headers={"X-Api-Key": ADMIN_KEY}, timeout=60)
     runs = httpx.Client(base_url=svc.url, headers={"X-Api-Key": API_KEY}, timeout=60)
     prober = httpx.Client(base_url=svc.url, headers={"X-Api-Key": API_KEY}, timeout=60)
-    building: list[float] = []
-    other: list[float] = []
-    state = {"running": False, "done": False}
+    state = {"build": None, "running": False, "done": False, "added": 0.0, "stop": False}
     first_import: list[float] = []
 
-    def watch(build_id: int) -> None:
+    def watch() -> None:
         while not state["done"]:
-            current = build_state(admin, build_id)["state"]
-            state["running"] = current in ("building", "switching")
-            state["done"] = current in ("succeeded", "failed")
+            if state["build"] is None:
+                admin.get("/v1/sandlot/builds", params={"language": language})
+            else:
+                current = build_state(admin, state["build"])["state"]
+                state["running"] = current in ("building", "switching")
+                state["done"] = current in ("succeeded", "failed")
             time.sleep(0.05)
 
-    def probe(started: float) -> None:
-        while time.perf_counter() - started < 900:
-            ended = state["done"]  # read before the run: a run after the build's end sees its layer
+    def probe() -> None:
+        while not state["stop"]:
+            added, ended = state["added"], state["done"]  # read before the run: a run after the end sees its layer
             answer = prober.post("/v1/sandbox/run", json={"language": language, "code": module_code}).json()
             if answer["code"] != 0:  # never expected: runs are served throughout a build and its switch
-                print(f"sandlot: a run during the build was refused: {answer}", file=sys.stderr)
-            elif answer["data"]["exit_code"] == 0:
-                first_import.append(time.perf_counter() - started)
+                print(f"sandlot: a run was refused: {answer}", file=sys.stderr)
+            elif answer["data"]["exit_code"] == 0 and added:
+                first_import.append(time.perf_counter() - added)
                 return
             if ended:  # the build had ended before this run started: it failed, or the run did not see its layer
                 print(f"sandlot: a run after the build's end could not import: {answer}", file=sys.stderr)
                 return
             time.sleep(0.05)
 
-    started = time.perf_counter()
-    queued = admin.post("/v1/sandlot/packages", json={"language": language, "spec": spec}).json()
-    assert queued["code"] == 0, queued
-    build_id = queued["data"]["build"]["id"]
-    watcher = threading.Thread(target=watch, args=(build_id,))
-    prober_thread = threading.Thread(target=probe, args=(started,))
+    watcher, prober_thread = threading.Thread(target=watch), threading.Thread(target=probe)
     watcher.start()
     prober_thread.start()
+    time.sleep(0.5)
+    idle = [one_run(runs) for _ in range(idle_runs)]
+    state["added"] = time.perf_counter()
+    queued = admin.post("/v1/sandlot/packages", json={"language": language, "spec": spec}).json()
+    assert queued["code"] == 0, queued
+    state["build"] = queued["data"]["build"]["id"]
+    building: list[float] = []
     while not state["done"]:
         during = state["running"]
         elapsed = one_run(runs)
-        (building if during and state["running"] else other).append(elapsed)
+        if during and state["running"]:
+            building.append(elapsed)
     watcher.join()
-    prober_thread.join()
-    final = build_state(admin, build_id)
+    prober_thread.join(timeout=120)
+    state["stop"] = True
+    final = build_state(admin, state["build"])
     for client in (admin, runs, prober):
         client.close()
     return {
@@ -113,8 +121,8 @@ def add_and_measure(svc: Service, spec: str, language: str, module_code: str) ->
         "state": final["state"],
         "build_seconds": final["duration"],
         "to_import": first_import[0] if first_import else float("nan"),
+        "idle": idle,
         "building": building,
-        "other": other,
     }
 
 
@@ -151,11 +159,8 @@ def main() -> int:
             for spec in args.node.split(",")
             if spec
         ]
-        results = []
-        for spec, language, code in work:
-            idle = [one_run(client) for _ in range(args.runs)]
-            results.append({**add_and_measure(svc, spec, language, code), "idle": idle})
         client.close()
+        results = [add_and_measure(svc, spec, language, code, args.runs) for spec, language, code in work]
         print(f"base: {args.base}; MAX_WORKERS=2; python hello back to back, one client")
         print(f"{'python hello':<44} {'runs':>6} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9}")
         for result in results:
