@@ -61,10 +61,11 @@ def build_state(admin: httpx.Client, build_id: int) -> dict:
     return admin.get(f"/v1/sandlot/builds/{build_id}", params={"tail": 0}).json()["data"]
 
 
-def add_and_measure(svc: Service, spec: str, language: str, module_code: str, idle_runs: int) -> dict:
+def add_and_measure(svc: Service, spec: str, language: str, module_code: str, idle_runs: int, remove: str = "") -> dict:
     """Runs back to back: idle_runs of them first, then from the add until its build ends. Both phases carry the
     same side traffic: a second client trying to import the package every 50 ms (it fails until the switch) and
-    a third asking for the build's state every 50 ms. Also the time from the add to the first import."""
+    a third asking for the build's state every 50 ms. Also the time from the add to the first import. With
+    `remove` (a name), the change is that removal instead (no import time)."""
     admin = httpx.Client(base_url=svc.url, headers={"X-Api-Key": ADMIN_KEY}, timeout=60)
     runs = httpx.Client(base_url=svc.url, headers={"X-Api-Key": API_KEY}, timeout=60)
     prober = httpx.Client(base_url=svc.url, headers={"X-Api-Key": API_KEY}, timeout=60)
@@ -87,8 +88,10 @@ def add_and_measure(svc: Service, spec: str, language: str, module_code: str, id
             answer = prober.post("/v1/sandbox/run", json={"language": language, "code": module_code}).json()
             if answer["code"] != 0:  # never expected: runs are served throughout a build and its switch
                 print(f"sandlot: a run was refused: {answer}", file=sys.stderr)
-            elif answer["data"]["exit_code"] == 0 and added:
+            elif answer["data"]["exit_code"] == 0 and added and not remove:
                 first_import.append(time.perf_counter() - added)
+                return
+            if ended and remove:
                 return
             if ended:  # the build had ended before this run started: it failed, or the run did not see its layer
                 print(f"sandlot: a run after the build's end could not import: {answer}", file=sys.stderr)
@@ -101,7 +104,10 @@ def add_and_measure(svc: Service, spec: str, language: str, module_code: str, id
     time.sleep(0.5)
     idle = [one_run(runs) for _ in range(idle_runs)]
     state["added"] = time.perf_counter()
-    queued = admin.post("/v1/sandlot/packages", json={"language": language, "spec": spec}).json()
+    if remove:
+        queued = admin.delete("/v1/sandlot/packages", params={"language": language, "name": remove}).json()
+    else:
+        queued = admin.post("/v1/sandlot/packages", json={"language": language, "spec": spec}).json()
     assert queued["code"] == 0, queued
     state["build"] = queued["data"]["build"]["id"]
     building: list[float] = []
@@ -132,6 +138,9 @@ def main() -> int:
     parser.add_argument("--packages", default="pyjokes,numpy", help="pip specs to add, comma-separated")
     parser.add_argument("--node", default="is-number", help="npm specs to add, comma-separated ('' for none)")
     parser.add_argument("--base", choices=["default", "six"], default="default", help="the base requirements")
+    parser.add_argument(
+        "--cycles", type=int, default=0, help="then add and remove the first package this many times (more samples)"
+    )
     args = parser.parse_args()
 
     root = tempfile.mkdtemp(prefix="sandlot-bench-packages-", dir="/var/tmp")
@@ -161,11 +170,23 @@ def main() -> int:
         ]
         client.close()
         results = [add_and_measure(svc, spec, language, code, args.runs) for spec, language, code in work]
+        cycled: dict[str, list[float]] = {"idle": [], "building": []}
+        if args.cycles and work:
+            spec, language, code = work[0]
+            name = code.split()[-1] if language == "python3" else spec.rsplit("@", 1)[0]
+            for _ in range(args.cycles):
+                for change in (name, ""):  # remove it (it is there), then add it again
+                    done = add_and_measure(svc, spec, language, code, args.runs // 2, remove=change)
+                    cycled["idle"] += done["idle"]
+                    cycled["building"] += done["building"]
         print(f"base: {args.base}; MAX_WORKERS=2; python hello back to back, one client")
         print(f"{'python hello':<44} {'runs':>6} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9}")
         for result in results:
             print(row(f"idle, just before adding {result['spec']}", result["idle"]))
             print(row(f"while {result['spec']} builds", result["building"]))
+        if args.cycles:
+            print(row(f"idle, {args.cycles} remove+add cycles", cycled["idle"]))
+            print(row(f"while building, {args.cycles} cycles", cycled["building"]))
         print()
         print(f"{'add':<24} {'build':>10} {'add -> first import':>20} {'result':>10}")
         for result in results:
