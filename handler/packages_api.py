@@ -190,11 +190,11 @@ class PackagesAPI:
         settings = packages.settings
         if not settings.SANDLOT_ADMIN_KEY:
             log.warning(
-                "SANDLOT_ADMIN_KEY is not set: the package routes take API_KEY (whoever holds the run key can change "
-                "what every tenant imports) and /admin is off"
+                "SANDLOT_ADMIN_KEY is not set: the package routes take the API key (whoever holds the run key can "
+                "change what every tenant imports) and /admin is off"
             )
         elif settings.SANDLOT_ADMIN_KEY == settings.API_KEY:
-            log.warning("SANDLOT_ADMIN_KEY is the same as API_KEY: the run key can change what every tenant imports")
+            log.warning("SANDLOT_ADMIN_KEY is the API key: the run key can change what every tenant imports")
 
     def authorized(self, request: Request) -> bool:
         given = request.headers.get("x-api-key", "")
