@@ -9,7 +9,8 @@ for each package:
 1. idle: `print("hi")` back to back, --runs times (p50/p90/p99), just before the add, so that each build's row
    has an idle row taken moments earlier (this machine's load drifts by the minute);
 2. `POST /v1/sandlot/packages`, then the same run loop until the package's build ends, each run's latency kept
-   if a build was running both when it started and when it ended; and the time from the add to the first run
+   if the build was in the same state (building, or switching: the runtime starting a zygote on the new layer)
+   both when it started and when it ended; and the time from the add to the first run
    that imports the package (polled every 50 ms by a second client, which runs in the idle phase too, as does
    a third polling the build's state: both phases carry the same side traffic);
 then one table. Read it on an otherwise idle machine: other work on the two cores weighs on every row.
@@ -69,7 +70,7 @@ def add_and_measure(svc: Service, spec: str, language: str, module_code: str, id
     admin = httpx.Client(base_url=svc.url, headers={"X-Api-Key": ADMIN_KEY}, timeout=60)
     runs = httpx.Client(base_url=svc.url, headers={"X-Api-Key": API_KEY}, timeout=60)
     prober = httpx.Client(base_url=svc.url, headers={"X-Api-Key": API_KEY}, timeout=60)
-    state = {"build": None, "running": False, "done": False, "added": 0.0, "stop": False}
+    state = {"build": None, "running": "", "done": False, "added": 0.0, "stop": False}
     first_import: list[float] = []
 
     def watch() -> None:
@@ -78,7 +79,7 @@ def add_and_measure(svc: Service, spec: str, language: str, module_code: str, id
                 admin.get("/v1/sandlot/builds", params={"language": language})
             else:
                 current = build_state(admin, state["build"])["state"]
-                state["running"] = current in ("building", "switching")
+                state["running"] = current if current in ("building", "switching") else ""
                 state["done"] = current in ("succeeded", "failed")
             time.sleep(0.05)
 
@@ -111,11 +112,12 @@ def add_and_measure(svc: Service, spec: str, language: str, module_code: str, id
     assert queued["code"] == 0, queued
     state["build"] = queued["data"]["build"]["id"]
     building: list[float] = []
+    switching: list[float] = []  # the runtime starting a zygote on the new layer
     while not state["done"]:
         during = state["running"]
         elapsed = one_run(runs)
-        if during and state["running"]:
-            building.append(elapsed)
+        if during and state["running"] == during:
+            (building if during == "building" else switching).append(elapsed)
     watcher.join()
     prober_thread.join(timeout=120)
     state["stop"] = True
@@ -129,6 +131,7 @@ def add_and_measure(svc: Service, spec: str, language: str, module_code: str, id
         "to_import": first_import[0] if first_import else float("nan"),
         "idle": idle,
         "building": building,
+        "switching": switching,
     }
 
 
@@ -184,6 +187,7 @@ def main() -> int:
         for result in results:
             print(row(f"idle, just before adding {result['spec']}", result["idle"]))
             print(row(f"while {result['spec']} builds", result["building"]))
+            print(row("while the runtime switches to it", result["switching"]))
         if args.cycles:
             print(row(f"idle, {args.cycles} remove+add cycles", cycled["idle"]))
             print(row(f"while building, {args.cycles} cycles", cycled["building"]))
