@@ -53,6 +53,7 @@ def build(
     if result.returncode != 0:
         raise LayerBuildError(f"npm failed with code {result.returncode}: {what_went_wrong(result.stdout)}")
     (scratch / "node_modules").mkdir(exist_ok=True)
+    shutil.rmtree(scratch / ".npm", ignore_errors=True)  # npm's cache and logs (HOME is scratch): not for runs
 
 
 def merged_package(package: Path, requested: dict[str, str]) -> dict:

@@ -397,6 +397,7 @@ def test_node_packages_the_same_way(svc):
     assert build["state"] == "succeeded", build
     data = run(svc, "const isNumber = require('is-number'); console.log(isNumber(5), isNumber('x'))", "nodejs")
     assert data["stdout"] == "true false\n", data
+    assert not os.path.exists(os.path.join(build["layer"], ".npm"))  # npm's cache and logs stay out of the layer
     row = listing(svc, "nodejs")["is-number"]
     assert row["requested"] == "is-number@^7.0.0" and row["version"].startswith("7.")
     build = wait_build(svc, remove(svc, "is-number", language="nodejs").json()["data"]["build"]["id"])
