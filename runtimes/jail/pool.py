@@ -113,10 +113,6 @@ class ChildPool:
             return
         finally:
             self._filling[variant] -= 1
-        if self._owner.get(child.pid) is not self._zygote:  # replaced while this child was made (a new layer)
-            self.finish(child)
-            self._refill()
-            return
         self._ready[variant].append(child)
         child.exited.add_done_callback(lambda _: self._died_ready(variant, child))
 
