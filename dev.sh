@@ -8,7 +8,8 @@ cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 VENV=.venv
 
-setup() {
+setup() {  # setup [test]: "test" also brings what only the tests need (a browser for the admin page)
+    local purpose=${1:-serve}
     if ! "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null; then
         echo "dev.sh: needs Python 3.11 or newer as '$PYTHON' (set PYTHON=...)" >&2
         exit 1
@@ -30,6 +31,16 @@ setup() {
             exit 1
         fi
     fi
+    if [ "$purpose" = test ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        # the admin page in headless Chromium (tests/test_packages_page.py); without it those tests skip
+        local browser=()
+        command -v chromium >/dev/null || browser+=(chromium)
+        command -v chromedriver >/dev/null || browser+=(chromium-driver)
+        if [ ${#browser[@]} -gt 0 ]; then
+            { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${browser[@]}" >/dev/null; } ||
+                echo "dev.sh: could not install ${browser[*]}: the admin page's browser tests will skip" >&2
+        fi
+    fi
     if [ "$(id -u)" = 0 ] && [ -c /dev/net/tun ] && [ "$(stat -c %a /dev/net/tun)" = 600 ]; then
         chmod 0666 /dev/net/tun  # what Debian's udev gives it; pasta, without root, needs to open it
     fi
@@ -45,7 +56,7 @@ case "$command" in
         exec "$VENV/bin/sandlot" serve "$@"
         ;;
     test)
-        setup
+        setup test
         "$VENV/bin/ruff" check .
         "$VENV/bin/sandlot" layers build >/dev/null
         exec "$VENV/bin/python" -m pytest "$@"

@@ -226,13 +226,38 @@ class SandboxAPI:
         ]
 
 
-def create_app(settings: Settings, invoker: Invoker, metrics: Metrics | None = None) -> Starlette:
+def create_app(settings: Settings, invoker: Invoker, metrics: Metrics | None = None, packages=None) -> Starlette:
+    """The app; `packages` (layers.packages.PackageManager) manages the local backend's requested packages: without
+    one the package routes show the invoker's layers read-only (the lambda backend's are baked into images)."""
+    from handler.admin import AdminPage
+    from handler.packages_api import Packages, PackagesAPI
+
     metrics = metrics or Metrics()
     api = SandboxAPI(settings, metered(invoker, metrics, log_payloads=settings.SANDLOT_LOG_DEBUG))
     metrics.watch(api.admission, api.invoker)
-    routes = api.routes() + metrics_routes(settings, metrics) + openapi_routes()
+    shown = Packages(settings, api.invoker, packages)
+    if packages is not None:
+        packages.finished_hooks.append(
+            lambda build: metrics.layer_builds.labels(build.language, "ok" if build.error == "" else "failed").inc()
+        )
+    admin = AdminPage(settings, api, shown, metrics)
+    routes = api.routes() + PackagesAPI(shown).routes() + admin.routes() + metrics_routes(settings, metrics)
+    routes += openapi_routes()
     edge = Middleware(ObservabilityMiddleware, metrics=metrics, routes={route.path for route in routes})
-    app = Starlette(routes=routes, lifespan=api.lifespan, middleware=[edge])
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette):
+        async with api.lifespan(app):
+            if packages is not None:
+                await packages.start(after=api._starting)  # changes left pending build once the runtimes are up
+            try:
+                yield
+            finally:
+                if packages is not None:
+                    await packages.stop()
+
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[edge])
     app.state.api = api
     app.state.metrics = metrics
+    app.state.packages = packages
     return app

@@ -20,29 +20,59 @@ from layers.store import LayerBuildError, LayerStore
 
 
 def layer_manager(settings: Settings) -> LayerManager:
-    """The Python and Node.js layer stores, as the settings describe them."""
+    """The Python and Node.js layer stores, as the settings describe them: the base files, and the packages
+    an operator asked for on top of them (kept in the data dir, layers/packages.py)."""
+    from layers.packages import RequestedPackages
+
     data = Path(settings.SANDLOT_DATA_DIR) / "layers"
+    kept = Path(settings.SANDLOT_DATA_DIR) / "packages"
     python = os.path.realpath(settings.PYTHON_PATH)
     node = os.path.realpath(settings.NODEJS_PATH)
     requirements = lambda: python_layer.requirements_file(settings.SANDLOT_PYTHON_REQUIREMENTS)  # noqa: E731
     packages = lambda: node_layer.package_files(settings.SANDLOT_NODEJS_PACKAGE)  # noqa: E731
+    python_requested = RequestedPackages("python3", kept / "python3.json")
+    node_requested = RequestedPackages("nodejs", kept / "nodejs.json")
     python_store = LayerStore(
         data / "python",
         sources=lambda: [requirements()],
-        build=lambda scratch: python_layer.build(
-            requirements(), scratch, settings.build_uid, settings.PIP_MIRROR_URL, settings.SANDLOT_PIP_FIND_LINKS
+        build=lambda scratch, requested, output: python_layer.build(
+            requirements(),
+            scratch,
+            settings.build_uid,
+            settings.PIP_MIRROR_URL,
+            settings.SANDLOT_PIP_FIND_LINKS,
+            requested=requested,
+            on_output=output,
         ),
         salt=python,
+        requested=python_requested.render,
     )
     node_store = LayerStore(
         data / "nodejs",
         sources=packages,
-        build=lambda scratch: node_layer.build(packages(), scratch, node, settings.build_uid),
+        build=lambda scratch, requested, output: node_layer.build(
+            packages(), scratch, node, settings.build_uid, requested=requested, on_output=output
+        ),
         salt=node,
+        requested=node_requested.render,
     )
-    layers = {"python3": Layer(python_store, python_layer.installed)}
+    layers = {
+        "python3": Layer(
+            python_store,
+            python_layer.installed,
+            packages=python_requested,
+            base_names=lambda: python_layer.base_names(requirements()),
+            base_file=lambda: str(requirements()),
+        )
+    }
     if os.access(node, os.X_OK):
-        layers["nodejs"] = Layer(node_store, node_layer.installed)
+        layers["nodejs"] = Layer(
+            node_store,
+            node_layer.installed,
+            packages=node_requested,
+            base_names=lambda: node_layer.base_names(packages()[0]),
+            base_file=lambda: str(packages()[0]),
+        )
     return LayerManager(layers)
 
 
@@ -55,13 +85,17 @@ def build_app(settings: Settings, layers: LayerManager | None):
 
         return create_app(settings, LambdaInvoker.from_settings(settings))
     from handler.local_invoker import LocalInvoker
+    from layers.packages import PackageManager
     from runtimes.nodejs.runtime import NodeRuntime
     from runtimes.python.runtime import PythonRuntime
 
     config = settings.runtime_config(python_layer=layers.current("python3"), nodejs_layer=layers.current("nodejs"))
     runtimes = {"python3": PythonRuntime(config), "nodejs": NodeRuntime(config)}
     invoker = LocalInvoker(runtimes, layers, settings.PYTHON_DEPS_UPDATE_INTERVAL)
-    return create_app(settings, invoker)
+    packages = PackageManager(
+        layers, runtimes, Path(settings.SANDLOT_DATA_DIR), allow_any=settings.SANDLOT_PACKAGES_ALLOW_ANY_SPEC
+    )
+    return create_app(settings, invoker, packages=packages)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -322,6 +356,162 @@ def _add_health(commands) -> None:
     cmd.set_defaults(func=health)
 
 
+# ---- sandlot packages ----------------------------------------------------------------------------------------------
+
+BUILD_FAILED = 1
+
+
+def _admin_key() -> str:
+    """The key of the package routes: SANDLOT_ADMIN_KEY where set, else API_KEY (environment, then settings)."""
+    key = os.environ.get("SANDLOT_ADMIN_KEY") or os.environ.get("API_KEY")
+    if key:
+        return key
+    settings = load_settings()
+    return settings.SANDLOT_ADMIN_KEY or settings.API_KEY
+
+
+class _Refused(Exception):
+    """The service refused or could not be reached: the message to print."""
+
+
+def _call(args: argparse.Namespace, method: str, path: str, **kwargs) -> dict:
+    import httpx
+
+    headers = {"X-Api-Key": _admin_key()}
+    try:
+        response = httpx.request(method, args.url.rstrip("/") + path, headers=headers, timeout=60, **kwargs)
+    except httpx.HTTPError as exc:
+        raise _Refused(f"cannot reach {args.url}: {exc}") from exc
+    if response.status_code == 401:
+        raise _Refused("the service refused the key (set SANDLOT_ADMIN_KEY, or API_KEY where no admin key is set)")
+    try:
+        envelope = response.json()
+    except ValueError:
+        raise _Refused(f"HTTP {response.status_code}: {response.text[:200]}") from None
+    if not isinstance(envelope, dict) or envelope.get("code") != 0:
+        message = envelope.get("message") if isinstance(envelope, dict) else envelope
+        raise _Refused(str(message))
+    return envelope.get("data") or {}
+
+
+def _show_list(data: dict) -> None:
+    rows = data.get("packages") or []
+    if not data.get("editable"):
+        print(f"# {data.get('message', '')}")
+    if data.get("error"):
+        print(f"# {data['error']}")
+    width = max([len(row["name"]) for row in rows] + [4])
+    wide = max([len(row.get("version") or "-") for row in rows] + [7])
+    print(f"{'name':<{width}}  {'version':<{wide}}  {'from':<10}  requested")
+    for row in rows:
+        pending = row.get("pending")
+        note = f"  (pending: {pending['op']} {pending.get('spec') or ''}, build {pending['build']})" if pending else ""
+        version, requested = row.get("version") or "-", row.get("requested") or ""
+        print(f"{row['name']:<{width}}  {version:<{wide}}  {row['kind']:<10}  {requested}{note}".rstrip())
+
+
+def _follow(args: argparse.Namespace, build_id: int, ours: set[str], offset: int = 0) -> int:
+    """Print a build's log as it comes (polling every args.poll seconds). Where a build of several changes
+    failed and each was retried alone, follow the retries that carry ours. 0 when every change of ours landed,
+    1 when one did not."""
+    import time
+
+    while True:
+        data = _call(args, "GET", f"/v1/sandlot/builds/{build_id}", params={"offset": offset})
+        for line in data["log"]["lines"]:
+            print(line, flush=True)
+        offset = data["log"]["next_offset"]
+        if data["state"] == "succeeded":
+            print(f"sandlot: build {build_id} succeeded; the {data['language']} runtime serves {data['layer']}")
+            return 0
+        if data["state"] == "failed":
+            break
+        time.sleep(args.poll)
+    retries = []
+    for retry in data.get("retried_in") or []:
+        changes = _call(args, "GET", f"/v1/sandlot/builds/{retry}", params={"tail": 0}).get("changes") or []
+        carried = ours & {change.get("id") for change in changes}
+        if carried:
+            retries.append((retry, carried))
+    if not retries:
+        print(f"sandlot: build {build_id} failed; the old layer keeps serving: {data['error']}", file=sys.stderr)
+        return BUILD_FAILED
+    listed = ", ".join(str(retry) for retry, _ in retries)
+    print(f"sandlot: build {build_id} failed; each change is retried alone: builds {listed}")
+    return max(_follow(args, retry, carried) for retry, carried in retries)
+
+
+def packages_command(args: argparse.Namespace) -> int:
+    try:
+        if args.packages_command == "list":
+            data = _call(args, "GET", "/v1/sandlot/packages", params={"language": args.language})
+            if args.json:
+                import json
+
+                print(json.dumps(data, indent=2))
+            else:
+                _show_list(data)
+            return 0
+        if args.packages_command == "build-log":
+            return _build_log(args)
+        if args.packages_command == "add":
+            data = _call(args, "POST", "/v1/sandlot/packages", json={"language": args.language, "specs": args.specs})
+        else:
+            params = [("language", args.language), *(("name", name) for name in args.names)]
+            data = _call(args, "DELETE", "/v1/sandlot/packages", params=params)
+        build = data["build"]
+        print(f"sandlot: build {build['id']} ({build['language']}): {build['state']}", file=sys.stderr)
+        if args.no_wait:
+            return 0
+        return _follow(args, build["id"], {change["id"] for change in data["changes"]})
+    except _Refused as exc:
+        print(f"sandlot: {exc}", file=sys.stderr)
+        return SANDBOX_FAILED
+
+
+def _build_log(args: argparse.Namespace) -> int:
+    path = f"/v1/sandlot/builds/{args.id}" if args.id else "/v1/sandlot/builds/latest"
+    data = _call(args, "GET", path, params={"language": args.language, "tail": args.tail})
+    for line in data["log"]["lines"]:
+        print(line)
+    if args.follow and data["state"] not in ("succeeded", "failed"):
+        ours = {change.get("id") for change in data.get("changes") or []}
+        return _follow(args, data["id"], ours, data["log"]["next_offset"])
+    print(f"sandlot: build {data['id']} ({data['language']}, {data['trigger']}): {data['state']}")
+    if data.get("error"):
+        print(f"sandlot: error: {data['error']}", file=sys.stderr)
+    return BUILD_FAILED if data["state"] == "failed" else 0
+
+
+def _add_packages(commands) -> None:
+    cmd = commands.add_parser("packages", help="list, add and remove the packages of the service's layers")
+    sub = cmd.add_subparsers(dest="packages_command", required=True)
+
+    def common(parser) -> None:
+        parser.add_argument(
+            "--url", default=_default_url(), help="the service (default SANDLOT_URL or 127.0.0.1:SANDBOX_PORT)"
+        )
+        parser.add_argument("--language", "-l", choices=["python3", "nodejs"], default="python3")
+        parser.set_defaults(func=packages_command, poll=0.5)
+
+    listing = sub.add_parser("list", help="the packages of a layer: version, requested spec, base file or not")
+    common(listing)
+    listing.add_argument("--json", action="store_true", help="as JSON")
+    add = sub.add_parser("add", help="add packages (pip requirements or npm specs) and follow the build")
+    common(add)
+    add.add_argument("specs", nargs="+", help="e.g. six==1.16.0, 'requests>=2.31,<3', is-number@^7.0.0")
+    add.add_argument("--no-wait", action="store_true", help="print the build's id and return at once")
+    remove = sub.add_parser("remove", help="remove added packages and follow the build")
+    common(remove)
+    remove.add_argument("names", nargs="+")
+    remove.add_argument("--no-wait", action="store_true", help="print the build's id and return at once")
+    log = sub.add_parser("build-log", help="the log of the running, else last, build (exit 1 if it failed)")
+    common(log)
+    log.add_argument("--id", type=int, default=None, help="a build by its id (default: the language's latest)")
+    log.add_argument("--tail", type=int, default=200, help="lines of the log to show (default 200)")
+    log.add_argument("--follow", "-f", action="store_true", help="keep printing until the build ends")
+
+
 # ---- sandlot config ------------------------------------------------------------------------------------------------
 
 
@@ -361,8 +551,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_run(commands)
     _add_health(commands)
     _add_config(commands)
+    _add_packages(commands)
     args = parser.parse_args(argv)
-    quiet = args.command in ("run", "health", "config")  # their output is the answer, not a log
+    quiet = args.command in ("run", "health", "config", "packages")  # their output is the answer, not a log
     logging.basicConfig(
         level=logging.WARNING if quiet else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -61,6 +61,94 @@ class LanguageBody(BaseModel):
     language: Literal["python3", "nodejs"] = "python3"
 
 
+class PackageRow(BaseModel):
+    name: str
+    version: str | None = Field(description="installed in the serving layer; null when not (yet) installed")
+    requested: str | None = Field(description="the spec it was added with (`POST /v1/sandlot/packages`), if any")
+    base: bool = Field(description="named in the base file (requirements file or package.json)")
+    kind: Literal["requested", "pending", "base", "dependency", "baked"]
+    pending: dict[str, Any] | None = Field(description="a change waiting for a build: op, spec, build")
+
+
+class PackageList(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    language: Literal["python3", "nodejs"]
+    editable: bool = Field(description="false on the lambda backend: the layer is baked into the function's image")
+    packages: list[PackageRow]
+    build: dict[str, Any] | None = Field(description="the latest build of the language, without its log")
+
+
+class BuildLog(BaseModel):
+    first_line: int = Field(description="number of the first line returned")
+    next_offset: int = Field(description="ask for `offset` = this to get the lines that come next")
+    lines: list[str]
+
+
+class LayerBuild(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: int
+    language: Literal["python3", "nodejs"]
+    trigger: str = Field(description="packages, retry, resume, update, refresh, periodic refresh")
+    state: Literal["queued", "building", "switching", "succeeded", "failed"]
+    changes: list[dict[str, Any]] = Field(description="{op: add|remove, name, spec, id}")
+    error: str = Field(description="why it failed; the old layer keeps serving")
+    layer: str
+    retried_in: list[int] = Field(description="a failed build of several changes: each retried alone in these")
+    dropped: list[dict[str, Any]] = Field(description="changes given up because this build failed")
+    log: BuildLog | None = None
+
+
+class AddPackagesBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    language: Literal["python3", "nodejs"] = "python3"
+    spec: str | None = Field(None, description="`six==1.16.0`, `requests>=2.31,<3`, `is-number@^7.0.0`")
+    specs: list[str] | None = Field(None, description="several at once (one build); give `spec` or `specs`")
+
+
+class BuildQueued(BaseModel):
+    build: LayerBuild
+    changes: list[dict[str, Any]] = Field(description="the changes this request made (their ids)")
+
+
+class BuildList(BaseModel):
+    builds: list[LayerBuild]
+
+
+class PackagesEnvelope(BaseModel):
+    code: Literal[0]
+    message: Literal["success"]
+    data: PackageList
+
+
+class BuildQueuedEnvelope(BaseModel):
+    code: Literal[0]
+    message: Literal["success"]
+    data: BuildQueued
+
+
+class BuildEnvelope(BaseModel):
+    code: Literal[0]
+    message: Literal["success"]
+    data: LayerBuild
+
+
+class BuildsEnvelope(BaseModel):
+    code: Literal[0]
+    message: Literal["success"]
+    data: BuildList
+
+
+class PackageRefusal(BaseModel):
+    """HTTP 404 (-404: no such package, build or layer) or 409 (-409: from the base file; baked on lambda)."""
+
+    code: Literal[-404, -409]
+    message: str
+    data: None
+
+
 class RunEnvelope(BaseModel):
     code: Literal[0]
     message: Literal["success"]
@@ -128,6 +216,12 @@ MODELS: list[type[BaseModel]] = [
     Refusal,
     TooManyRequests,
     ClientGone,
+    AddPackagesBody,
+    PackagesEnvelope,
+    BuildQueuedEnvelope,
+    BuildEnvelope,
+    BuildsEnvelope,
+    PackageRefusal,
 ]
 
 # ---- the document -------------------------------------------------------------------------------------------------
@@ -147,7 +241,16 @@ _LANGUAGE_QUERY = {
     "required": False,
     "schema": {"type": "string", "enum": ["python3", "nodejs"], "default": "python3"},
 }
+_TAIL = {
+    "name": "tail",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "integer", "minimum": 0, "default": 200},
+    "description": "how many of the last log lines (without `offset`)",
+}
 _KEY = [{"ApiKey": []}]
+_ADMIN = [{"AdminKey": []}, {"AdminBearer": []}]
+_ADMIN_UNAUTHORIZED = {"description": "missing or wrong admin key (SANDLOT_ADMIN_KEY; API_KEY where none is set)"}
 
 
 def _operation(summary: str, responses: dict, *, auth: bool = True, **more: Any) -> dict:
@@ -155,6 +258,94 @@ def _operation(summary: str, responses: dict, *, auth: bool = True, **more: Any)
     if auth:
         operation["responses"] = {**responses, "401": _UNAUTHORIZED}
     return operation
+
+
+def _admin(summary: str, responses: dict, **more: Any) -> dict:
+    return {"summary": summary, "security": _ADMIN, "responses": {**responses, "401": _ADMIN_UNAUTHORIZED}, **more}
+
+
+def _package_paths() -> dict:
+    """The package routes (handler/packages_api.py), behind the admin key."""
+    bad = _json("BadRequest", "a refused spec or body: the message names what is wrong")
+    refused = _json("PackageRefusal", "no such package or build (-404)")
+    conflict = _json("PackageRefusal", "cannot be changed here: from the base file, or baked (lambda) (-409)")
+    return {
+        "/v1/sandlot/packages": {
+            "get": _admin(
+                "The packages of a language's layer: installed version, requested spec, base file or not",
+                {"200": _json("PackagesEnvelope", "the list"), "400": _json("BadRequest", "unsupported language")},
+                parameters=[_LANGUAGE_QUERY],
+            ),
+            "post": _admin(
+                "Add packages: queues a build that installs them on top of the base file and switches to it live",
+                {"200": _json("BuildQueuedEnvelope", "the build that will carry them"), "400": bad, "409": conflict},
+                requestBody={
+                    "required": True,
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/AddPackagesBody"}}},
+                },
+            ),
+            "delete": _admin(
+                "Remove added packages: queues a build without them",
+                {
+                    "200": _json("BuildQueuedEnvelope", "the build that will carry the removal"),
+                    "400": bad,
+                    "404": refused,
+                    "409": conflict,
+                },
+                parameters=[
+                    _LANGUAGE_QUERY,
+                    {
+                        "name": "name",
+                        "in": "query",
+                        "required": True,
+                        "schema": {"type": "array", "items": {"type": "string"}},
+                        "style": "form",
+                        "explode": True,
+                        "description": "a package to remove (repeat for several)",
+                    },
+                ],
+            ),
+        },
+        "/v1/sandlot/builds": {
+            "get": _admin(
+                "Recent builds, newest first (without logs)",
+                {"200": _json("BuildsEnvelope", "the builds"), "400": _json("BadRequest", "unsupported language")},
+                parameters=[{**_LANGUAGE_QUERY, "schema": {"type": "string", "enum": ["python3", "nodejs"]}}],
+            )
+        },
+        "/v1/sandlot/builds/latest": {
+            "get": _admin(
+                "The running, else the next queued, else the last build of a language, with its log's tail",
+                {
+                    "200": _json("BuildEnvelope", "the build"),
+                    "400": _json("BadRequest", "unsupported language"),
+                    "404": _json("PackageRefusal", "no build yet"),
+                },
+                parameters=[_LANGUAGE_QUERY, _TAIL],
+            )
+        },
+        "/v1/sandlot/builds/{id}": {
+            "get": _admin(
+                "One build; its log from line `offset` on (to follow it), or its tail",
+                {
+                    "200": _json("BuildEnvelope", "the build"),
+                    "400": _json("BadRequest", "a malformed number"),
+                    "404": _json("PackageRefusal", "no such build"),
+                },
+                parameters=[
+                    {"name": "id", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 0}},
+                    {
+                        "name": "offset",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "integer", "minimum": 0},
+                        "description": "the first log line wanted (a previous answer's `log.next_offset`)",
+                    },
+                    _TAIL,
+                ],
+            )
+        },
+    }
 
 
 def _paths() -> dict:
@@ -232,6 +423,7 @@ def _paths() -> dict:
                 parameters=[_LANGUAGE_QUERY],
             )
         },
+        **_package_paths(),
         "/metrics": {
             "get": {
                 "summary": "Prometheus metrics (only with SANDLOT_METRICS=key; otherwise on their own address)",
@@ -285,6 +477,13 @@ def openapi_document() -> dict:
             "securitySchemes": {
                 "ApiKey": {"type": "apiKey", "in": "header", "name": "X-Api-Key"},
                 "Bearer": {"type": "http", "scheme": "bearer", "description": "the API key (for /metrics)"},
+                "AdminKey": {
+                    "type": "apiKey",
+                    "in": "header",
+                    "name": "X-Api-Key",
+                    "description": "the admin key, SANDLOT_ADMIN_KEY (API_KEY where none is set): package routes",
+                },
+                "AdminBearer": {"type": "http", "scheme": "bearer", "description": "the admin key, as a bearer token"},
             },
         },
     }
@@ -317,7 +516,8 @@ def docs_page(document: dict) -> str:
     rows = []
     for path, operations in document["paths"].items():
         for method, op in operations.items():
-            auth = "key" if op.get("security") else "none"
+            security = op.get("security") or []
+            auth = "admin key" if {"AdminKey": []} in security else "key" if security else "none"
             answers = ", ".join(sorted(op["responses"]))
             rows.append(
                 f"<tr><td>{method.upper()}</td><td><code>{html.escape(path)}</code></td><td>{auth}</td>"

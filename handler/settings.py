@@ -143,6 +143,17 @@ class Settings(BaseSettings):
         "", description="the Node.js layer's package.json, its lock beside it (default `layers/nodejs/package.json`)"
     )
     SANDLOT_BUILD_UID: int = Field(0, ge=0, description="uid layer builds run as (0: `SANDLOT_UID_BASE - 1`)")
+    SANDLOT_ADMIN_KEY: str = Field(
+        "",
+        description="the key of the package routes (`/v1/sandlot/`, `sandlot packages`) and of the `/admin` page; "
+        "unset: those routes take `API_KEY` and the page is off (whoever holds the run key could change what every "
+        "tenant imports)",
+    )
+    SANDLOT_PACKAGES_ALLOW_ANY_SPEC: bool = Field(
+        False,
+        description="let added packages be any one-line pip requirement or npm spec (URLs, paths, VCS links, pip "
+        "options); by default only a name and a version constraint",
+    )
     SANDLOT_MAX_TIMEOUT: float = Field(60, gt=0, description="cap on a request's `timeout`, seconds")
     SANDLOT_MEMORY_LIMIT_MB: int = Field(512, ge=16, description="default `memory_limit_mb` of a run")
     SANDLOT_MAX_MEMORY_LIMIT_MB: int = Field(2048, ge=16, description="cap on a request's `memory_limit_mb`")

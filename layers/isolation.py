@@ -19,6 +19,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 
 from runtimes import linux, tree
 
@@ -42,11 +43,17 @@ def configured_paths(command: list[str]) -> list[str]:
 
 
 def run(
-    argv: list[str], workdir: str, readable: list[str], env: dict[str, str], uid: int
+    argv: list[str],
+    workdir: str,
+    readable: list[str],
+    env: dict[str, str],
+    uid: int,
+    on_output: Callable[[bytes], None] | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run argv in workdir; as root, confined as described above. Output is captured (and echoed)."""
+    """Run argv in workdir; as root, confined as described above. Output is captured (and echoed, and handed
+    line by line to on_output: a build's live log)."""
     if os.geteuid() != 0:
-        return _run_and_echo(argv, env, workdir)
+        return _run_and_echo(argv, env, workdir, on_output)
     os.chown(workdir, uid, uid)
     for dirpath, dirnames, filenames in os.walk(workdir):
         for name in dirnames + filenames:
@@ -65,7 +72,7 @@ def run(
     }
     try:
         command = [interpreter, "-I", "-m", "layers.isolation", json.dumps(plan)]
-        return _run_and_echo(command, os.environ | {"PYTHONPATH": _package_root()}, "/")
+        return _run_and_echo(command, os.environ | {"PYTHONPATH": _package_root()}, "/", on_output)
     finally:
         os.rmdir(plan["root"])
 
@@ -85,13 +92,17 @@ def _package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run_and_echo(argv: list[str], env: dict[str, str], cwd: str) -> subprocess.CompletedProcess:
+def _run_and_echo(
+    argv: list[str], env: dict[str, str], cwd: str, on_output: Callable[[bytes], None] | None = None
+) -> subprocess.CompletedProcess:
     process = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines = []
     assert process.stdout is not None
     for raw in process.stdout:  # the tool's own progress, for the operator, as it comes
         sys.stderr.write(raw.decode(errors="replace"))
         lines.append(raw)
+        if on_output is not None:
+            on_output(raw)
     process.wait()
     return subprocess.CompletedProcess(argv, process.returncode, b"".join(lines), b"")
 

@@ -1,14 +1,20 @@
-"""The Node.js layer: `npm install` from a package.json (and its lock) into node_modules."""
+"""The Node.js layer: `npm install` from a package.json (and its lock) into node_modules.
+
+The package.json (layers/nodejs/package.json or SANDLOT_NODEJS_PACKAGE) is the base;
+requested packages (layers/packages.py) are added to its `dependencies` (a requested
+range replaces the base's for the same name) in the copy the build installs from.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from layers import isolation
-from layers.store import LayerBuildError
+from layers.store import LayerBuildError, what_went_wrong
 
 DEFAULT_PACKAGE = Path(__file__).parent / "nodejs" / "package.json"
 
@@ -19,24 +25,67 @@ def package_files(configured: str = "") -> list[Path]:
     return [package, lock] if lock.is_file() else [package]
 
 
-def build(files: list[Path], scratch: Path, node: str, build_uid: int) -> None:
-    """npm ci (with a lock) or npm install into scratch/node_modules; packages' scripts never run."""
+def build(
+    files: list[Path],
+    scratch: Path,
+    node: str,
+    build_uid: int,
+    requested: dict[str, str] | None = None,
+    on_output: Callable[[bytes], None] | None = None,
+) -> None:
+    """npm ci (with a lock) or npm install into scratch/node_modules; packages' scripts never run. requested:
+    name -> range (validated: layers/specs.py), added to the package.json's dependencies; then the lock only
+    guides npm install (npm ci would refuse a package.json that no longer matches it)."""
     npm_cli = _npm_cli(node)
     for file in files:
         shutil.copy(file, scratch / file.name)
-    verb = "ci" if (scratch / "package-lock.json").is_file() else "install"
+    if requested:
+        (scratch / "package.json").write_text(json.dumps(merged_package(files[0], requested), indent=2) + "\n")
+    verb = "ci" if (scratch / "package-lock.json").is_file() and not requested else "install"
     argv = [node, npm_cli, verb, "--omit=dev", "--ignore-scripts", "--no-audit", "--no-fund", "--no-update-notifier"]
     readable = [node, os.path.dirname(os.path.dirname(npm_cli)), *(str(f.parent) for f in files)]
     readable += local_sources(files[0])
+    readable += [spec.removeprefix("file:") for spec in (requested or {}).values() if spec.startswith("file:/")]
     readable += isolation.configured_paths([node, npm_cli, "config", "list"])
     env = {k: v for k, v in os.environ.items() if k.startswith("npm_config_") or k.lower().endswith("_proxy")}
     env.update({"HOME": str(scratch), "LANG": "C.UTF-8", "PATH": os.path.dirname(node)})
-    result = isolation.run(argv, str(scratch), readable, env, build_uid)
+    result = isolation.run(argv, str(scratch), readable, env, build_uid, on_output)
     if result.returncode != 0:
-        raise LayerBuildError(
-            f"npm failed with code {result.returncode}: {result.stdout.decode(errors='replace')[-4000:]}"
-        )
+        raise LayerBuildError(f"npm failed with code {result.returncode}: {what_went_wrong(result.stdout)}")
     (scratch / "node_modules").mkdir(exist_ok=True)
+    shutil.rmtree(scratch / ".npm", ignore_errors=True)  # npm's cache and logs (HOME is scratch): not for runs
+
+
+def merged_package(package: Path, requested: dict[str, str]) -> dict:
+    """The base package.json with the requested packages in its dependencies; its relative `file:` specs made
+    absolute (the build installs from a copy elsewhere)."""
+    try:
+        meta = json.loads(package.read_text())
+    except (OSError, ValueError) as exc:
+        raise LayerBuildError(f"{package}: {exc}") from exc
+    if not isinstance(meta, dict):
+        raise LayerBuildError(f"{package}: not a JSON object")
+    for section in ("dependencies", "optionalDependencies"):
+        for name, spec in list((meta.get(section) or {}).items()):
+            if isinstance(spec, str) and spec.startswith("file:") and not spec.startswith("file:/"):
+                meta[section][name] = "file:" + str((package.parent / spec.removeprefix("file:")).resolve())
+    dependencies = dict(meta.get("dependencies") or {})
+    for name, spec in requested.items():
+        (meta.get("optionalDependencies") or {}).pop(name, None)
+        dependencies[name] = spec
+    meta["dependencies"] = dependencies
+    return meta
+
+
+def base_names(package: Path) -> set[str]:
+    """The packages a package.json asks for (dependencies and optionalDependencies)."""
+    try:
+        meta = json.loads(package.read_text())
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(meta, dict):
+        return set()
+    return {name for section in ("dependencies", "optionalDependencies") for name in (meta.get(section) or {})}
 
 
 def local_sources(package: Path) -> list[str]:

@@ -1,4 +1,11 @@
-"""The Python layer: `pip install --target` from a requirements file."""
+"""The Python layer: `pip install --target` from a requirements file, plus the packages an operator asked for.
+
+The requirements file (layers/python/requirements.txt, SANDLOT_PYTHON_REQUIREMENTS or
+dify-sandbox's dependencies/python-requirements.txt) is the base; requested packages
+(layers/packages.py) are added on top: the build reads one requirements file that
+includes the base (`-r`) and lists them, so pip resolves both together and every
+constraint must hold.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +13,14 @@ import importlib.metadata
 import os
 import sys
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
 from layers import isolation
-from layers.store import LayerBuildError
+from layers.store import LayerBuildError, what_went_wrong
 
 DEFAULT_REQUIREMENTS = Path(__file__).parent / "python" / "requirements.txt"
 DIFY_REQUIREMENTS = Path("dependencies/python-requirements.txt")  # dify-sandbox's location
@@ -23,8 +34,24 @@ def requirements_file(configured: str = "") -> Path:
     return DEFAULT_REQUIREMENTS
 
 
-def build(requirements: Path, scratch: Path, build_uid: int, mirror_url: str = "", find_links: str = "") -> None:
-    """pip install --target scratch, as an unprivileged user (see layers.isolation)."""
+MERGED = ".sandlot-requirements.txt"  # the build's own requirements, in scratch; gone before the layer is used
+
+
+def build(
+    requirements: Path,
+    scratch: Path,
+    build_uid: int,
+    mirror_url: str = "",
+    find_links: str = "",
+    requested: list[str] | None = None,
+    on_output: Callable[[bytes], None] | None = None,
+) -> None:
+    """pip install --target scratch, as an unprivileged user (see layers.isolation): the base requirements and
+    the requested lines (already validated: layers/specs.py)."""
+    source = requirements
+    if requested:
+        source = scratch / MERGED
+        source.write_text(f"-r {requirements}\n" + "".join(f"{line}\n" for line in requested))
     argv = [
         os.path.join(sys.prefix, "bin", "python"),
         "-m",
@@ -38,7 +65,7 @@ def build(requirements: Path, scratch: Path, build_uid: int, mirror_url: str = "
         "--target",
         str(scratch),
         "-r",
-        str(requirements),
+        str(source),
     ]
     readable = [sys.prefix, sys.base_prefix, sysconfig.get_paths()["platstdlib"], str(requirements.parent)]
     if mirror_url:
@@ -48,15 +75,13 @@ def build(requirements: Path, scratch: Path, build_uid: int, mirror_url: str = "
         readable.append(find_links)
     readable += isolation.configured_paths([sys.executable, "-m", "pip", "config", "list"])
     env = {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")}
-    env.update({"HOME": str(scratch), "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin"})
+    env.update({"HOME": str(scratch), "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1"})
     dynload = next((p for p in sys.path if p.endswith("lib-dynload")), "")
-    result = isolation.run(argv, str(scratch), [*readable, dynload], env, build_uid)
+    result = isolation.run(argv, str(scratch), [*readable, dynload], env, build_uid, on_output)
+    if source != requirements:
+        source.unlink(missing_ok=True)
     if result.returncode != 0:
-        raise LayerBuildError(f"pip failed with code {result.returncode}: {_tail(result.stdout)}")
-
-
-def _tail(output: bytes, limit: int = 4000) -> str:
-    return output.decode(errors="replace")[-limit:].strip()
+        raise LayerBuildError(f"pip failed with code {result.returncode}: {what_went_wrong(result.stdout)}")
 
 
 def installed(layer: str) -> list[dict[str, str]]:
@@ -69,3 +94,40 @@ def installed(layer: str) -> list[dict[str, str]]:
         if name:
             found[name.lower()] = {"name": name, "version": dist.version}
     return [found[key] for key in sorted(found)]
+
+
+def base_names(requirements: Path) -> set[str]:
+    """The canonical names a requirements file asks for, following its `-r` includes (options are skipped)."""
+    names: set[str] = set()
+    seen: set[Path] = set()
+
+    def read(path: Path) -> None:
+        path = path.resolve()
+        if path in seen:
+            return
+        seen.add(path)
+        try:
+            text = path.read_text()
+        except OSError:
+            return
+        for raw in text.splitlines():
+            line = raw.split(" #", 1)[0].strip()
+            if not line or line.startswith("#"):
+                continue
+            include = ""
+            if line.startswith("--requirement"):
+                include = line.removeprefix("--requirement").lstrip("= ").strip()
+            elif line.startswith("-r"):
+                include = line.removeprefix("-r").strip()
+            if include:
+                read(path.parent / include)
+                continue
+            if line.startswith("-"):
+                continue
+            try:
+                names.add(canonicalize_name(Requirement(line).name))
+            except InvalidRequirement:
+                continue
+
+    read(requirements)
+    return names

@@ -2,8 +2,10 @@
 
 A layer directory is `<data>/layers/<language>/<key>-<serial>`: the key is a hash
 of what it was built from (requirements or package.json, and the interpreter),
-the serial tells rebuilds apart. A finished layer is never written again; a new
-build goes next to it and the runtime switches over. Builds are serialized.
+the serial tells rebuilds apart; the packages an operator asked for on top of
+the sources (layers/packages.py) are part of the key too. A finished layer is
+never written again; a new build goes next to it and the runtime switches over.
+Builds are serialized.
 
 Several instances may share a data directory: each holds a shared flock on every
 layer it uses, from the moment it starts building it (the scratch directory is
@@ -15,6 +17,7 @@ no instance uses or builds it any more (runtimes/dirlock.py).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -34,25 +37,52 @@ class LayerBuildError(RuntimeError):
     pass
 
 
+def what_went_wrong(output: bytes, limit: int = 4000) -> str:
+    """The part of a build tool's output that says why it failed: its error lines (pip's `ERROR: ...`, npm's
+    `npm error ...`), else its last lines. The whole output is in the build's log."""
+    lines = [line.rstrip() for line in output.decode(errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    return "\n".join((errors or lines)[-20:])[-limit:].strip()
+
+
+Requested = list[str] | dict[str, str] | None  # pip requirement lines, or npm name -> range
+Output = Callable[[bytes], None] | None  # a build's output, line by line, as it comes
+
+
 class LayerStore:
-    def __init__(self, root: Path, sources: Callable[[], list[Path]], build: Callable[[Path], None], salt: str = ""):
-        """sources(): the files the layer is built from; build(scratch): fills scratch or raises LayerBuildError."""
+    def __init__(
+        self,
+        root: Path,
+        sources: Callable[[], list[Path]],
+        build: Callable[[Path, Requested, Output], None],
+        salt: str = "",
+        requested: Callable[[], Requested] = lambda: None,
+    ):
+        """sources(): the files the layer is built from; requested(): the packages asked for on top of them (the
+        ones the serving layer has); build(scratch, requested, on_output): fills scratch or raises
+        LayerBuildError."""
         self.root = root
         self._sources = sources
         self._build = build
         self._salt = salt
+        self._requested = requested
         self._lock = threading.Lock()  # builds run in threads; one at a time
         self._held: dict[str, int] = {}  # layer path -> directory fd holding our shared lock
         self.current = ""
 
-    def key(self) -> str:
+    def key(self, requested: Requested = None) -> str:
+        """What the layer is built from, hashed: the sources, and the requested packages (the serving layer's
+        when not given). Without requested packages the key is what it always was."""
+        requested = self._requested() if requested is None else requested
         digest = hashlib.sha256(self._salt.encode())
         for path in self._sources():
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        if requested:
+            digest.update(b"\0requested\0" + json.dumps(requested, sort_keys=True).encode())
         return digest.hexdigest()[:16]
 
     def existing(self) -> Path | None:
-        """The newest finished layer built from the current sources, if any."""
+        """The newest finished layer built from the current sources and requested packages, if any."""
         key = self.key()
         if not self.root.is_dir():
             return None
@@ -92,18 +122,20 @@ class LayerStore:
                 continue
             self._remove_if_unused(str(path))
 
-    def rebuild(self) -> str:
-        """Build a new layer directory from the sources; the old one stays until retired."""
+    def rebuild(self, requested: Requested = None, on_output: Output = None) -> str:
+        """Build a new layer directory from the sources and requested packages (the serving layer's when not
+        given); the old one stays until retired."""
         with self._lock:
+            requested = self._requested() if requested is None else requested
             self.root.mkdir(parents=True, exist_ok=True)
             os.chmod(self.root, 0o755)
-            target = self.root / f"{self.key()}-{time.time_ns()}"
+            target = self.root / f"{self.key(requested)}-{time.time_ns()}"
             scratch = target.with_name(target.name + ".build")
             shutil.rmtree(scratch, ignore_errors=True)
             scratch.mkdir(mode=0o755)
             held = lock_shared(scratch)  # no other instance's collect() removes it, built or not
             try:
-                self._build(scratch)
+                self._build(scratch, requested, on_output)
                 make_readable(scratch)
                 os.rename(scratch, target)  # the same directory: our lock stays on it
             except BaseException:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import glob
 import json
 import os
 import tomllib
@@ -60,8 +61,8 @@ def test_every_copied_path_exists_and_holds_every_package(dockerfile):
     for package in project["tool"]["setuptools"]["packages"]:
         assert package.split(".")[0] in copied, package  # pip install in the image gets all of it
     for package, files in project["tool"]["setuptools"]["package-data"].items():
-        for name in files:
-            assert os.path.exists(os.path.join(ROOT, *package.split("."), name))
+        for name in files:  # a name or a glob (handler's templates)
+            assert glob.glob(os.path.join(ROOT, *package.split("."), name)), (package, name)
     assert {"pyproject.toml", "README.md"} <= set(copied)  # the build reads both
 
 

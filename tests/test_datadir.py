@@ -24,7 +24,7 @@ def root(tmp_path):
 
 
 def store_for(root: Path, sources: Path, build=None) -> LayerStore:
-    def default_build(scratch: Path) -> None:
+    def default_build(scratch: Path, *_: object) -> None:
         (scratch / "module.py").write_text("VALUE = 1\n")
 
     return LayerStore(root, lambda: [sources], build or default_build)
@@ -53,7 +53,7 @@ def test_a_layer_just_built_survives_another_instance_starting(root, sources, tm
 def test_a_layer_being_built_survives_another_instance_collecting(root, sources):
     started, finish = threading.Event(), threading.Event()
 
-    def slow_build(scratch: Path) -> None:
+    def slow_build(scratch: Path, *_: object) -> None:
         (scratch / "module.py").write_text("VALUE = 2\n")
         started.set()
         assert finish.wait(10)
@@ -138,7 +138,7 @@ import sys, time
 sys.path.insert(0, {repo!r})
 from layers.store import LayerStore
 from pathlib import Path
-store = LayerStore(Path({root!r}), lambda: [Path({sources!r})], lambda p: None)
+store = LayerStore(Path({root!r}), lambda: [Path({sources!r})], lambda *_: None)
 store.use({layer!r})
 print('holding', flush=True)
 sys.stdin.read()
