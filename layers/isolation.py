@@ -33,10 +33,13 @@ def configured_paths(command: list[str]) -> list[str]:
         return []
     found = []
     for line in out.splitlines():
+        if line.lstrip().startswith((";", "#")):
+            continue  # npm's comments (`; cwd = /`, `; HOME = /root`) describe the caller, not the configuration
         _, _, value = line.partition("=")
         for word in shlex.split(value.strip(), posix=True) if value else []:
             path = word.removeprefix("file://")
-            if path.startswith("/") and os.path.exists(path):
+            # "/" read-only over the build's whole tree would leave nothing of the tree (and no mount point in it)
+            if path.startswith("/") and os.path.realpath(path) != "/" and os.path.exists(path):
                 found.append(path)
     return found
 

@@ -218,6 +218,21 @@ def test_periodic_refresh(requirements, wheelhouse, data_dir):
 
 
 def test_node_layer_from_a_local_package(tmp_path, data_dir):
+    package = local_node_package(tmp_path)
+    svc = Service(SANDLOT_NODEJS_PACKAGE=str(package), SANDLOT_DATA_DIR=data_dir, MAX_WORKERS="1")
+    svc.start()
+    try:
+        data = svc.run("console.log(require('sandlot-hello')('jail'))", language="nodejs")["data"]
+        assert data["stdout"] == "hello jail\n", data
+        with svc.client() as client:
+            listed = client.get("/v1/sandbox/dependencies", params={"language": "nodejs"}).json()["data"]
+        assert listed["dependencies"] == [{"name": "sandlot-hello", "version": "2.0.1"}]
+    finally:
+        svc.stop()
+
+
+def local_node_package(tmp_path: Path) -> Path:
+    """A layer package.json whose one dependency is a tarball packed here (no registry needed)."""
     source = tmp_path / "sandlot-hello"
     source.mkdir()
     (source / "package.json").write_text(json.dumps({"name": "sandlot-hello", "version": "2.0.1", "main": "index.js"}))
@@ -239,14 +254,39 @@ def test_node_layer_from_a_local_package(tmp_path, data_dir):
     )
     readable(tmp_path)
     os.chmod(tmp_path.parent, 0o755)
-    svc = Service(SANDLOT_NODEJS_PACKAGE=str(package), SANDLOT_DATA_DIR=data_dir, MAX_WORKERS="1")
-    svc.start()
+    return package
+
+
+def test_configured_paths_are_the_configuration_not_npms_comments(tmp_path):
+    """`npm config list` ends with comments about the caller (`; cwd = /`, `; HOME = /root`): none is a path
+    the build must read, and "/" read-only over the build's tree would leave it no tree (the Docker image's
+    `WORKDIR /` made every first start fail so)."""
+    listing = tmp_path / "listing"
+    listing.write_text(
+        '; "user" config from /root/.npmrc\n\ncafile = "/etc/ssl/certs/ca-certificates.crt"\nprefix = "/"\n'
+        "; node bin location = /usr/bin/node\n; npm local prefix = /\n; cwd = /\n; HOME = /root\n"
+        "# a comment = /etc\n"
+    )
+    assert isolation.configured_paths(["cat", str(listing)]) == ["/etc/ssl/certs/ca-certificates.crt"]
+
+
+def test_layers_build_and_serve_with_the_root_directory_as_working_directory(tmp_path, wheelhouse, data_dir):
+    """The image's `WORKDIR /`: both layers build (the Node.js one after the Python one) and serve."""
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("sandlot-probe==1.2.3\n")
+    package = local_node_package(tmp_path)
+    svc = Service(
+        cwd="/",
+        SANDLOT_PYTHON_REQUIREMENTS=str(requirements),
+        SANDLOT_PIP_FIND_LINKS=str(wheelhouse),
+        SANDLOT_NODEJS_PACKAGE=str(package),
+        SANDLOT_DATA_DIR=data_dir,
+        MAX_WORKERS="1",
+    ).start()
     try:
-        data = svc.run("console.log(require('sandlot-hello')('jail'))", language="nodejs")["data"]
-        assert data["stdout"] == "hello jail\n", data
-        with svc.client() as client:
-            listed = client.get("/v1/sandbox/dependencies", params={"language": "nodejs"}).json()["data"]
-        assert listed["dependencies"] == [{"name": "sandlot-hello", "version": "2.0.1"}]
+        assert svc.run("import sandlot_probe\nprint(sandlot_probe.VALUE)")["data"]["stdout"] == "probe-ok\n"
+        data = svc.run("console.log(require('sandlot-hello')('root'))", language="nodejs")["data"]
+        assert data["stdout"] == "hello root\n", data
     finally:
         svc.stop()
 
