@@ -3,7 +3,10 @@
 Docker cannot run here, so the container is stood in for by tests/outer_filter.py:
 the capability bounding set narrowed to Docker's default set and the calls
 Docker's default seccomp profile refuses without CAP_SYS_ADMIN (unshare, setns,
-mount, umount2, pivot_root) refused. The protections record says what is left.
+mount, umount2, pivot_root, ...; clone with any CLONE_NEW* flag; clone3 with
+ENOSYS) refused. The protections record says what is left.
+`SANDLOT_TEST_CONTAINER=docker-default` starts every service of a test run in
+the same stand-in (tests/service.py).
 Neither namespaced jail can be built there, so runs are refused, saying why,
 whatever SANDLOT_REQUIRE_SECCOMP says (opting out of seccomp never opts out of
 the rest of the jail; the opt-out itself is shown where a mode can serve, in
@@ -13,22 +16,63 @@ tests/lambda/test_lambda_simulated.py).
 from __future__ import annotations
 
 import json
-import os
+import subprocess
 import sys
 
 import httpx
 import pytest
 from conftest import needs_root
-from service import Service, wait_for
+from service import DOCKER_DEFAULT, Service, standin, wait_for
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-DOCKER_DEFAULT = ["--caps", "docker-default", "--eperm", "unshare,setns,mount,umount2,pivot_root"]
-NO_SECCOMP = ["--caps", "docker-default", "--eperm", "unshare,setns,mount,umount2,pivot_root,seccomp,prctl:22"]
+NO_SECCOMP = [*DOCKER_DEFAULT, "--eperm", "seccomp,prctl:22"]
 
 
 def contained(restriction: list[str], **env: str) -> Service:
-    launcher = [sys.executable, os.path.join(HERE, "outer_filter.py"), *restriction, "--"]
-    return Service(launcher=launcher, NODEJS_PATH="/nonexistent/node", **env)
+    return Service(launcher=standin(restriction), NODEJS_PATH="/nonexistent/node", **env)
+
+
+CLONE_PROBE = """
+import ctypes, errno, os, threading
+libc = ctypes.CDLL(None, use_errno=True)
+SYS_CLONE, SYS_CLONE3, SIGCHLD = {"x86_64": (56, 435), "aarch64": (220, 435)}[os.uname().machine] + (17,)
+def clone(flags):
+    # aarch64 and x86_64 both take the flags first; a child exits at once
+    pid = libc.syscall(SYS_CLONE, flags | SIGCHLD, 0, 0, 0, 0)
+    if pid == 0:
+        os._exit(0)
+    if pid > 0:
+        os.waitpid(pid, 0)
+        return "ok"
+    return errno.errorcode[ctypes.get_errno()]
+flags = {"NEWNS": 0x20000, "NEWCGROUP": 0x2000000, "NEWUTS": 0x4000000, "NEWIPC": 0x8000000,
+         "NEWUSER": 0x10000000, "NEWPID": 0x20000000, "NEWNET": 0x40000000}
+print("plain", clone(0))
+for name, flag in flags.items():
+    print(name, clone(flag))
+print("clone3", "ok" if libc.syscall(SYS_CLONE3, 0, 0) >= 0 else errno.errorcode[ctypes.get_errno()])
+thread = threading.Thread(target=lambda: None)
+thread.start()
+thread.join()
+print("thread", "ok")
+print("unshare", "ok" if libc.unshare(0) >= 0 else errno.errorcode[ctypes.get_errno()])
+"""
+
+
+@needs_root
+def test_the_stand_in_refuses_what_dockers_default_profile_refuses():
+    """Namespaces through clone are refused flag by flag, clone3 answers ENOSYS (libc falls back to clone),
+    plain processes and threads still start: what a process in a default container meets."""
+    result = subprocess.run(
+        [*standin(DOCKER_DEFAULT), sys.executable, "-c", CLONE_PROBE], capture_output=True, text=True, check=True
+    )
+    answers = dict(line.split() for line in result.stdout.splitlines())
+    assert answers.pop("plain") == "ok" and answers.pop("thread") == "ok"
+    assert answers.pop("clone3") == "ENOSYS"
+    assert answers == {name: "EPERM" for name in answers} and len(answers) == 8, answers
+    capabilities = subprocess.run(
+        [*standin(DOCKER_DEFAULT), "grep", "CapBnd", "/proc/self/status"], capture_output=True, text=True, check=True
+    )
+    assert int(capabilities.stdout.split()[1], 16) == 0xA80425FB  # Docker's 14 default capabilities
 
 
 def detail(svc: Service) -> dict:
