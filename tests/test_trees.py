@@ -241,6 +241,29 @@ def test_a_leftover_tmp_goes_without_following_what_was_planted(place):
     assert os.listdir(fresh) == [] and os.listdir(victim) == ["keep"]
 
 
+def test_a_run_tmp_nested_past_recursion_and_path_limits_is_removed(place):
+    root = os.path.join(place, "tree")
+    os.makedirs(os.path.join(root, "tmp"))
+    victim = os.path.join(place, "victim")
+    os.mkdir(victim)
+    open(os.path.join(victim, "keep"), "w").close()
+    left = trees.run_tmp(root, os.getuid())
+    os.mkdir(left)
+    fd = os.open(left, os.O_RDONLY | os.O_DIRECTORY)
+    for level in range(3000):  # deeper than Python's recursion limit, and far past PATH_MAX
+        name = ("n" * 200) if level % 2 else ".sandlot-rm-1"
+        os.mkdir(name, dir_fd=fd)
+        open(f"/proc/self/fd/{fd}/file", "w").close()
+        if level % 100 == 0:
+            os.symlink(victim, f"/proc/self/fd/{fd}/link")
+        deeper = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = deeper
+    os.close(fd)
+    trees.remove_run_tmp(root, os.getuid())
+    assert os.listdir(os.path.join(root, "tmp")) == [] and os.listdir(victim) == ["keep"]
+
+
 def _store_spec(place: str) -> tuple[dict, str]:
     source = os.path.join(place, "layer")
     os.makedirs(os.path.join(source, "pkg"), exist_ok=True)
