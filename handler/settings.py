@@ -169,6 +169,13 @@ class Settings(BaseSettings):
         description="comma-separated CIDRs runs with network may reach although refused by default (the host's "
         "own addresses, loopback, link-local, private and other special-purpose ranges are)",
     )
+    SANDLOT_UNFILTERED_EGRESS: Literal["no-network", "allow", "refuse"] = Field(
+        "no-network",
+        description="runs asking for network where their egress cannot be filtered (no `NET_ADMIN` in a container; "
+        "no pasta without root): `no-network` serves them without network, their socket calls failing with the "
+        "reason; `allow` gives them the network unfiltered (the host's loopback, private networks and metadata "
+        "address too); `refuse` answers them with `-500`",
+    )
     SANDLOT_PASTA: str = Field(
         "pasta",
         description="without root: pasta (Debian package `passt`), command or path, which gives runs with network "
@@ -288,6 +295,7 @@ class Settings(BaseSettings):
             run_env=proxies,
             egress_allow=tuple(str(n) for n in self.SANDLOT_EGRESS_ALLOW),
             pasta=self.SANDLOT_PASTA,
+            unfiltered_egress=self.SANDLOT_UNFILTERED_EGRESS,
         )
 
 
