@@ -14,11 +14,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import unprivileged
 from conftest import needs_root
-from service import IS_ROOT, Service, descendants, parent_of
+from service import DOCKER_DEFAULT, IS_ROOT, Service, descendants, parent_of, standin
 
 from layers import isolation
 from runtimes.config import default_data_dir
+
+BUILD_UID = 1_499_999_999  # a layer build's uid (SANDLOT_UID_BASE - 1 by default)
 
 
 def make_wheel(wheelhouse: Path, name: str, version: str, modules: dict[str, str]) -> Path:
@@ -306,6 +309,87 @@ def test_builds_run_unprivileged_in_a_tree_of_their_own(tmp_path):
     assert lines[0] == "1499999999 1499999999 []"
     assert "proc" not in lines[1] and "var" not in lines[1]
     assert lines[2].startswith("denied")
+    assert (work / "inside").read_text() == "x"
+
+
+IN_A_DEFAULT_CONTAINER = """
+import logging, os, sys
+from pathlib import Path
+logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
+from layers import python as python_layer
+work = Path(sys.argv[1])
+python_layer.build(Path(sys.argv[2]), work, int(sys.argv[4]), find_links=sys.argv[3])
+info = os.stat(work / "sandlot_probe.py")
+print("built", info.st_uid)
+"""
+
+
+@needs_root
+def test_without_mount_namespaces_builds_run_as_the_build_uid_and_say_so(wheelhouse, data_dir):
+    """A container on default privileges: no tree can be mounted, the build still never runs as root."""
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    python = unprivileged.venv_python()  # pip must be runnable by the build uid (the pyenv one is under /root)
+    # without a tree the build reaches what it reads by the real paths: none under root's mode-700 places
+    place = Path(data_dir)
+    wheels = place / "wheels"
+    wheels.mkdir()
+    for wheel in wheelhouse.glob("sandlot_probe-*.whl"):
+        shutil.copy(wheel, wheels)
+    requirements = place / "requirements.txt"
+    requirements.write_text("sandlot-probe==1.2.3\n")
+    work = place / "work"
+    work.mkdir()
+    readable(place)
+    result = subprocess.run(
+        [
+            *standin(DOCKER_DEFAULT),
+            python,
+            "-c",
+            IN_A_DEFAULT_CONTAINER,
+            str(work),
+            str(requirements),
+            str(wheels),
+            str(BUILD_UID),
+        ],
+        env={**os.environ, "PYTHONPATH": unprivileged.source()},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"built {BUILD_UID}" in result.stdout
+    assert f"layer build runs as uid {BUILD_UID} without a tree of its own" in result.stderr
+    assert "mount namespaces are refused" in result.stderr
+
+
+@needs_root
+def test_without_mount_namespaces_the_build_has_no_privilege_and_a_tmp_of_its_own(data_dir):
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    work = Path(data_dir) / "work"
+    work.mkdir()
+    code = (
+        "import os\nstatus = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
+        "print(os.getuid(), os.getgid(), os.getgroups(), status['CapEff'].strip(), status['NoNewPrivs'].strip())\n"
+        "tmp = os.environ['TMPDIR']\nst = os.stat(tmp)\nprint(oct(st.st_mode & 0o777), st.st_uid == os.getuid())\n"
+        "open('inside', 'w').write('x')\n"
+    )
+    inner = (
+        "import sys\nfrom layers import isolation\n"
+        f"r = isolation.run([sys.executable, '-c', {code!r}], {str(work)!r}, [], {{}}, {BUILD_UID})\n"
+        "print(r.stdout.decode(), end='')\n"
+    )
+    python = unprivileged.venv_python()
+    result = subprocess.run(
+        [*standin(DOCKER_DEFAULT), python, "-c", inner],
+        env={**os.environ, "PYTHONPATH": unprivileged.source()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"{BUILD_UID} {BUILD_UID} [] 0000000000000000 1", "0o700 True"]
     assert (work / "inside").read_text() == "x"
 
 
