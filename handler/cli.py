@@ -240,6 +240,7 @@ def _runtime(settings: Settings, layers: LayerManager, language: str):
     from runtimes.python.runtime import PythonRuntime
 
     config = settings.runtime_config(python_layer=layers.current("python3"), nodejs_layer=layers.current("nodejs"))
+    config.one_run_at_a_time = True  # the serial schedule: one run, and nothing of it left when this returns
     return {"python3": PythonRuntime, "nodejs": NodeRuntime}[language](config)
 
 

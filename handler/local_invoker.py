@@ -7,8 +7,7 @@ import logging
 
 from layers.manager import LayerManager, parse_interval
 from layers.store import LayerBuildError
-from runtimes.jail.supervisor import SandboxUnavailable
-from runtimes.payload import RunRequest
+from runtimes.payload import RunRequest, Unavailable
 
 log = logging.getLogger("sandlot.invoker")
 
@@ -42,7 +41,7 @@ class LocalInvoker:
     async def invoke(self, request: RunRequest) -> dict:
         runtime = self.runtimes.get(request.language)
         if runtime is None:
-            raise SandboxUnavailable(f"no runtime for {request.language} on this service")
+            raise Unavailable(f"no runtime for {request.language} on this service")
         return await runtime.run(request)
 
     def ready(self) -> bool:

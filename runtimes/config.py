@@ -53,9 +53,10 @@ class RuntimeConfig:
     enable_preload: bool = False
     require_seccomp: bool = True
     extra_syscalls: tuple[int, ...] = ()
-    jail: str = "auto"  # auto | full | userns (reduced) | single: see runtimes/jail/modes.py
-    # One run at a time and nothing of it left before the next (a Lambda instance): a platform
-    # without a uid or namespaces per run may serve then, and only then.
+    jail: str = "auto"  # auto, or a mode's name: see runtimes/jail/modes.py
+    # One run at a time and nothing of it left before the next (a Lambda instance, `sandlot run --local`):
+    # the serial schedule (runtimes/jail/serial.py); a platform without a uid or namespaces per run may
+    # serve then, and only then.
     one_run_at_a_time: bool = False
     uid_base: int = 1_500_000_000
     uid_count: int = 1024
@@ -66,15 +67,6 @@ class RuntimeConfig:
     pasta: str = "pasta"  # userns without root: the runs' way out (runtimes/jail/userspace_net.py); "": none
     # runs asking for network where egress cannot be filtered: no-network | allow | refuse (jail/run_network.py)
     unfiltered_egress: str = "no-network"
-
-    @property
-    def privileged(self) -> bool:
-        """Whether the full jail is asked for or expected (root). The mode in use is JailedRuntime.mode."""
-        if self.jail == "full":
-            return True
-        if self.jail in ("reduced", "userns", "single"):
-            return False
-        return os.geteuid() == 0
 
     def environment(self) -> dict[str, str]:
         """The whole environment of a run: nothing of the service's own."""

@@ -12,15 +12,17 @@ awslambdaric reports through the Runtime API's init error.
 The handler takes a run request and returns the run result (the local seam's
 dicts), or `{"action": "probe"}` / `{"action": "dependencies"}`. Errors travel
 as the function's error: errorType `Unavailable` (a -500 envelope with its
-message) or `InvalidRequest` (a -400 one). Runs go through OneShotRuns: the
-result is returned only when nothing of the run is left.
+message) or `InvalidRequest` (a -400 one). Runs go through the runtime's one run
+path with the serial schedule (runtimes/jail/serial.py): the result is returned
+only once nothing of the run can execute again.
 
-The child for the next run is prepared once awslambdaric has posted the result,
-before it asks for the next invocation (`between_invocations`): preparing it
-never delays the answer, and it is done before Lambda freezes the instance (an
-instance waiting for its next invocation gets no CPU, so work left for then
-would only happen once the next invocation is already waiting for it). An
-invocation that arrives meanwhile waits at the Runtime API.
+The rest (reaping, the sweep's confirmation, removing what the run left,
+preparing the next child) happens once awslambdaric has posted the result,
+before it asks for the next invocation (`between_invocations`): it never delays
+the answer, nothing of a run exists when the next event is fetched, and it is
+done before Lambda freezes the instance (an instance waiting for its next
+invocation gets no CPU, so work left for then would only happen once the next
+invocation is already waiting for it).
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from collections.abc import Callable
 from runtimes.config import RuntimeConfig
 from runtimes.credentials import drop_credentials
 from runtimes.environment import ConfigError, function_environment
-from runtimes.jail.oneshot import OneShotRuns, StrayProcesses
 from runtimes.jail.runtime import JailedRuntime
+from runtimes.jail.sweep import StrayProcesses
 from runtimes.payload import LAMBDA_REQUEST_LIMIT, InvalidRequest, Unavailable, fit_result, parse_request
 
 log = logging.getLogger("sandlot.function")
@@ -103,7 +105,7 @@ class RuntimeFunction:
         self.runtime = runtime_class(self.config)
         self.list_layer = list_layer
         self.ascii_only = transport_escapes_non_ascii()
-        self.runs: OneShotRuns | None = None
+        self.between_hooked = False  # awslambdaric calls _between after each answer
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="sandlot-runtime", daemon=True).start()
         self._stop_on_sigterm()
@@ -133,8 +135,6 @@ class RuntimeFunction:
 
     async def _shutdown(self) -> None:
         try:
-            if self.runs is not None:
-                await self.runs.stop()
             await self.runtime.stop()
         except BaseException:  # noqa: BLE001 - ending anyway
             log.exception("while stopping the runtime")
@@ -146,10 +146,8 @@ class RuntimeFunction:
 
     def _between(self) -> None:
         """awslambdaric posted the last answer and is about to ask for the next invocation."""
-        if self.runs is None:
-            return
         try:
-            self._call(self.runs.between())
+            self._call(self.runtime.between())
         except Exception:  # noqa: BLE001 - the next run forks its child itself then
             log.exception("could not prepare the next run")
 
@@ -163,29 +161,18 @@ class RuntimeFunction:
                 raise InitFailure(f"the dependency layer {layer} is not readable: rebuild the image")
         started = time.monotonic()
         await runtime.start()
-        zygote_ready = time.monotonic()
         platform = runtime.platform
-        if platform is not None and not platform.seccomp and self.config.require_seccomp:
-            # the record decides (a probe child killed by SIGSYS must not pass for a filter that loads);
-            # the function still answers the probe, and refuses runs saying why
-            runtime.refused = f"the seccomp filter cannot be installed here: {platform.errors.get('seccomp', '')}"
-            if runtime.pool is not None and not runtime.pool.running:
-                await runtime.stop()  # no zygote restarts in the background for runs that will never come
-        elif runtime.pool is None or not runtime.pool.running:
-            reason = runtime.refused or (runtime.pool.last_error if runtime.pool else "") or "unknown"
+        if not runtime.refused and not runtime.ready:
+            reason = runtime.error or "unknown"
             await runtime.stop()
             raise InitFailure(f"the {runtime.language} jail could not start here: {reason}")
-        self.runs = OneShotRuns(runtime, list(platform.writable) if platform else [])
-        await self.runs.start()
-        if between_invocations(self._between):
-            self.runs.prepare_after_run = False  # prepared once the result is posted, not while it is
+        # the function still answers the probe where runs are refused (no seccomp), saying why
+        self.between_hooked = between_invocations(self._between)
         log.info(
-            "%s runtime function ready in %.3f s (zygote %.3f s, first child %.3f s); "
-            "protections in force: %s; platform: %s%s",
+            "%s runtime function ready in %.3f s (probe, zygote, first child); protections in force: %s; "
+            "platform: %s%s",
             runtime.language,
             time.monotonic() - started,
-            zygote_ready - started,
-            time.monotonic() - zygote_ready,
             runtime.protections(),
             platform.to_dict() if platform else None,
             f"; runs refused: {runtime.refused}" if runtime.refused else "",
@@ -202,7 +189,7 @@ class RuntimeFunction:
             raise InvalidRequest(f"this function runs {runtime.language} code, not {request.language}")
         if runtime.refused:
             raise Unavailable(runtime.refused)
-        if not request.enable_network and not self.runs.filter_in_force:
+        if not request.enable_network and not runtime.filter_in_force:
             raise Unavailable("enable_network false cannot be enforced here: no seccomp filter can be installed")
         timeout = self.config.clamp_timeout(request.timeout)
         remaining = getattr(context, "get_remaining_time_in_millis", None)
@@ -218,8 +205,10 @@ class RuntimeFunction:
         return fit_result(result, LAMBDA_REQUEST_LIMIT, self.ascii_only)
 
     async def _run(self, request, timeout: float) -> dict:
-        assert self.runs is not None
-        return await self.runs.run(request, timeout)
+        result = await self.runtime.run(request, max_seconds=timeout)
+        if not self.between_hooked:
+            await self.runtime.between()  # no later step to do it in: before the answer, then
+        return result
 
     def action(self, event: dict) -> dict:
         name = event.get("action")

@@ -1,10 +1,12 @@
 """What a freshly forked child does to itself before it may see user code.
 
-In the `full` and `userns` modes the zygote forks each child into namespaces of
-its own: pid 2 of a PID namespace whose init (inits.py) takes every process of
-the namespace with it when it ends, and a mount, an IPC and a UTS namespace
-(`ChildPlan.clone_flags`); in `userns` a user namespace owns them. The child
-confines itself (`confine`) and then runs the code.
+What a child does follows its mode's record (modes.py), field by field. Where
+runs have a PID namespace the zygote forks each child into namespaces of its
+own: pid 2 of a PID namespace whose init (inits.py) takes every process of the
+namespace with it when it ends, and, with the pivoted tree, a mount, an IPC and
+a UTS namespace (`Mode.clone_flags`); with a user namespace per run, that
+namespace owns them. The child confines itself (`confine`) and then runs the
+code.
 
 Order matters: the ids of a new user namespace first, then the private /tmp
 (needs the namespace's capabilities), then the identity and capability drop
@@ -13,8 +15,8 @@ clears it on a credential change), then descriptors, limits and Landlock. The
 allow-list filter is loaded by the language runner once it has read the run's
 options from its pipe, before the first line of user code.
 
-In `single` mode (no namespaces: a Lambda function) the child is the run
-itself, in a directory of its own under the service's.
+Where /tmp is a directory (no mount namespace: a Lambda function) the child
+works in a directory of its own under the service's.
 
 In every mode the child then stacks a small filter that keeps signals and
 rlimit changes to itself (`fence_signals`, seccomp_policy.fence_for): sharing a
@@ -24,6 +26,7 @@ permitted" against "no such process" would tell which pids exist.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import resource
@@ -34,7 +37,7 @@ from dataclasses import dataclass
 
 from runtimes import linux
 from runtimes.jail import landlock, namespaces, seccomp_policy
-from runtimes.jail.modes import FULL, SINGLE, USERNS
+from runtimes.jail.modes import PIVOT, SHARED, TMPFS, USER_NAMESPACE, Mode
 from runtimes.tree import DEVICES
 
 RUN_HOSTNAME = "sandbox"  # what uname() tells a run (in a UTS namespace of its own): the host's name stays the host's
@@ -44,7 +47,7 @@ RUN_HOSTNAME = "sandbox"  # what uname() tells a run (in a UTS namespace of its 
 class ChildPlan:
     """How to confine a child; the same for every child of one zygote."""
 
-    mode: str  # full | userns | single (modes.py)
+    mode: Mode
     tmp_size_bytes: int
     tmp_files: int
     max_open_files: int
@@ -55,17 +58,16 @@ class ChildPlan:
 
     @classmethod
     def from_dict(cls, data: dict) -> ChildPlan:
-        return cls(**data)
+        return cls(**{**data, "mode": Mode.from_dict(data["mode"])})
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "mode": self.mode.to_dict()}
 
     @property
-    def namespaced(self) -> bool:
-        return self.mode != SINGLE
-
-    @property
-    def clone_flags(self) -> int:
-        """The namespaces a child is forked into besides its PID namespace (inits.fork_run)."""
-        flags = linux.CLONE_NEWNS | linux.CLONE_NEWIPC | linux.CLONE_NEWUTS
-        return flags | linux.CLONE_NEWUSER if self.mode == USERNS else flags
+    def platform_may_refuse_prctl(self) -> bool:
+        """Whether a refused prctl (no parent-death signal, no no_new_privs) is the platform's known answer
+        (a mode that needs neither: Lambda), rather than a failure to confine."""
+        return "pdeathsig" not in self.mode.needs
 
 
 @dataclass(frozen=True)
@@ -85,12 +87,14 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
     os.setsid()
     for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)
+    mode = plan.mode
     gid = uid
-    if plan.mode == USERNS:
+    if mode.identity == USER_NAMESPACE:
         uid, gid = handles.ids
         namespaces.map_own_ids(handles.proc, uid, gid)
-    if plan.namespaced:
-        socket.sethostname(RUN_HOSTNAME)
+    if mode.tree == PIVOT:
+        socket.sethostname(RUN_HOSTNAME)  # in a UTS namespace of its own
+    if mode.tmp == TMPFS:
         linux.mount(
             "sandlot-tmp",
             "/tmp",
@@ -98,19 +102,20 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
             linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC,
             tmp_options(plan, uid, gid),
         )
+        tmpdir = "/tmp"
+    if mode.identity != SHARED:
         namespaces.drop_bounding_set()
-        if plan.mode == FULL:
+        if mode.own_uid:
             os.setgroups([])
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
         namespaces.clear_capabilities()
-        tmpdir = "/tmp"
     try:
         linux.set_parent_death_signal(signal.SIGKILL)  # after the last credential change, which would clear it
     except OSError:
-        if plan.namespaced:
+        if not plan.platform_may_refuse_prctl:
             raise
-        # single (Lambda): prctl refused, as the record says; one-shot runs are killed and reaped by the runtime
+        # Lambda: prctl refused, as the record says; its runs are killed and reaped by the serial schedule
     if select.select([handles.lifeline], [], [], 0)[0]:
         os._exit(1)  # the zygote died before the signal was armed: nobody would ever stop this child
 
@@ -119,26 +124,26 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
         os.dup2(fd, target)
     os.closerange(len(fds), max_fd())
 
-    if not plan.namespaced:
+    if mode.tmp != TMPFS:
         os.environ["HOME"] = os.environ["TMPDIR"] = tmpdir
     os.chdir(tmpdir)
     try:
         linux.set_no_new_privs()
     except OSError:
-        if plan.namespaced:
+        if not plan.platform_may_refuse_prctl:
             raise
-        # single (Lambda): prctl refused; then no filter loads either, and the runner refuses unless seccomp is optional
+        # Lambda: prctl refused; then no filter loads either, and the runner refuses unless seccomp is optional
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (plan.max_open_files, plan.max_open_files))
     resource.setrlimit(resource.RLIMIT_FSIZE, (plan.max_file_bytes, plan.max_file_bytes))
-    if plan.namespaced:  # counted per uid as root, per user namespace in userns: the run's own either way
+    if mode.identity != SHARED:  # counted per uid, or per user namespace: the run's own either way
         resource.setrlimit(resource.RLIMIT_NPROC, (plan.max_threads, plan.max_threads))
     if plan.landlock:
-        # single: the run's directory is its only writable place, and (Landlock's ptrace rule) no process
-        # outside its domain, the runtime client and the zygote included, can be traced or have its
-        # memory, descriptors or environment opened, although they share its uid and stay dumpable
-        landlock.restrict(plan.landlock, writable=("/tmp",) if plan.namespaced else (tmpdir,), devices=DEVICES)
+        # sharing the runtime's uid (Lambda): the run's directory is its only writable place, and (Landlock's
+        # ptrace rule) no process outside its domain, the runtime client and the zygote included, can be
+        # traced or have its memory, descriptors or environment opened, although they stay dumpable
+        landlock.restrict(plan.landlock, writable=(tmpdir,), devices=DEVICES)
 
 
 def fence_signals() -> None:

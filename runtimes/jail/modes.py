@@ -1,87 +1,191 @@
-"""Which jail a runtime uses, chosen from the probed protections record and SANDLOT_JAIL.
+"""Which jail a runtime uses: one record per mode of what each isolation mechanism is.
 
-- `full`: root. Each run has a uid of its own from the instance's block, a PID,
-  mount and IPC namespace of its own (its first process, an init that waits for
-  the run, takes every process of the namespace with it when it ends), the
-  read-only tree, a capped noexec tmpfs /tmp, no capabilities, Landlock.
+A mode is a row of settings, one per mechanism, in the manner of nsjail: the
+zygote, the child and the runtime read the fields (how the tree is entered, how
+a run's processes are ended, what /tmp is, whose uid a run has, how egress is
+filtered), never the mode's name. Adding a mode adds a row here.
+
+- `full`: root. A uid per run from the instance's block; a PID, mount, IPC and
+  UTS namespace per run (the run's init takes every process of the namespace
+  with it); the bind-mounted read-only tree entered by pivot_root; a capped
+  noexec tmpfs /tmp; nft egress rules matching the block's uids.
 - `userns`: no root needed (and, as root, the zygote drops to a uid of the block
   before any child exists). Each run has a user namespace of its own with PID,
-  mount and IPC namespaces inside it, the same tree and /tmp, every capability
-  given up, Landlock (filesystem, no TCP bind, signals and abstract unix sockets
-  kept inside the run). Runs share one uid; what separates them is that no run
-  can name, reach or open another process: separate PID namespaces, no /proc,
-  non-dumpable, Landlock scopes, seccomp.
+  mount and IPC namespaces inside it; runs share one uid, and what separates
+  them is that no run can name, reach or open another process. Without root the
+  runs' network is a namespace per zygote with pasta (userspace_net.py); as root,
+  nft by uid.
 - `single`: no identity or namespace of the run's own at all (AWS Lambda). Only
-  with `RuntimeConfig.one_run_at_a_time`: one run at a time, and nothing of it
-  left before the next.
+  for one run at a time (the serial schedule): nothing of a run is left when the
+  next one starts.
 
-SANDLOT_JAIL: `auto` (full as root, else userns, else single when one run at a
-time, else refuse), `full`, `userns` (`reduced` is its older name), `single`.
-A mode the platform cannot give is refused with the reason, never weakened.
+SANDLOT_JAIL: `auto` (the first row this platform can give, in the order of
+AUTO_ORDER), or a mode's name (`reduced` is userns's older name). A mode the
+platform cannot give is refused with the reason, never weakened.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
+from runtimes import linux
 from runtimes.jail.protections import Protections
 
-FULL = "full"
-USERNS = "userns"
-SINGLE = "single"
-TREE_MODES = (FULL, USERNS)  # modes whose runs see only the read-only tree
-ALIASES = {"reduced": USERNS}
-CHOICES = ("auto", FULL, USERNS, SINGLE, *ALIASES)
+# tree: what a run sees as /
+PIVOT = "pivot"  # a mount namespace, the tree bind-mounted read-only, pivot_root into it
+CHROOT = "chroot"  # chroot into the tree materialized as a real directory (no mounts)
+NO_TREE = "none"  # the platform's own filesystem (Landlock narrows writes where it can)
+# processes: how every process of a run is ended
+PID_NAMESPACE = "pid_namespace"  # the run's init ends, and the kernel kills the rest of the namespace
+UID_SWEEP = "uid_sweep"  # pidfds, and a sweep of the run's uid
+# tmp: the run's writable place
+TMPFS = "tmpfs"  # a size- and inode-capped noexec tmpfs on /tmp, in the run's mount namespace
+DIRECTORY = "directory"  # a directory of the run's own, removed after it
+# identity: whose uid a run has
+UID_PER_RUN = "uid_per_run"  # a uid of the instance's block, never shared with a live process of another run
+USER_NAMESPACE = "user_namespace"  # one uid for all runs, each in a user namespace of its own
+SHARED = "shared"  # the runtime's own uid
+# egress: how a run with network is kept from the host and private ranges
+NFT_UID = "nft_uid"  # nft rules on the host matching the runs' uids (egress.py)
+NETNS_PASTA = "netns_pasta"  # a network namespace per zygote, out through pasta (userspace_net.py)
+NO_EGRESS_FILTER = "none"
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    tree: str
+    processes: str
+    tmp: str
+    identity: str
+    egress: str
+    needs: tuple[str, ...] = ()  # fields of the protections record the mode cannot do without
+    needs_root: bool = False
+    serial_only: bool = False  # may only serve one run at a time, nothing of it left before the next
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Mode:
+        return cls(**{**data, "needs": tuple(data.get("needs", ()))})
+
+    @property
+    def pid_namespace(self) -> bool:
+        return self.processes == PID_NAMESPACE
+
+    @property
+    def own_uid(self) -> bool:
+        return self.identity == UID_PER_RUN
+
+    @property
+    def shares_uid(self) -> bool:
+        """Runs have the runtime's own uid: what a run leaves is told apart from the runtime's only by time."""
+        return self.identity == SHARED
+
+    @property
+    def clone_flags(self) -> int:
+        """The namespaces a child is forked into besides its PID namespace (inits.fork_run)."""
+        flags = 0
+        if self.tree == PIVOT:
+            flags |= linux.CLONE_NEWNS | linux.CLONE_NEWIPC | linux.CLONE_NEWUTS
+        if self.identity == USER_NAMESPACE:
+            flags |= linux.CLONE_NEWUSER
+        return flags
+
+
+FULL = Mode(
+    "full",
+    tree=PIVOT,
+    processes=PID_NAMESPACE,
+    tmp=TMPFS,
+    identity=UID_PER_RUN,
+    egress=NFT_UID,
+    needs=("setuid", "chroot", "mount_namespaces", "pid_namespaces", "pdeathsig", "no_new_privs"),
+    needs_root=True,
+)
+USERNS = Mode(
+    "userns",
+    tree=PIVOT,
+    processes=PID_NAMESPACE,
+    tmp=TMPFS,
+    identity=USER_NAMESPACE,
+    egress=NETNS_PASTA,  # as root: NFT_UID (resolved by select)
+    needs=("user_namespaces", "mount_namespaces", "pid_namespaces", "pdeathsig", "no_new_privs"),
+)
+SINGLE = Mode(
+    "single",
+    tree=NO_TREE,
+    processes=UID_SWEEP,
+    tmp=DIRECTORY,
+    identity=SHARED,
+    egress=NO_EGRESS_FILTER,
+    serial_only=True,
+)
+
+MODES = {mode.name: mode for mode in (FULL, USERNS, SINGLE)}
+AUTO_ORDER = (FULL, USERNS, SINGLE)  # what `auto` tries, strongest first
+ALIASES = {"reduced": USERNS.name}
+CHOICES = ("auto", *MODES, *ALIASES)
 
 
 class JailRefused(RuntimeError):
     """This platform cannot give the jail asked for: runs are refused, and this says why."""
 
 
-def _missing(record: Protections, names: tuple[str, ...]) -> list[str]:
-    missing = []
-    for name in names:
+def missing(mode: Mode, record: Protections) -> list[str]:
+    """What the platform lacks for mode, each with the probe's reason; [] when it can be had."""
+    lacking = []
+    if mode.needs_root and record.euid != 0:
+        lacking.append("root")
+    for name in mode.needs:
         if not getattr(record, name):
-            why = record.errors.get(name, "not available")
-            missing.append(f"{name} ({why})")
-    return missing
+            lacking.append(f"{name} ({record.errors.get(name, 'not available')})")
+    return lacking
 
 
-FULL_NEEDS = ("setuid", "chroot", "mount_namespaces", "pid_namespaces", "pdeathsig", "no_new_privs")
-USERNS_NEEDS = ("user_namespaces", "mount_namespaces", "pid_namespaces", "pdeathsig", "no_new_privs")
+def _refusal(mode: Mode, record: Protections, serial: bool) -> str:
+    """Why mode cannot serve here, or ""."""
+    if mode.serial_only and not serial:
+        return (
+            f"SANDLOT_JAIL={mode.name} gives runs no identity or namespace of their own: it may only serve "
+            "one run at a time (a Lambda function), never many tenants at once"
+        )
+    if mode.identity == SHARED and record.euid == 0:
+        return f"SANDLOT_JAIL={mode.name} as root would run user code as root: use full or userns"
+    lacking = missing(mode, record)
+    if lacking:
+        needs = ", ".join((("root",) if mode.needs_root else ()) + mode.needs)
+        return f"SANDLOT_JAIL={mode.name} needs {needs}; missing: {'; '.join(lacking)}"
+    return ""
 
 
-def select(requested: str, record: Protections, one_run_at_a_time: bool) -> str:
-    """The mode to use, or JailRefused saying why none can serve."""
-    requested = ALIASES.get(requested, requested)
-    if requested not in CHOICES:
-        raise JailRefused(f"unknown SANDLOT_JAIL value {requested!r}: one of {', '.join(CHOICES)}")
-    if requested == FULL:
-        missing = _missing(record, FULL_NEEDS) if record.euid == 0 else ["root"]
-        if missing:
-            needs = ", ".join(FULL_NEEDS)
-            raise JailRefused(f"SANDLOT_JAIL=full needs root with {needs}; missing: {'; '.join(missing)}")
-        return FULL
-    if requested == USERNS:
-        missing = _missing(record, USERNS_NEEDS)
-        if missing:
-            raise JailRefused(f"SANDLOT_JAIL=userns needs {', '.join(USERNS_NEEDS)}; missing: {'; '.join(missing)}")
-        return USERNS
-    if requested == SINGLE:
-        if record.euid == 0:
-            raise JailRefused("SANDLOT_JAIL=single as root would run user code as root: use full or userns")
-        if not one_run_at_a_time:
-            raise JailRefused(
-                "SANDLOT_JAIL=single gives runs no identity or namespace of their own: it may only serve "
-                "one run at a time (a Lambda function), never many tenants at once"
-            )
-        return SINGLE
-    if record.euid == 0 and not _missing(record, FULL_NEEDS):
-        return FULL
-    if not _missing(record, USERNS_NEEDS):
-        return USERNS
-    if one_run_at_a_time and record.euid != 0:
-        return SINGLE
+def _resolved(mode: Mode, record: Protections) -> Mode:
+    """The row as it runs here: a namespaced jail started as root filters egress on the host, by uid."""
+    if mode.egress == NETNS_PASTA and record.euid == 0:
+        return dataclasses.replace(mode, egress=NFT_UID)
+    return mode
+
+
+def select(requested: str, record: Protections, serial: bool) -> Mode:
+    """The mode to use, or JailRefused saying why none can serve.
+
+    serial: runs are served one at a time, nothing of one left before the next (a Lambda function).
+    """
+    name = ALIASES.get(requested, requested)
+    if name != "auto":
+        if name not in MODES:
+            raise JailRefused(f"unknown SANDLOT_JAIL value {requested!r}: one of {', '.join(CHOICES)}")
+        why = _refusal(MODES[name], record, serial)
+        if why:
+            raise JailRefused(why)
+        return _resolved(MODES[name], record)
+    for mode in AUTO_ORDER:
+        if not _refusal(mode, record, serial):
+            return _resolved(mode, record)
+    full, userns = (", ".join(missing(m, record)) for m in (FULL, USERNS))
     raise JailRefused(
-        "no jail that keeps tenants apart is possible here: neither root "
-        f"({'; '.join(_missing(record, FULL_NEEDS)) or 'not root'}) nor user namespaces "
-        f"({'; '.join(_missing(record, USERNS_NEEDS))}); refusing to serve many tenants with nothing between them"
+        f"no jail that keeps tenants apart is possible here: neither root ({full or 'not root'}) nor user "
+        f"namespaces ({userns}); refusing to serve many tenants with nothing between them"
     )

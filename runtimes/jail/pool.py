@@ -1,11 +1,16 @@
-"""Children forked and confined ahead of demand, from a zygote that is replaced now and then.
+"""The zygotes of a runtime, and the confined children they make: what both schedules take runs from.
 
-A child serves exactly one run. Children come in variants (what a runner must
-know before the run arrives, e.g. Node's network filter): each variant has its
-own number of children kept ready; others are forked on demand. A child's uid
-and private /tmp go back only once the zygote has reaped it. After `max_forks`
-forks, or `max_age` seconds, a new zygote is started (fresh address-space layout
-and hash seed) and the old one leaves once its last child has ended.
+A child serves exactly one run. `spawn` asks the current zygote for one and
+waits until it is confined; `release` gives back what a dead child held (its uid
+and its /tmp directory, and where runs are ended by a sweep of their uid, only
+once nothing of that uid is left). After `max_forks` forks, or `max_age`
+seconds, a new zygote is started (fresh address-space layout and hash seed) and
+the old one leaves once its last child has ended: in the background as soon as
+it is worn out (`rotate_in_background`, the server), or when the owner says so
+(`replace_zygote`, the serial schedule, between runs).
+
+Which children are kept ready, and when a run may answer, is a schedule's
+business (schedule.py, serial.py).
 """
 
 from __future__ import annotations
@@ -16,12 +21,13 @@ import os
 import shutil
 import tempfile
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 
+from runtimes.jail import sweep
 from runtimes.jail.execution import kill
-from runtimes.jail.supervisor import Child, SandboxUnavailable, Zygote
+from runtimes.jail.supervisor import Child, Zygote
 from runtimes.jail.uids import UidPool, UidPoolExhausted
+from runtimes.payload import Unavailable
 
 log = logging.getLogger("sandlot.jail")
 
@@ -36,27 +42,30 @@ class ChildPool:
         start_zygote: Callable[[], Awaitable[Zygote]],
         uids: UidPool | None,
         tmp_parent: str | None,
-        targets: dict[Variant, int],
         max_forks: int,
         max_age: float = 0.0,  # seconds a zygote serves before it is replaced (0: no limit)
+        sweep_uids: bool = False,  # a run's processes are ended by a sweep of its uid before the uid goes back
+        rotate_in_background: bool = True,
     ):
         self._start_zygote = start_zygote
         self._uids = uids
         self._tmp_parent = tmp_parent
-        self.targets = targets
         self._max_forks = max_forks
         self._max_age = max_age
+        self._sweep_uids = sweep_uids
+        self._rotate_in_background = rotate_in_background
         self._zygote_born = 0.0  # time.monotonic() when the current zygote took over
         self._zygote: Zygote | None = None
         self._owner: dict[int, Zygote] = {}  # child pid -> the zygote that forked it
         self._retired: list[Zygote] = []
-        self._ready: dict[Variant, deque[Child]] = {v: deque() for v in targets}
-        self._filling: dict[Variant, int] = dict.fromkeys(targets, 0)
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task] = set()  # zygote restarts and rotations
+        self._releases: set[asyncio.Task] = set()  # children being given back once dead
         self._restart_lock = asyncio.Lock()
         self._rotating = False
         self._stopping = False
-        self.on_retired: list = []  # called with each retired zygote once it has exited
+        self.on_retired: list[Callable[[Zygote], None]] = []  # each retired zygote, once it has exited
+        self.on_replaced: list[Callable[[Zygote], None]] = []  # the zygote that is no longer current
+        self.on_running: list[Callable[[], None]] = []  # a zygote is running again after none was
         self.generation = 0
         self.last_error = ""
 
@@ -64,71 +73,80 @@ class ChildPool:
         """Start the first zygote; if it cannot start, keep trying in the background."""
         try:
             await self._restart()
-        except SandboxUnavailable:
-            self._background(self._recover())
+        except Unavailable:
+            self.background(self._recover())
             raise
-        self._refill()
         return self._zygote.report if self._zygote else {}
 
     @property
     def running(self) -> bool:
         return self._zygote is not None and self._zygote.alive
 
-    async def take(self, variant: Variant = ()) -> Child:
-        """A confined child for one run: a ready one if any, else a new one."""
-        ready = self._ready.get(variant)
-        while ready:
-            child = ready.popleft()
-            if not child.exited.done():
-                return child
-            self.finish(child)
-        return await self._spawn(variant)
+    @property
+    def report(self) -> dict:
+        return self._zygote.report if self._zygote else {}
 
-    def finish(self, child: Child) -> None:
-        """The run is over (or abandoned): give back what the child held once it is dead."""
-        if not child.exited.done():
-            kill(child)
-        self._background(self._release(child))
-        self._refill()  # after the run, so that the zygote's forks do not compete with it
+    def owner(self, child: Child) -> Zygote | None:
+        return self._owner.get(child.pid)
 
-    # ---- internals -----------------------------------------------------------
+    def current(self, child: Child) -> bool:
+        """Whether child was made by the zygote now serving."""
+        return self._owner.get(child.pid) is self._zygote and self.running
 
-    def _background(self, coro) -> None:
+    async def spawn(self, variant: Variant = ()) -> Child:
+        """A new child, confined and waiting for its run."""
+        zygote = await self._current_zygote()
+        try:
+            uid = self._uids.acquire() if self._uids is not None else os.getuid()
+        except UidPoolExhausted as exc:
+            raise Unavailable(str(exc)) from exc
+        tmpdir = tempfile.mkdtemp(prefix="run-", dir=self._tmp_parent) if self._tmp_parent else ""
+        try:
+            child = await zygote.fork(uid, tmpdir, dict(variant))
+        except BaseException:
+            self._give_back(uid, tmpdir)
+            raise
+        self._owner[child.pid] = zygote
+        if not await _confined(child):
+            reason = _read_available(child.stderr).decode(errors="replace").strip()
+            self.discard(child)
+            raise Unavailable(f"could not confine a run: {reason or 'the child exited'}")
+        return child
+
+    def discard(self, child: Child) -> None:
+        """The run is over or abandoned: kill the child; what it held goes back once it is dead."""
+        kill(child)
+        task = asyncio.get_running_loop().create_task(self.release(child))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def release(self, child: Child) -> None:
+        """Once the child is dead (the zygote has reaped it): its uid and /tmp go back. Idempotent."""
+        await child.exited
+        if child.pid not in self._owner:
+            return  # released already
+        owner = self._owner.pop(child.pid)
+        child.close()
+        if self._sweep_uids and self._uids is not None:
+            await sweep.sweep(child.uid)  # nothing of the run's uid may outlive its turn with it
+        self._give_back(child.uid, child.tmpdir)
+        if owner in self._retired:
+            await self._stop_retired()
+
+    def background(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _refill(self) -> None:
-        for variant, target in self.targets.items():
-            while len(self._ready[variant]) + self._filling[variant] < target:
-                self._filling[variant] += 1
-                self._background(self._fill_one(variant))
-
-    async def _fill_one(self, variant: Variant) -> None:
-        try:
-            child = await self._spawn(variant)
-        except Exception as exc:  # noqa: BLE001 - seen by health and by the next take()
-            self.last_error = str(exc)
-            log.warning("could not prepare a child: %s", exc)
-            return
-        finally:
-            self._filling[variant] -= 1
-        self._ready[variant].append(child)
-        child.exited.add_done_callback(lambda _: self._died_ready(variant, child))
-
-    def _died_ready(self, variant: Variant, child: Child) -> None:
-        """A ready child ended before any run had it (killed from outside): replace it."""
-        if child in self._ready[variant]:
-            self._ready[variant].remove(child)
-            self.finish(child)
+    # ---- zygotes ---------------------------------------------------------------
 
     async def _current_zygote(self) -> Zygote:
         if self._zygote is None or not self._zygote.alive:
             await self._restart()
         assert self._zygote is not None
-        if self._zygote_worn_out() and not self._rotating:
+        if self._rotate_in_background and self._zygote_worn_out() and not self._rotating:
             self._rotating = True
-            self._background(self._rotate())
+            self.background(self._rotate())
         return self._zygote
 
     @property
@@ -150,12 +168,14 @@ class ChildPool:
                 await dead.stop()
                 self._retire(dead)
             self._zygote = await self._new_zygote()
+        for callback in self.on_running:
+            callback()
 
     async def _new_zygote(self) -> Zygote:
         """A started zygote, watched for an unexpected exit, counted as a new generation."""
         try:
             zygote = await self._start_zygote()
-        except SandboxUnavailable as exc:
+        except Unavailable as exc:
             self.last_error = str(exc)
             raise
         zygote.on_exit.append(self._on_zygote_exit)
@@ -165,28 +185,28 @@ class ChildPool:
         return zygote
 
     def _on_zygote_exit(self, zygote: Zygote) -> None:
-        self._drop_ready_of(zygote)  # dead with it (or dying): neither counted as ready nor handed out
+        for callback in self.on_replaced:
+            callback(zygote)  # its children are dead with it (or dying): none may be handed out
         if zygote is self._zygote and not self._stopping:
             log.warning("the zygote exited; starting a new one")
-            self._background(self._recover())
+            self.background(self._recover())
 
     async def _recover(self) -> None:
         delay = 0.1
         while not self._stopping:
             try:
                 await self._restart()
-            except SandboxUnavailable as exc:
+            except Unavailable as exc:
                 log.warning("could not restart the zygote: %s", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
                 continue
-            self._refill()
             return
 
     async def _rotate(self) -> None:
         try:
             await self.replace_zygote()
-        except SandboxUnavailable as exc:
+        except Unavailable as exc:
             log.warning("could not replace the zygote: %s", exc)
         finally:
             self._rotating = False
@@ -197,16 +217,12 @@ class ChildPool:
         old, self._zygote = self._zygote, fresh
         if old is not None:
             self._retired.append(old)
-            self._drop_ready_of(old)  # not worth keeping the old zygote alive for
+            for callback in self.on_replaced:
+                callback(old)  # its ready children are not worth keeping the old zygote alive for
             await self._stop_retired()
-        self._refill()
+        for callback in self.on_running:
+            callback()
         return fresh.report
-
-    def _drop_ready_of(self, zygote: Zygote) -> None:
-        for ready in self._ready.values():
-            for child in [c for c in ready if self._owner.get(c.pid) is zygote]:
-                ready.remove(child)
-                self.finish(child)
 
     def uses_tag(self, tag: str) -> bool:
         return any(z.tag == tag for z in [self._zygote, *self._retired] if z is not None)
@@ -221,33 +237,6 @@ class ChildPool:
         for callback in self.on_retired:
             callback(zygote)
 
-    async def _spawn(self, variant: Variant) -> Child:
-        zygote = await self._current_zygote()
-        try:
-            uid = self._uids.acquire() if self._uids is not None else os.getuid()
-        except UidPoolExhausted as exc:
-            raise SandboxUnavailable(str(exc)) from exc
-        tmpdir = tempfile.mkdtemp(prefix="run-", dir=self._tmp_parent) if self._tmp_parent else ""
-        try:
-            child = await zygote.fork(uid, tmpdir, dict(variant))
-        except BaseException:
-            self._give_back(uid, tmpdir)
-            raise
-        self._owner[child.pid] = zygote
-        if not await _confined(child):
-            reason = _read_available(child.stderr).decode(errors="replace").strip()
-            self.finish(child)
-            raise SandboxUnavailable(f"could not confine a run: {reason or 'the child exited'}")
-        return child
-
-    async def _release(self, child: Child) -> None:
-        await child.exited
-        child.close()
-        self._give_back(child.uid, child.tmpdir)
-        owner = self._owner.pop(child.pid, None)
-        if owner in self._retired:
-            await self._stop_retired()
-
     def _give_back(self, uid: int, tmpdir: str) -> None:
         if self._uids is not None:
             self._uids.release(uid)
@@ -258,24 +247,19 @@ class ChildPool:
         self._stopping = True
         for task in list(self._tasks):
             task.cancel()
-        for ready in self._ready.values():
-            while ready:
-                child = ready.popleft()
-                kill(child)
-                self.finish(child)
         zygotes = [z for z in [self._zygote, *self._retired] if z is not None]
         self._zygote, self._retired = None, []
         for zygote in zygotes:
-            await zygote.stop()  # its children are dead once it has exited
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await zygote.stop()  # its children are dead once it has exited: their releases end
+        pending = [*self._tasks, *self._releases]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
 
     def status(self) -> dict:
         return {
             "zygote": "running" if self.running else "down",
             "zygote_generation": self.generation,
             "zygote_forks": self._zygote.forks if self._zygote else 0,
-            "ready_children": sum(len(r) for r in self._ready.values()),
             "uids_in_use": self._uids.in_use if self._uids is not None else None,
             "uid_range": [self._uids.first, self._uids.first + self._uids.size - 1] if self._uids else None,
             "last_error": self.last_error,

@@ -1,4 +1,11 @@
-"""A language runtime behind the jail: a zygote, a pool of ready children, and runs.
+"""A language runtime behind the jail: its mode, its zygotes, a schedule, and the one run path.
+
+`run(request)` is the only way a run is served, locally and on Lambda: take a
+confined child from the schedule, hand it the run, collect the outcome, and let
+the schedule say when the run may answer (schedule.py: pooled for the server,
+serial for a Lambda function and `sandlot run --local`). The mode (modes.py) is
+chosen at start from the probed protections record; what the runtime sets up
+for it (a uid block, egress rules, the runs' network) follows the mode's fields.
 
 Subclasses say what the tree holds, which runner the zygote loads, and how a
 run request is put on the child's stdin.
@@ -23,11 +30,14 @@ from runtimes.jail.egress import EgressFilter
 from runtimes.jail.execution import execute
 from runtimes.jail.pool import ChildPool
 from runtimes.jail.protections import Protections, platform_protections
-from runtimes.jail.supervisor import SandboxUnavailable, Zygote
+from runtimes.jail.schedule import PooledSchedule, Schedule
+from runtimes.jail.scratch import Scratch
+from runtimes.jail.serial import SerialSchedule
+from runtimes.jail.supervisor import Zygote
 from runtimes.jail.uids import UidPool
 from runtimes.jail.userspace_net import NamespaceNetwork
 from runtimes.jail.userspace_net import plan as plan_network
-from runtimes.payload import RunRequest
+from runtimes.payload import RunRequest, Unavailable
 from runtimes.tree import TreeSpec
 
 log = logging.getLogger("sandlot.runtime")
@@ -40,12 +50,13 @@ class JailedRuntime:
     def __init__(self, config: RuntimeConfig):
         self.config = config
         self.pool: ChildPool | None = None
-        self.report: dict = {}
+        self.schedule: Schedule | None = None
         self.platform: Protections | None = None  # what this platform lets the jail do (probed at start)
-        self.mode = ""  # full | userns | single (modes.py), chosen at start
+        self.mode: modes.Mode | None = None  # chosen at start (modes.py)
         self._zygote_uid = -1  # userns as root: the uid zygotes drop to
         self.refused = ""  # a reason runs are refused for good (no seccomp, no jail)
         self.started = False
+        self._started = asyncio.Event()  # set once start() is over, whatever its end: runs wait for it
         self._uids: UidPool | None = None
         self._tmp_parent: tempfile.TemporaryDirectory | None = None
         self._tree_root = ""
@@ -84,74 +95,125 @@ class JailedRuntime:
     # ---- life cycle -----------------------------------------------------------
 
     async def start(self) -> None:
+        try:
+            await self._start()
+        finally:
+            self.started = True
+            self._started.set()
+
+    async def _start(self) -> None:
         config = self.config
         if self.missing():
             self.refused = self.missing()
-            self.started = True
             log.warning("%s runs refused: %s", self.language, self.refused)
             return
         try:
             self.platform = await asyncio.to_thread(platform_protections)
             self.mode = modes.select(config.jail, self.platform, config.one_run_at_a_time)
-            log.info("%s jail: %s", self.language, self.mode)
+            log.info("%s jail: %s", self.language, self.mode.name)
+            if config.require_seccomp and not self.platform.seccomp:
+                raise modes.JailRefused(self._no_seccomp(self.platform.errors.get("seccomp", "")))
             tmp_parent = self._claim_identities()
             self._network = self._plan_network()
-            self._tree_root, self._tree_root_lock = _make_tree_root(self.language)
-            per_run_uids = self._uids if self.mode == modes.FULL else None
-            # one run at a time: nothing is kept ready here (jail/oneshot.py prepares children once a run is over)
-            targets = {} if config.one_run_at_a_time else self.ready_targets()
+            if self.mode.tree == modes.PIVOT:
+                self._tree_root, self._tree_root_lock = _make_tree_root(self.language)
             self.pool = ChildPool(
                 self._start_zygote,
-                per_run_uids,
+                self._uids if self.mode.own_uid else None,
                 tmp_parent,
-                targets,
                 config.zygote_max_forks,
                 max_age=config.zygote_max_age,
+                sweep_uids=self.mode.processes == modes.UID_SWEEP and self.mode.own_uid,
+                rotate_in_background=not config.one_run_at_a_time,
             )
             self.pool.on_retired.append(self.zygote_retired)
-            self.report = await self.pool.start()
+            if not config.one_run_at_a_time:  # before the first zygote: it fills up whenever a zygote runs
+                self.schedule = PooledSchedule(self.pool, self.ready_targets())
+            await self.pool.start()
         except modes.JailRefused as exc:
             self.refused = str(exc)
-            self.started = True
             log.error("%s runs refused: %s", self.language, self.refused)
             return
         except Exception as exc:  # noqa: BLE001 - whatever it is, runs get a -500 saying so
             log.exception("%s runtime unavailable: %s", self.language, exc)
             if self.pool is None:
                 self.refused = str(exc)  # nothing to retry with
-            self.started = True  # the pool keeps trying to start a zygote
-            return
-        if not self.report.get("seccomp") and config.require_seccomp:
-            self.refused = f"the seccomp filter cannot be installed here: {self.report.get('seccomp_error')}"
+            return  # the pool keeps trying to start a zygote
+        if not self.filter_in_force and config.require_seccomp:
+            self.refused = self._no_seccomp(self.report.get("seccomp_error") or "")
             log.error("%s runs refused: %s", self.language, self.refused)
+            if config.one_run_at_a_time:
+                await self.pool.stop()  # a function that refuses every run keeps no zygote for them
+            return
         if self.report.get("preload_failed"):
             log.warning("%s: left out of the preload: %s", self.language, self.report["preload_failed"])
-        self.started = True
+        if self.schedule is None:
+            self.schedule = self._serial_schedule()
+        await self.schedule.start()
+
+    @staticmethod
+    def _no_seccomp(why: str) -> str:
+        return f"the seccomp filter cannot be installed here: {why or 'refused'}"
+
+    @property
+    def report(self) -> dict:
+        """What the current zygote said when it was ready (seccomp, preloads)."""
+        return self.pool.report if self.pool is not None else {}
+
+    @property
+    def filter_in_force(self) -> bool:
+        """The zygote loads the seccomp filter, and the platform's record agrees that it can (a probe child
+        killed by SIGSYS must not pass for a filter that loads)."""
+        return bool(self.report.get("seccomp")) and (self.platform is None or self.platform.seccomp)
+
+    def _serial_schedule(self) -> SerialSchedule:
+        assert self.pool is not None and self.mode is not None
+        scratch = None
+        if self.mode.shares_uid:
+            writable = list(self.platform.writable) if self.platform else []
+            runs_parent = self._tmp_parent.name if self._tmp_parent is not None else ""
+            scratch = Scratch([*writable, tempfile.gettempdir()], os.getuid(), [self.config.data_dir], runs_parent)
+        unfiltered = not self.filter_in_force
+        return SerialSchedule(
+            self.pool,
+            self.default_variant(),
+            sweep_uid=unfiltered and self.mode.processes == modes.UID_SWEEP,
+            wait_for_namespace=unfiltered and self.mode.pid_namespace,
+            scratch=scratch,
+        )
+
+    def default_variant(self) -> tuple:
+        """The kind of child most runs need (Dify asks for network on every run)."""
+        request = RunRequest.model_construct(language=self.language, code="", enable_network=True, memory_limit_mb=None)
+        return self.variant(request)
 
     def _claim_identities(self) -> str | None:
-        """As root: a uid block and egress rules for it (userns: one uid of it for the zygotes and their runs).
-        single: a parent for per-run directories. userns without root: nothing (runs keep the service's uid)."""
+        """As root: a uid block and, where the mode filters egress by uid, rules for it (a user namespace per
+        run: one uid of it for the zygotes and their runs). Runs sharing the runtime's uid: a parent for their
+        directories. Without root otherwise: nothing (runs keep the service's uid, in namespaces)."""
         config = self.config
-        if self.mode == modes.SINGLE:
+        mode = self.mode
+        if mode.tmp == modes.DIRECTORY and mode.shares_uid:
             self._tmp_parent = tempfile.TemporaryDirectory(prefix=f"sandlot-{self.language}-")
             return self._tmp_parent.name
         if os.geteuid() != 0:
             return None
         self._uids = UidPool(config.uid_base, config.uid_count, "/run/sandlot")
-        if self.mode == modes.USERNS:
+        if mode.identity == modes.USER_NAMESPACE:
             self._zygote_uid = self._uids.acquire()
-        self._egress = EgressFilter(
-            self._uids.first,
-            self._uids.first + self._uids.size - 1,
-            allow=config.egress_allow,
-            proxies=self._proxies(),
-        )
-        self._egress.install()
+        if mode.egress == modes.NFT_UID:
+            self._egress = EgressFilter(
+                self._uids.first,
+                self._uids.first + self._uids.size - 1,
+                allow=config.egress_allow,
+                proxies=self._proxies(),
+            )
+            self._egress.install()
         return None
 
     def _plan_network(self) -> NamespaceNetwork | None:
         """userns without root: a network namespace per zygote, with pasta and nft in it, or network runs refused."""
-        if self.mode != modes.USERNS or os.geteuid() == 0 or self.platform is None:
+        if self.mode.egress != modes.NETNS_PASTA or self.platform is None:
             return None
         network = plan_network(self.platform, self.config.pasta, self.config.egress_allow, self._proxies())
         if network.refused:
@@ -168,12 +230,12 @@ class JailedRuntime:
             "import_paths": _import_paths(),
             "runner": self.runner,
             "runner_config": self.runner_config(),
-            "tree": self.tree().to_dict() if self.mode in modes.TREE_MODES else None,
+            "tree": self.tree().to_dict() if self.mode.tree != modes.NO_TREE else None,
             "tree_root": self._tree_root,
             "zygote_uid": self._zygote_uid,
             "network": self._network.zygote_config() if self._network else None,
             "plan": {
-                "mode": self.mode,
+                "mode": self.mode.to_dict(),
                 "landlock": self.platform.landlock if self.platform else 0,
                 "tmp_size_bytes": config.tmp_size_mb * MIB,
                 "tmp_files": config.tmp_files,
@@ -206,15 +268,14 @@ class JailedRuntime:
         """Start a zygote on the new layer and retire the old one: runs in flight finish on
         the old layer, runs after the switch see the new one. Raises if the new one cannot start."""
         if self.pool is None:
-            raise SandboxUnavailable(f"the {self.language} runtime is not running")
+            raise Unavailable(f"the {self.language} runtime is not running")
         old_layer = self.layer()
         self.set_layer(path)
         try:
             report = await self.pool.replace_zygote()
-        except SandboxUnavailable:
+        except Unavailable:
             self.set_layer(old_layer)
             raise
-        self.report = report
         if report.get("preload_failed"):
             log.warning("%s: left out of the preload: %s", self.language, report["preload_failed"])
 
@@ -225,6 +286,8 @@ class JailedRuntime:
                 callback(zygote.tag)
 
     async def stop(self) -> None:
+        if self.schedule is not None:
+            await self.schedule.stop()
         if self.pool is not None:
             await self.pool.stop()
         if self._egress is not None:
@@ -239,7 +302,7 @@ class JailedRuntime:
 
     @property
     def ready(self) -> bool:
-        return self.started and self.pool is not None and self.pool.running and not self.refused
+        return self.started and self.schedule is not None and self.pool.running and not self.refused
 
     @property
     def error(self) -> str:
@@ -259,24 +322,27 @@ class JailedRuntime:
             "preloaded": self.report.get("preloaded", []),
             "preload_failed": self.report.get("preload_failed", {}),
             **(self.pool.status() if self.pool else {}),
+            **(self.schedule.status() if self.schedule else {"ready_children": 0}),
         }
 
     def protections(self) -> dict:
         """What each run gets in this runtime's mode (README: protections per run)."""
         mode = self.mode
-        tree = mode in modes.TREE_MODES
-        landlock = self.platform.landlock if self.platform else 0
+        if mode is None:
+            return {"mode": ""}
         return {
-            "mode": mode,
+            "mode": mode.name,
             "fresh_process": True,
             "seccomp": bool(self.report.get("seccomp")),
-            "chroot": tree,  # only the read-only tree is visible (pivot_root)
-            "own_uid": mode == modes.FULL,
-            "user_namespace": mode == modes.USERNS,
-            "pid_namespace": tree,  # the run's processes die with its init; no other process can be named
+            "tree": mode.tree,  # what a run sees as /: the read-only tree (pivot or chroot), or the platform's
+            "chroot": mode.tree != modes.NO_TREE,
+            "own_uid": mode.own_uid,
+            "user_namespace": mode.identity == modes.USER_NAMESPACE,
+            "pid_namespace": mode.pid_namespace,  # the run's processes die with its init; no other can be named
+            "processes_ended_by": mode.processes,
             "capabilities": "none",
-            "private_tmp": "tmpfs" if tree else "directory",
-            "landlock": landlock,
+            "private_tmp": mode.tmp,
+            "landlock": self.platform.landlock if self.platform else 0,
             "rlimits": True,
             "scrubbed_environment": True,
             "egress_filter": bool(self._egress and self._egress.installed)
@@ -287,20 +353,38 @@ class JailedRuntime:
 
     # ---- runs -----------------------------------------------------------------
 
-    async def run(self, request: RunRequest) -> dict:
-        if self.refused:
-            raise SandboxUnavailable(self.refused)
-        if self.pool is None or not self.started:
-            raise SandboxUnavailable(f"the {self.language} runtime is starting")
-        if request.enable_network and self._network is not None and self._network.refused:
-            raise SandboxUnavailable(self._network.refused)
+    async def run(self, request: RunRequest, max_seconds: float | None = None) -> dict:
+        """The one run path: a child from the schedule, the run, its outcome once the schedule lets it answer.
+
+        A run that arrives while the runtime starts waits for it, within its own timeout. max_seconds: a
+        tighter bound than the request's own (a Lambda invocation's remaining time).
+        """
         timeout = self.config.clamp_timeout(request.timeout)
-        child = await self.pool.take(self.variant(request))
+        if max_seconds is not None:
+            timeout = max(0.001, min(timeout, max_seconds))
+        if not self.started:
+            try:
+                await asyncio.wait_for(self._started.wait(), timeout)
+            except TimeoutError:
+                raise Unavailable(f"the {self.language} runtime is starting") from None
+        if self.refused:
+            raise Unavailable(self.refused)
+        if self.schedule is None:
+            raise Unavailable(self.error or f"the {self.language} runtime is not running")
+        if request.enable_network and self._network is not None and self._network.refused:
+            raise Unavailable(self._network.refused)
+        child = await self.schedule.take(self.variant(request))
         try:
             outcome = await execute(child, self.encode(request, timeout), timeout, self.config.output_limit)
         finally:
-            self.pool.finish(child)
+            await self.schedule.finish(child)
         return outcome.to_result()
+
+    async def between(self) -> None:
+        """The schedule's work once a run's answer has gone out, before the next run (serial: clean-up and
+        the next child; pooled: nothing)."""
+        if self.schedule is not None:
+            await self.schedule.between()
 
 
 def _import_paths() -> list[str]:

@@ -19,10 +19,6 @@ from runtimes.payload import Unavailable
 log = logging.getLogger("sandlot.jail")
 
 
-class SandboxUnavailable(Unavailable):
-    """The jail cannot be built or is down: not the user's fault, a -500 envelope."""
-
-
 @dataclass
 class Child:
     """A forked, confined child waiting for its run. The fds are the service's ends."""
@@ -90,15 +86,15 @@ class Zygote:
             self.report = await asyncio.wait_for(self._ready, timeout=60)
         except (TimeoutError, EOFError) as exc:
             await self.stop()
-            raise SandboxUnavailable(f"the zygote did not start: {exc or 'timeout'}") from exc
+            raise Unavailable(f"the zygote did not start: {exc or 'timeout'}") from exc
         if "error" in self.report:
             await self.stop()
-            raise SandboxUnavailable(f"the zygote could not build the jail: {self.report['error']}")
+            raise Unavailable(f"the zygote could not build the jail: {self.report['error']}")
         return self.report
 
     async def fork(self, uid: int, tmpdir: str, variant: dict) -> Child:
         if not self.alive or self._control is None:
-            raise SandboxUnavailable("the zygote is not running")
+            raise Unavailable("the zygote is not running")
         loop = asyncio.get_running_loop()
         stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
         stdout_r, stdout_w = os.pipe2(os.O_CLOEXEC)
@@ -113,7 +109,7 @@ class Zygote:
             self._pending.remove(reply)
             for fd in (stdin_w, stdout_r, stderr_r, ready_r):
                 os.close(fd)
-            raise SandboxUnavailable(f"the zygote is not answering: {exc}") from exc
+            raise Unavailable(f"the zygote is not answering: {exc}") from exc
         finally:
             for fd in theirs:
                 os.close(fd)
@@ -154,7 +150,7 @@ class Zygote:
                 pid, signaled, value = protocol.parse_exited(body)
                 self._settle(pid, (signaled, value))
             elif kind == protocol.FORK_FAILED:
-                self._resolve_pending(error=SandboxUnavailable(f"fork failed: {body.decode(errors='replace')}"))
+                self._resolve_pending(error=Unavailable(f"fork failed: {body.decode(errors='replace')}"))
             elif kind == protocol.READY and self._ready and not self._ready.done():
                 self._ready.set_result(json.loads(body))
             elif kind == protocol.NET_ATTACH:
@@ -254,7 +250,7 @@ class Zygote:
         if self._ready and not self._ready.done():
             self._ready.set_exception(EOFError("the zygote exited during start-up"))
         while self._pending:
-            self._resolve_pending(error=SandboxUnavailable("the zygote exited"))
+            self._resolve_pending(error=Unavailable("the zygote exited"))
         self._orphans_die()
         self._stop_pasta()
         for callback in self.on_exit:

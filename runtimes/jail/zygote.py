@@ -12,11 +12,12 @@ fd 3, where the run's wrapper reports the exit status it is about to exit with.
 The zygote reaps every child through a pidfd and reports how it ended; when the
 service goes away it kills what is left and exits.
 
-In the `full` and `userns` modes each child is pid 2 of a PID namespace of its
-own, forked into it after a small init was made there (inits.py), and has
-mount, IPC and UTS namespaces of its own (child.py). Once the zygote has reaped
-the child it kills that init, and it reports how the child ended once the init
-is gone, which is after the kernel has killed everything else in the namespace.
+What it builds follows its mode's record (modes.py). Where runs have PID
+namespaces each child is pid 2 of one of its own, forked into it after a small
+init was made there (inits.py), and has the namespaces the mode asks for
+(child.py). Once the zygote has reaped the child it kills that init, and it
+reports how the child ended once the init is gone, which is after the kernel
+has killed everything else in the namespace.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from runtimes import linux, tree
 from runtimes.jail import namespaces, nftables, protocol
 from runtimes.jail.child import ChildPlan, Handles, confine, fence_signals, tmpfs_takes_huge_pages
 from runtimes.jail.inits import InitMaker, fork_run
-from runtimes.jail.modes import TREE_MODES, USERNS
+from runtimes.jail.modes import PIVOT, USER_NAMESPACE
 from runtimes.jail.protections import in_child
 
 CHILD_SETUP_FAILED = 125
@@ -52,24 +53,27 @@ class Zygote:
         self.poller = select.poll()
         self.vm_size = _VmSize()
         self.lifeline = os.pidfd_open(os.getpid())  # children learn through it whether the zygote still lives
+        mode = self.plan.mode
         # for a new namespace's ids and for the inits' namespaces (the tree has no /proc)
-        self.proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if self.plan.namespaced else -1
+        needs_proc = mode.pid_namespace or mode.identity == USER_NAMESPACE
+        self.proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if needs_proc else -1
         self.state = self.runner.prepare(config["runner_config"])
-        self.report: dict = {"mode": self.plan.mode, **self.state.report}
+        self.report: dict = {"mode": mode.name, **self.state.report}
 
     def confine_tree(self, config: dict) -> None:
         mode = self.plan.mode
-        if mode == USERNS and os.geteuid() != 0:  # a user namespace of its own, to build the tree in
+        in_user_namespace = mode.identity == USER_NAMESPACE
+        if in_user_namespace and os.geteuid() != 0:  # a user namespace of its own, to build the tree in
             uid, gid = os.getuid(), os.getgid()
             network = config.get("network") or {}
             linux.unshare(linux.CLONE_NEWUSER | (linux.CLONE_NEWNET if network.get("netns") else 0))
             namespaces.map_own_ids(self.proc, uid, gid)
             if network.get("ruleset"):
                 self._join_network(network["ruleset"])
-        if mode in TREE_MODES:
+        if mode.tree == PIVOT:
             tree.build_and_enter(config["tree"], config["tree_root"])
             self.plan = dataclasses.replace(self.plan, tmp_huge_pages=tmpfs_takes_huge_pages())
-        if mode == USERNS and os.geteuid() == 0:  # root built the tree; nothing after this runs as root
+        if in_user_namespace and os.geteuid() == 0:  # root built the tree; nothing after this runs as root
             uid = int(config["zygote_uid"])
             os.setgroups([])
             os.setresgid(uid, uid, uid)
@@ -103,7 +107,7 @@ class Zygote:
 
     def serve(self) -> None:
         # before the warm-up: the inits are forks of a small process, not of the warm heap
-        self.inits = InitMaker(self.lifeline, self.proc) if self.plan.namespaced else None
+        self.inits = InitMaker(self.lifeline, self.proc) if self.plan.mode.pid_namespace else None
         self.report.update(self.runner.warm(self.state))
         gc.collect()
         gc.freeze()  # children then share the warm heap instead of copying it
@@ -141,7 +145,7 @@ class Zygote:
         try:
             if self.inits is not None:
                 init, namespace = self.inits.make()
-                pid = fork_run(namespace, self.plan.clone_flags)
+                pid = fork_run(namespace, self.plan.mode.clone_flags)
             else:
                 pid = os.fork()
         except OSError as exc:

@@ -100,9 +100,9 @@ class NodeRuntime(JailedRuntime):
         return {
             **super().runner_config(),
             "node": self.node,
-            "wrapper": WRAPPER_IN_TREE if self.mode in modes.TREE_MODES else WRAPPER,
+            "wrapper": WRAPPER_IN_TREE if self.mode.tree != modes.NO_TREE else WRAPPER,
             "snapshot": self.snapshot.path if self.snapshot else "",
-            "private_snapshot": self.mode in modes.TREE_MODES,  # each run its own copy, the tree none (runner.py)
+            "private_snapshot": self.mode.tree != modes.NO_TREE,  # each run its own copy, the tree none (runner.py)
             "snapshot_flags": list(self.snapshot.flags) if self.snapshot else [],
             "snapshot_memory_mb": self.snapshot.memory_mb if self.snapshot else 0,
             "cpu_seconds": math.ceil(self.config.max_timeout) + 1,

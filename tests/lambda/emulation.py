@@ -101,6 +101,7 @@ class RuntimeAPI:
         self.init_error: dict | None = None
         self.waiting = threading.Event()  # the runtime asked for its first invocation: init is done
         self.refused: list[str] = []  # what was refused, for tests to look at
+        self.on_answer = None  # called with (invocation, kind, body) as an answer arrives, before it is taken
         api = self
 
         class Handler(_Handler):
@@ -166,6 +167,8 @@ class RuntimeAPI:
                 request._error(413, "RequestEntityTooLarge", f"response over {RESPONSE_LIMIT} bytes")
                 self._finish(invocation, "error", b'{"errorType": "Function.ResponseSizeTooLarge"}')
                 return
+            if self.on_answer is not None:
+                self.on_answer(invocation, kind, body)
             self._finish(invocation, kind, body)
         request._answer(202, b'{"status":"OK"}', {"Content-Type": "application/json"})
 

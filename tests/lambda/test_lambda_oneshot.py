@@ -1,6 +1,7 @@
 """What a one-shot run leaves is found and removed: the sweep of a uid's processes and of the writable places.
 
-These are the pieces runtimes/jail/oneshot.py runs after every run that shares the runtime's uid; the
+These are the pieces the serial schedule (runtimes/jail/serial.py) runs after every run that shares the
+runtime's uid (runtimes/jail/sweep.py, runtimes/jail/scratch.py); the
 runtime functions' tests (test_lambda_runtime.py, test_lambda_simulated.py) show them at work end to end.
 """
 
@@ -16,7 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 from service import IS_ROOT  # noqa: E402
 from simulated import SYSTEM_PYTHON, live_processes_of  # noqa: E402
 
-from runtimes.jail.oneshot import Scratch, kill_strays, strays_of  # noqa: E402
+from runtimes.jail.scratch import Scratch  # noqa: E402
+from runtimes.jail.sweep import kill_strays, strays_of  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not IS_ROOT, reason="needs root: plays the run's uid and another uid")
 
@@ -106,7 +108,7 @@ def test_the_sweep_kills_every_process_of_the_uid_but_the_runtimes_own_children(
         else:
             pytest.fail(f"the sweep does not see both: {strays_of(RUN_UID)} of {processes_of(RUN_UID)}")
         assert ours.pid not in strays
-        assert kill_strays(RUN_UID) == 2
+        assert len(kill_strays(RUN_UID)) == 2
         assert strays_of(RUN_UID) == []
         assert processes_of(RUN_UID) == [ours.pid]
     finally:

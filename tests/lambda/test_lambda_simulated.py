@@ -19,7 +19,7 @@ from simulated import (
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 
-from service import IS_ROOT  # noqa: E402
+from service import IS_ROOT, wait_for  # noqa: E402
 from test_lambda_runtime import SECRET_HUNT, error_of, result_of, runtime_api_calls  # noqa: E402
 
 pytestmark = [
@@ -218,9 +218,11 @@ def test_without_landlock_the_hunt_finds_the_event_in_the_runtime_clients_memory
         result = _event_hunt(instance)
         assert f"/proc/{instance.process.pid}/mem" in result["stdout"], result
         # nor is the runtime's own files' being written kept from it; it is found after the run, and the
-        # zygote, which may have been started on them, is replaced before the next run
+        # zygote, which may have been started on them, is replaced before the next run (once the answer
+        # is posted, before the next invocation is asked for)
         assert _tamper(instance) == "planted\n"
-        assert "a run touched the runtime's own files: replacing the zygote" in instance.output()
+        replaced = "a run touched the runtime's own files: replacing the zygote"
+        assert wait_for(lambda: replaced in instance.output(), 10), instance.output()
         assert (
             result_of(instance, {"language": "python3", "code": "print(7)", "enable_network": True})["stdout"] == "7\n"
         )
@@ -308,3 +310,74 @@ print(sorted(pid for pid, parent in found if parent in zygotes))
         time.sleep(0.05)
     else:
         pytest.fail("no child was prepared after the run")
+
+
+# A run without a filter forks processes that keep running (threads of their own) and one that polls the
+# Runtime API for the next invocation and would forge its answer. The run answers at once.
+POLL_NEXT = """
+import os, threading, time, urllib.request
+api = "http://{api}/2018-06-01/runtime"
+made = []
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:
+        for _ in range(3):
+            threading.Thread(target=lambda: [time.sleep(0.0005) for _ in iter(int, 1)], daemon=True).start()
+        while True:
+            try:
+                with urllib.request.urlopen(api + "/invocation/next", timeout=5) as got:
+                    request_id = got.headers["Lambda-Runtime-Aws-Request-Id"]
+                forged = b'{{"stdout": "stolen", "stderr": "", "error": "", "exit_code": 0}}'
+                urllib.request.urlopen(urllib.request.Request(
+                    api + "/invocation/" + request_id + "/response", data=forged, method="POST"))
+            except Exception:
+                time.sleep(0.001)
+    made.append(pid)
+print(" ".join(map(str, made)), flush=True)
+"""
+
+
+def _can_act(pid: int) -> bool:
+    """Whether some thread of pid could still run user code: not gone, not a zombie, not in exit."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] not in (b"Z", b"X", b"x") and not int(fields[6]) & 0x4:  # PF_EXITING
+            return True
+    return False
+
+
+def test_the_answer_goes_out_only_once_nothing_of_the_run_can_act(image):
+    """The rule of the serial schedule: a result is posted once the run's processes were sent SIGKILL and
+    every thread of them has entered exit, as seen from outside; the next invocation is fetched only
+    once they are gone. Without the filter a run forks processes, one of which polls the unauthenticated
+    Runtime API for the next invocation: at the moment the answer arrives none of them can act, and the
+    next invocation never reaches them."""
+    instance = start_simulated(image, "python3", uid=SIM_UID + 3, SANDLOT_REQUIRE_SECCOMP="false")
+    seen: list[tuple[list[int], list[int]]] = []
+
+    def on_answer(invocation, kind, body) -> None:
+        if b"invocation/next" in invocation.payload:  # the forking run's answer, not the one after it
+            made = [int(pid) for pid in json.loads(body).get("stdout", "").split()]
+            seen.append((made, [pid for pid in made if _can_act(pid)]))
+
+    try:
+        assert instance.ready, instance.output()
+        instance.api.on_answer = on_answer
+        code = POLL_NEXT.format(api=instance.api.address)
+        for _ in range(3):
+            result = result_of(instance, {"language": "python3", "code": code, "enable_network": True})
+            assert len(result["stdout"].split()) == 3, result
+            following = result_of(instance, {"language": "python3", "code": "print(6 * 7)", "enable_network": True})
+            assert following["stdout"] == "42\n", following  # answered by the runtime, not forged
+        assert len(seen) == 3 and all(len(made) == 3 and able == [] for made, able in seen), seen
+        assert not any(_can_act(pid) for made, _able in seen for pid in made)
+    finally:
+        instance.stop()
