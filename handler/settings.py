@@ -152,10 +152,11 @@ class Settings(BaseSettings):
     SANDLOT_TMP_SIZE_MB: int = Field(64, ge=1, description="size of a run's `/tmp` (full jail)")
     SANDLOT_TMP_FILES: int = Field(2048, ge=16, description="files in a run's `/tmp` (full jail)")
     SANDLOT_REQUIRE_SECCOMP: bool = Field(True, description="refuse runs when the seccomp filter cannot be installed")
-    SANDLOT_JAIL: Literal["auto", "full", "userns", "reduced", "single"] = Field(
+    SANDLOT_JAIL: Literal["auto", "full", "userns", "reduced", "chroot", "single"] = Field(
         "auto",
         description="jail mode: `full` (root: a uid per run), `userns` (user namespaces per run; `reduced` is its "
-        "older name), `single` (one run at a time only, e.g. Lambda), `auto` (from the protections record)",
+        "older name), `chroot` (root without namespaces, a container on default privileges: a uid per run in a "
+        "materialized tree), `single` (one run at a time only, e.g. Lambda), `auto` (from the protections record)",
     )
     SANDLOT_UID_BASE: int = Field(
         1_500_000_000, ge=65536, le=4_000_000_000, description="first uid of the run uid blocks (1024 uids each)"

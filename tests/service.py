@@ -52,6 +52,11 @@ class Service:
         }
         self.process: subprocess.Popen | None = None
         self.python = sys.executable  # tests/unprivileged.py: an interpreter another uid can run
+        if self.launcher and IS_ROOT:
+            import unprivileged  # it imports this module
+
+            # in a default container layer builds run as their uid without a tree: it must be able to run pip
+            self.python = unprivileged.venv_python()
         self.source = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project it runs
         self.user: int | None = None  # start the service as this uid (and gid), no groups
         self.log_path = f"/tmp/sandlot-test-{self.port}.log"

@@ -44,7 +44,8 @@ def test_otherwise_runs_get_no_network_unless_the_operator_chooses():
 
 def test_the_chroot_modes_reason_comes_from_the_record():
     assert run_network.chroot_reason(True, "") == ""
-    assert "NET_ADMIN" in run_network.chroot_reason(False, "Operation not permitted")
+    assert "NET_ADMIN" in run_network.chroot_reason(False, "OSError: nft refused: Operation not permitted")
+    assert "libnftables" in run_network.chroot_reason(False, "OSError: libnftables.so.1 is not installed")
 
 
 PYTHON_RUN = """

@@ -84,4 +84,6 @@ def chroot_reason(host_nft: bool, error: str) -> str:
     """Why the chroot mode cannot filter egress, from the protections record's host_nft probe."""
     if host_nft:
         return ""
-    return f"egress rules by uid need CAP_NET_ADMIN (a container started with --cap-add NET_ADMIN): {error}"
+    if not error or "Operation not permitted" in error:
+        return "egress rules by uid need CAP_NET_ADMIN, which this container lacks (--cap-add NET_ADMIN gives it)"
+    return f"egress rules by uid cannot be installed here: {error}"

@@ -34,6 +34,7 @@ import ctypes
 import errno
 import logging
 import os
+import signal
 import stat
 import time
 from collections.abc import Callable
@@ -41,6 +42,8 @@ from dataclasses import dataclass, field
 
 from inotify_simple import INotify
 from inotify_simple import flags as ev
+
+from runtimes import trees
 
 log = logging.getLogger("sandlot.jail")
 
@@ -362,3 +365,53 @@ def _tmpfile_name(name: str) -> bool:
 
 def _size(value: int) -> str:
     return f"{value // MIB} MiB" if value % MIB == 0 else f"{value} bytes"
+
+
+class RunDirectories:
+    """Each run's /tmp where it is a directory of its zygote's tree (the chroot mode): `<tree>/tmp/<uid>`,
+    0700 and the run uid's (runtimes/trees.py), capped while its child lives, removed once nothing of the uid
+    is left. The child sees it as /tmp/<uid> (HOME and TMPDIR)."""
+
+    def __init__(self, watcher: TmpWatcher, max_bytes: int, max_files: int):
+        self.watcher = watcher
+        self.max_bytes = max_bytes
+        self.max_files = max_files
+        self._caps: dict[int, TmpCap] = {}  # child pid -> its directory's cap
+
+    def make(self, tree_root: str, uid: int) -> tuple[str, str]:
+        """A fresh directory for uid's next run: (the service's path to it, the run's)."""
+        return trees.make_run_tmp(tree_root, uid), f"/tmp/{uid}"
+
+    def watch(self, child) -> None:
+        """Cap the child's directory until remove(); over a cap the child is killed, its run ending with the
+        watcher's error line."""
+
+        def over(reason: str) -> None:
+            child.ended_by = reason
+            with contextlib.suppress(ProcessLookupError, OSError):
+                signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
+
+        self._caps[child.pid] = self.watcher.watch(child.tmpdir, child.uid, self.max_bytes, self.max_files, over)
+
+    async def remove(self, child) -> None:
+        """The child is dead and its uid swept: stop watching, remove the directory (off the event loop:
+        a run may leave thousands of directories)."""
+        cap = self._caps.pop(child.pid, None)
+        if cap is not None:
+            self.watcher.unwatch(cap)
+        path = child.tmpdir
+        child.tmpdir = ""
+        if path:
+            await asyncio.to_thread(_remove_quietly, path)
+
+    def discard(self, path: str) -> None:
+        """A directory whose child never came to be."""
+        _remove_quietly(path)
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        if os.path.lexists(path):
+            trees.remove_tree(path)
+    except OSError as exc:
+        log.warning("could not remove a run's /tmp %s: %s", path, exc)

@@ -22,7 +22,7 @@ const vm = require('vm');
 const { createRequire } = require('module');
 const { Writable } = require('stream');
 
-const PRIVATE_SNAPSHOT = '/tmp/.sandlot-snapshot'; // see runner.py
+const PRIVATE_SNAPSHOT = '.sandlot-snapshot'; // in the run's TMPDIR: see runner.py
 
 function readExact(size) {
   const buffer = Buffer.allocUnsafe(size);
@@ -54,7 +54,8 @@ function main(args) {
   // Started from a snapshot copied into this run's /tmp (runner.py): it holds the hash
   // seed of every run of this zygote, so it goes before anything else can read it.
   const snapshotAt = process.execArgv.indexOf('--snapshot-blob');
-  if (snapshotAt >= 0 && process.execArgv[snapshotAt + 1] === PRIVATE_SNAPSHOT) fs.unlinkSync(PRIVATE_SNAPSHOT);
+  const privateSnapshot = `${process.env.TMPDIR || '/tmp'}/${PRIVATE_SNAPSHOT}`; // this run's, read at run time
+  if (snapshotAt >= 0 && process.execArgv[snapshotAt + 1] === privateSnapshot) fs.unlinkSync(privateSnapshot);
   // Output pipes block when full (node queues in memory otherwise): a flood meets the
   // output cap, not the heap limit, and process.exit() loses nothing.
   for (const stream of [process.stdout, process.stderr]) {
