@@ -235,13 +235,9 @@ def make_run_tmp(tree_root: str, uid: int) -> str:
     return path
 
 
-def clear_run_tmps(tree_root: str, first: int, last: int) -> None:
-    """Remove every run /tmp of the uids first..last in the tree (what a killed instance of that uid block
-    left); another instance's, of other uids, stay."""
-    parent = os.path.join(tree_root, "tmp")
-    for name in os.listdir(parent):
-        if name.isdigit() and first <= int(name) <= last:
-            remove_run_tmp(tree_root, int(name))
+def run_tmp_uids(tree_root: str) -> list[int]:
+    """The uids that have a run /tmp in the tree now."""
+    return sorted(int(name) for name in os.listdir(os.path.join(tree_root, "tmp")) if name.isdigit())
 
 
 def remove_run_tmp(tree_root: str, uid: int) -> None:

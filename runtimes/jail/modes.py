@@ -130,7 +130,9 @@ CHROOT_MODE = Mode(
     tmp=DIRECTORY,
     identity=UID_PER_RUN,
     egress=NFT_UID,  # where the egress rules cannot be installed (no NET_ADMIN): NO_EGRESS_FILTER (select)
-    needs=("setuid", "chroot", "pdeathsig", "no_new_privs"),
+    # seccomp too: without namespaces it alone keeps a run from making processes and, without egress rules,
+    # from the network (opting out of it never leaves a run with the host's network and nothing else)
+    needs=("setuid", "chroot", "seccomp", "pdeathsig", "no_new_privs"),
     needs_root=True,
 )
 SINGLE = Mode(

@@ -26,7 +26,7 @@ import pyseccomp
 import runtimes
 from runtimes import dirlock, trees
 from runtimes.config import MIB, RuntimeConfig
-from runtimes.jail import modes, run_network, sweep
+from runtimes.jail import modes, run_network, sweep, uids
 from runtimes.jail.egress import EgressFilter
 from runtimes.jail.execution import execute
 from runtimes.jail.pool import ChildPool
@@ -320,12 +320,19 @@ class JailedRuntime:
         return zygote
 
     def _ensure_tree(self, spec: dict) -> str:
-        """The materialized tree for spec, held; the first time this instance uses it, what runs of its uid
-        block left in its /tmp (a killed instance's) goes."""
+        """The materialized tree for spec, held; the first time this instance uses it, what runs of dead
+        instances left in its /tmp goes (theirs: the uids of blocks no live instance holds, this one's too)."""
         root = self._trees.ensure(spec)
         if root not in self._trees_cleared and self._uids is not None:
-            first, last = self._uids.first, self._uids.first + self._uids.size - 1
-            trees.clear_run_tmps(root, first, last)
+            pool = self._uids
+            for uid in trees.run_tmp_uids(root):
+                first = pool.block_of(uid)
+                if first == pool.first:
+                    trees.remove_run_tmp(root, uid)
+                    continue
+                with uids.unclaimed(pool.lock_dir, first) as dead:  # held meanwhile: no new instance takes it
+                    if dead:
+                        trees.remove_run_tmp(root, uid)
             self._trees_cleared.add(root)
         return root
 
