@@ -26,10 +26,12 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 import test_cases
+import test_layers
 from conftest import needs_root
 from outer_filter import DOCKER_DEFAULT_CAPS
 from service import DOCKER_DEFAULT, IS_ROOT, Service, processes_with_uid_in, standin, wait_for
@@ -538,4 +540,52 @@ def test_a_killed_service_once_restarted_leaves_nothing_behind():
         assert again.run("import os\nprint(os.listdir('.'))")["data"]["stdout"] == "[]\n"
     finally:
         again.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+# ---- trees and layers ---------------------------------------------------------------------------------------
+
+
+@needs_root
+def test_a_new_layer_gets_its_own_tree_and_the_old_one_goes_once_unused(tmp_path):
+    """The tree is swapped together with its layer: runs after the switch see the new packages, runs in
+    flight finish on the old tree, which is removed once its last zygote is gone; rotated zygotes of one
+    layer share one tree."""
+    data = data_dir()
+    wheels = os.path.join(data, "wheels")
+    os.mkdir(wheels)
+    for version in ("1.0.0", "2.0.0"):
+        test_layers.make_wheel(Path(wheels), "sandlot-tree-probe", version, {"tree_probe.py": f"V = '{version}'\n"})
+    requirements = os.path.join(data, "requirements.txt")
+    with open(requirements, "w") as f:
+        f.write("sandlot-tree-probe==1.0.0\n")
+    test_layers.readable(Path(data))
+    svc = Service(
+        SANDLOT_JAIL="chroot",
+        SANDLOT_DATA_DIR=data,
+        SANDLOT_PYTHON_REQUIREMENTS=requirements,
+        SANDLOT_PIP_FIND_LINKS=wheels,
+        SANDLOT_ZYGOTE_MAX_FORKS="10",
+        NODEJS_PATH="/nonexistent/node",
+        MAX_WORKERS="1",
+    ).start()
+    trees_dir = os.path.join(data, "trees")
+    try:
+        for _ in range(25):  # past the fork limit, twice: new zygotes on the same tree
+            assert output(svc, "import tree_probe\nprint(tree_probe.V)") == "1.0.0\n"
+        assert wait_for(lambda: len(os.listdir(trees_dir)) == 1, 10), os.listdir(trees_dir)
+        [old] = os.listdir(trees_dir)
+        slow = ThreadPoolExecutor(1).submit(output, svc, "import time, tree_probe\ntime.sleep(3)\nprint(tree_probe.V)")
+        time.sleep(1)
+        with open(requirements, "w") as f:
+            f.write("sandlot-tree-probe==2.0.0\n")
+        with svc.client() as client:
+            answer = client.post("/v1/sandbox/dependencies/update", json={"language": "python3"}, timeout=300)
+        assert answer.json()["code"] == 0, answer.text
+        assert output(svc, "import tree_probe\nprint(tree_probe.V)") == "2.0.0\n"
+        assert slow.result(timeout=30) == "1.0.0\n"  # finished on the tree it started in
+        assert wait_for(lambda: os.listdir(trees_dir) and old not in os.listdir(trees_dir), 30), os.listdir(trees_dir)
+        assert len(os.listdir(trees_dir)) == 1
+    finally:
+        svc.stop()
         shutil.rmtree(data, ignore_errors=True)
