@@ -18,9 +18,9 @@ possible), so it is built once per tree spec, before any zygote needs it, and ke
   a tree is removed only when no instance holds it (collect()).
 - Each run's /tmp is a directory of the tree's /tmp (0711 root: runs can neither list
   nor write it), `tmp/<uid>`, 0700 and owned by the run's uid (runtimes/jail/tmpcap.py
-  caps its size and file count). The name is the uid, so the instance whose uid block
-  it is (uids.py) is the only one that makes or removes it, and a leftover of a killed
-  instance goes when the uid is next given out.
+  caps its size and file count). The instance that made it holds a lock on it while its
+  run lives; one that no live instance holds was left by a killed instance, and goes when
+  a zygote next starts on the tree (clear_stale_run_tmps), or when the uid is next given out.
 """
 
 from __future__ import annotations
@@ -235,9 +235,16 @@ def make_run_tmp(tree_root: str, uid: int) -> str:
     return path
 
 
-def run_tmp_uids(tree_root: str) -> list[int]:
-    """The uids that have a run /tmp in the tree now."""
-    return sorted(int(name) for name in os.listdir(os.path.join(tree_root, "tmp")) if name.isdigit())
+def clear_stale_run_tmps(tree_root: str) -> list[str]:
+    """Remove the run /tmp directories in the tree that no live instance holds a lock on (RunDirectories
+    holds one on each of its own while its run lives): what runs of killed instances left. Their uids'
+    processes are gone (parent-death signals; a restarted instance sweeps its block). The names removed."""
+    parent = os.path.join(tree_root, "tmp")
+    removed = []
+    for name in os.listdir(parent):
+        if remove_if_unlocked(os.path.join(parent, name), remove=_remove_quietly):
+            removed.append(name)
+    return removed
 
 
 def remove_run_tmp(tree_root: str, uid: int) -> None:

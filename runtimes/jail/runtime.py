@@ -26,7 +26,7 @@ import pyseccomp
 import runtimes
 from runtimes import dirlock, trees
 from runtimes.config import MIB, RuntimeConfig
-from runtimes.jail import modes, run_network, sweep, uids
+from runtimes.jail import modes, run_network, sweep
 from runtimes.jail.egress import EgressFilter
 from runtimes.jail.execution import execute
 from runtimes.jail.pool import ChildPool
@@ -68,7 +68,6 @@ class JailedRuntime:
         self._network: NamespaceNetwork | None = None  # userns without root: the runs' own network namespace
         self._unfiltered_why = ""  # userns without pasta, SANDLOT_UNFILTERED_EGRESS=allow: why there is no filter
         self._trees: trees.TreeStore | None = None  # the chroot mode: materialized trees
-        self._trees_cleared: set[str] = set()  # trees whose /tmp holds nothing of this instance's uids any more
         self._tmp_watcher: TmpWatcher | None = None  # the chroot mode: each run's /tmp capped
         self.on_layer_unused: list = []  # called with a layer path no zygote uses any more
 
@@ -320,20 +319,11 @@ class JailedRuntime:
         return zygote
 
     def _ensure_tree(self, spec: dict) -> str:
-        """The materialized tree for spec, held; the first time this instance uses it, what runs of dead
-        instances left in its /tmp goes (theirs: the uids of blocks no live instance holds, this one's too)."""
+        """The materialized tree for spec, held; what runs of dead instances left in its /tmp goes."""
         root = self._trees.ensure(spec)
-        if root not in self._trees_cleared and self._uids is not None:
-            pool = self._uids
-            for uid in trees.run_tmp_uids(root):
-                first = pool.block_of(uid)
-                if first == pool.first:
-                    trees.remove_run_tmp(root, uid)
-                    continue
-                with uids.unclaimed(pool.lock_dir, first) as dead:  # held meanwhile: no new instance takes it
-                    if dead:
-                        trees.remove_run_tmp(root, uid)
-            self._trees_cleared.add(root)
+        left = trees.clear_stale_run_tmps(root)
+        if left:
+            log.info("%s: removed what runs of stopped instances left in %s/tmp: %s", self.language, root, left)
         return root
 
     # ---- dependency layers ------------------------------------------------------

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from inotify_simple import INotify
 from inotify_simple import flags as ev
 
-from runtimes import trees
+from runtimes import dirlock, trees
 
 log = logging.getLogger("sandlot.jail")
 
@@ -377,10 +377,15 @@ class RunDirectories:
         self.max_bytes = max_bytes
         self.max_files = max_files
         self._caps: dict[int, TmpCap] = {}  # child pid -> its directory's cap
+        self._held: dict[str, int] = {}  # directory -> a descriptor holding a shared flock on it (ours, in use)
 
     def make(self, tree_root: str, uid: int) -> tuple[str, str]:
-        """A fresh directory for uid's next run: (the service's path to it, the run's)."""
-        return trees.make_run_tmp(tree_root, uid), f"/tmp/{uid}"
+        """A fresh directory for uid's next run: (the service's path to it, the run's). This instance holds a
+        lock on it until remove(): what no live instance holds is a dead one's, for anyone to remove
+        (trees.clear_stale_run_tmps)."""
+        path = trees.make_run_tmp(tree_root, uid)
+        self._held[path] = dirlock.lock_shared(path)
+        return path, f"/tmp/{uid}"
 
     def watch(self, child) -> None:
         """Cap the child's directory until remove(); over a cap the child is killed, its run ending with the
@@ -402,11 +407,18 @@ class RunDirectories:
         path = child.tmpdir
         child.tmpdir = ""
         if path:
+            self._unlock(path)
             await asyncio.to_thread(_remove_quietly, path)
 
     def discard(self, path: str) -> None:
         """A directory whose child never came to be."""
+        self._unlock(path)
         _remove_quietly(path)
+
+    def _unlock(self, path: str) -> None:
+        fd = self._held.pop(path, -1)
+        if fd >= 0:
+            os.close(fd)
 
 
 def _remove_quietly(path: str) -> None:

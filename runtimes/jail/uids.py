@@ -9,12 +9,10 @@ the file it holds is still the one under that name).
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import grp
 import os
 import pwd
-from collections.abc import Iterator
 
 
 class UidPoolExhausted(RuntimeError):
@@ -35,7 +33,6 @@ class UidPool:
                 continue
             self._lock_fd, self._lock_path = fd, path
             self.first, self.size = first, size
-            self.base, self.lock_dir = base, lock_dir
             self._free = list(range(first + size - 1, first - 1, -1))
             return
         raise UidPoolExhausted(f"no free block of {size} uids from {base} (SANDLOT_UID_BASE)")
@@ -48,10 +45,6 @@ class UidPool:
     def release(self, uid: int) -> None:
         self._free.append(uid)
 
-    def block_of(self, uid: int) -> int:
-        """The first uid of the block uid belongs to (any instance's), or -1 outside the blocks."""
-        return self.base + (uid - self.base) // self.size * self.size if uid >= self.base else -1
-
     @property
     def in_use(self) -> int:
         return self.size - len(self._free)
@@ -62,27 +55,6 @@ class UidPool:
         except OSError:
             pass
         os.close(self._lock_fd)
-
-
-@contextlib.contextmanager
-def unclaimed(lock_dir: str, first: int) -> Iterator[bool]:
-    """Whether no live instance holds the block starting at first; while True, nobody can claim it (the
-    caller holds its lock), so what its runs left can be removed without meeting a new run of it."""
-    path = os.path.join(lock_dir, f"uids-{first}.lock")
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:
-        yield True  # never claimed here, or closed cleanly: no instance of this block lives
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
 
 
 def _lock(path: str) -> int | None:
