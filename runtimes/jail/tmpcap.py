@@ -383,9 +383,14 @@ class RunDirectories:
         """A fresh directory for uid's next run: (the service's path to it, the run's). This instance holds a
         lock on it until remove(): what no live instance holds is a dead one's, for anyone to remove
         (trees.clear_stale_run_tmps)."""
-        path = trees.make_run_tmp(tree_root, uid)
-        self._held[path] = dirlock.lock_shared(path)
-        return path, f"/tmp/{uid}"
+        for _ in range(3):
+            path = trees.make_run_tmp(tree_root, uid)
+            try:
+                self._held[path] = dirlock.lock_shared(path)
+                return path, f"/tmp/{uid}"
+            except FileNotFoundError:  # another instance took it for a dead one's before it was locked
+                continue
+        raise OSError(f"could not make a /tmp directory for uid {uid} in {tree_root}")
 
     def watch(self, child) -> None:
         """Cap the child's directory until remove(); over a cap the child is killed, its run ending with the
