@@ -8,12 +8,12 @@ instance serves one invocation at a time.
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from runtimes import tempdirs
 from runtimes.config import RuntimeConfig, comma_list, default_python
 
 # Where the image layout script puts the baked layers (infra/layout.py)
@@ -71,7 +71,7 @@ class FunctionEnvironment(BaseSettings):
         ):
             if value:
                 proxies[name] = proxies[lower] = value
-        data_dir = self.SANDLOT_DATA_DIR or tempfile.mkdtemp(prefix="sandlot-data-")
+        data_dir = self.SANDLOT_DATA_DIR or tempdirs.make("data")  # removed at stop (tempdirs.py)
         return RuntimeConfig(
             python_path=self.PYTHON_PATH,
             nodejs_path=self.NODEJS_PATH,

@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from runtimes import tempdirs
 from runtimes.config import RuntimeConfig
 from runtimes.credentials import drop_credentials
 from runtimes.environment import ConfigError, function_environment
@@ -139,6 +140,7 @@ class RuntimeFunction:
         except BaseException:  # noqa: BLE001 - ending anyway
             log.exception("while stopping the runtime")
         finally:
+            tempdirs.remove_own()  # its data dir when SANDLOT_DATA_DIR is unset (no atexit after _exit)
             os._exit(0)
 
     def _call(self, coro):

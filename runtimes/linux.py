@@ -13,6 +13,7 @@ import platform
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
+CLONE_NEWTIME = 0x00000080  # unshare() only: clone() reads these bits as the exit signal
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000

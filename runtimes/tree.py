@@ -5,6 +5,10 @@ the same place (so that modules a zygote imported before it confined itself keep
 their paths), paths hidden behind an empty directory, and the device nodes.
 Zygote side, `build_and_enter` mounts it in a private mount namespace and
 pivots into it; the namespace, and with it every mount, dies with the zygote.
+
+Some files a run sees are made, not bound: the host's `/etc/hosts` names the host
+(and whatever else its administrator put there), so a run's tree holds one that
+knows only localhost and the run's own hostname (`run_system_files`).
 """
 
 from __future__ import annotations
@@ -29,12 +33,18 @@ SYSTEM_FILES = (
     "/usr/share/zoneinfo",
 )
 
+RUN_HOSTNAME = "sandbox"  # what uname() tells a run (child.py sets it in the run's UTS namespace)
+# The run's /etc/hosts: loopback for localhost and for its own hostname, so that resolving
+# gethostname() works as on any machine; nothing of the host's.
+RUN_HOSTS = f"127.0.0.1\tlocalhost {RUN_HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback {RUN_HOSTNAME}\n"
+
 
 @dataclass
 class TreeSpec:
     binds: list[str] = field(default_factory=list)
     hidden: list[str] = field(default_factory=list)
     placed: dict[str, str] = field(default_factory=dict)  # path in the tree -> host file (e.g. a wrapper)
+    generated: dict[str, str] = field(default_factory=dict)  # path in the tree -> its text (no host file)
     devices: list[str] = field(default_factory=lambda: list(DEVICES))
     tmp_replaced: bool = True  # each child mounts its own /tmp over the tree's: nothing can live there
 
@@ -49,8 +59,21 @@ class TreeSpec:
         """Show host file source at target inside the tree (for files installed anywhere, even /tmp)."""
         self.placed[target] = os.path.realpath(source)
 
+    def generate(self, target: str, text: str) -> None:
+        """A file at target inside the tree holding text, read-only, made by the zygote in the tree's own root."""
+        if self.tmp_replaced and under_tmp(target):
+            raise ValueError(f"{target} is under /tmp, which every run replaces with its own")
+        self.generated[target] = text
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def run_system_files(spec: TreeSpec) -> None:
+    """What every run's tree holds of the system: certificates, resolver and time zone files from
+    the host, and a hosts file of its own (RUN_HOSTS) instead of the host's."""
+    spec.add(*(path for path in SYSTEM_FILES if path != "/etc/hosts"))
+    spec.generate("/etc/hosts", RUN_HOSTS)
 
 
 def under_tmp(path: str) -> bool:
@@ -161,6 +184,11 @@ def build_and_enter(spec: dict, root: str, writable: tuple[str, ...] = (), tmp_o
         linux.mount(source, root + target, None, linux.MS_BIND)
         flags = linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY | linux.MS_NOSUID | kept_flags(source)
         linux.mount(None, root + target, None, flags)
+    for target, text in spec.get("generated", {}).items():
+        os.makedirs(os.path.dirname(root + target), exist_ok=True)
+        fd = os.open(root + target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+        with open(fd, "w") as file:
+            file.write(text)
     for path in writable:
         bind(root, path, linux.MS_NOSUID | linux.MS_NODEV, writable=True)
     os.makedirs(root + "/.old", exist_ok=True)
@@ -173,7 +201,7 @@ def build_and_enter(spec: dict, root: str, writable: tuple[str, ...] = (), tmp_o
 
 # ---- the tree as a real directory (the chroot mode: no mount can be made) ------------------------------
 
-TREE_FORMAT = 1  # bumped when materialize() changes what a tree holds: older trees are then rebuilt
+TREE_FORMAT = 2  # bumped when materialize() changes what a tree holds: older trees are then rebuilt
 TREE_TMP_MODE = 0o711  # runs can neither list nor write the tree's /tmp; each gets a 0700 directory in it
 HIDDEN_MODE = 0o555  # what the pivot tree's hiding tmpfs shows: an empty directory
 NULL_STAND_IN = "/dev/null"
@@ -201,7 +229,7 @@ def materialize(spec: dict, root: str, device_nodes: bool = True) -> Materialize
 
     The same walk as build_and_enter's mounts, in the same order: each bound host path at its own
     place (parents and symlinks on the way recreated), hidden directories empty, the device nodes,
-    the placed files, and /tmp. A file is a hard link to its source where linkable() allows and the
+    the placed files, the generated ones (written, root's, 0444), and /tmp. A file is a hard link to its source where linkable() allows and the
     filesystem can (the same one), a copy otherwise (root's, without setuid bits or write for others,
     its times kept so that the interpreter's cached bytecode stays valid). Directories are root's, 0755.
 
@@ -234,6 +262,14 @@ def materialize(spec: dict, root: str, device_nodes: bool = True) -> Materialize
         if os.path.lexists(root + target):
             os.unlink(root + target)  # a placed file shows over what a bind put there
         _file_in(source, root + target, os.stat(source), done)
+    for target, text in spec.get("generated", {}).items():  # made, not bound (the run's /etc/hosts)
+        os.makedirs(os.path.dirname(root + target), exist_ok=True)
+        if os.path.lexists(root + target):
+            os.unlink(root + target)
+        fd = os.open(root + target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+        with open(fd, "w") as file:
+            file.write(text)
+        os.chmod(root + target, 0o444)  # whatever the umask
     os.makedirs(root + "/tmp", exist_ok=True)
     _settle_tree(root, hidden_targets)
     return done

@@ -170,3 +170,85 @@ def test_a_lock_taken_under_the_filter_is_not_held():
 def test_the_fence_copied_for_a_pid_is_the_fence_built_for_it(pid):
     built = seccomp_policy.compile_program(seccomp_policy.fence_for(pid))
     assert bytes(seccomp_policy.fence_program(pid)._buffer) == bytes(built._buffer)
+
+
+# ---- the page cache and machine-wide counters (issue 19) ----------------------------------
+
+SYS_PAGE_CACHE = {"mincore": 27, "madvise": 28, "sysinfo": 99, "fadvise64": 221, "preadv2": 327, "cachestat": 451}
+MAP_PRIVATE, PROT_READ = 0x02, 0x1
+
+
+def page_cache_calls() -> dict:
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    fd = os.open(os.__file__, os.O_RDONLY)  # a file of the interpreter: shared by every run in the tree
+    mapped = libc.mmap(None, 4096, PROT_READ, MAP_PRIVATE, fd, 0)
+    anonymous = ctypes.create_string_buffer(1 << 16)
+    aligned = (ctypes.addressof(anonymous) + 4095) & ~4095
+    buf = ctypes.create_string_buffer(4096)
+    iov = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 4096)
+    info = ctypes.create_string_buffer(128)
+    vec = ctypes.create_string_buffer(1)
+
+    def call(name: str, *args) -> str:
+        SYS[name] = SYS_PAGE_CACHE[name]
+        return syscall(name, *args)
+
+    def madvise(address: int, advice: int) -> str:
+        return call("madvise", ctypes.c_void_p(address), 4096, advice)
+
+    return {
+        "fadvise DONTNEED": call("fadvise64", fd, 0, 0, 4),
+        "fadvise DONTNEED high bits": call("fadvise64", fd, 0, 0, HIGH | 4),
+        "fadvise WILLNEED": call("fadvise64", fd, 0, 0, 3),
+        "fadvise SEQUENTIAL": call("fadvise64", fd, 0, 0, 2),
+        "fadvise NOREUSE": call("fadvise64", fd, 0, 0, 5),
+        "preadv2": call("preadv2", fd, iov, 1, 0, 0, 0),
+        "preadv2 RWF_NOWAIT": call("preadv2", fd, iov, 1, 0, 0, 0x8),
+        "preadv2 RWF_NOWAIT|RWF_HIPRI": call("preadv2", fd, iov, 1, 0, 0, 0x9),
+        "mincore": call("mincore", ctypes.c_void_p(mapped), 4096, vec),
+        "cachestat": call("cachestat", fd, 0, info, 0),
+        "sysinfo": call("sysinfo", info),
+        "madvise DONTNEED anonymous": madvise(aligned, 4),
+        "madvise DONTNEED file": madvise(mapped, 4),
+        "madvise WILLNEED file": madvise(mapped, 3),
+        "madvise HUGEPAGE": madvise(aligned, 14),
+        "madvise DONTFORK": madvise(aligned, 10),
+        "madvise COLD file": madvise(mapped, 20),
+        "madvise PAGEOUT file": madvise(mapped, 21),
+        "madvise PAGEOUT high bits": madvise(mapped, HIGH | 21),
+        "madvise MERGEABLE": madvise(aligned, 12),
+        "madvise COLLAPSE": madvise(aligned, 25),
+    }
+
+
+def test_no_call_evicts_or_probes_the_shared_page_cache_nor_reads_machine_counters():
+    assert in_filter(False, page_cache_calls) == {
+        "fadvise DONTNEED": "EPERM",
+        "fadvise DONTNEED high bits": "EPERM",
+        "fadvise WILLNEED": "ok",
+        "fadvise SEQUENTIAL": "ok",
+        "fadvise NOREUSE": "ok",
+        "preadv2": "ok",
+        "preadv2 RWF_NOWAIT": "ENOTSUP",  # EOPNOTSUPP, as on a file that cannot do it: callers fall back
+        "preadv2 RWF_NOWAIT|RWF_HIPRI": "ENOTSUP",
+        "mincore": "EPERM",
+        "cachestat": "EPERM",
+        "sysinfo": "EPERM",
+        "madvise DONTNEED anonymous": "ok",
+        "madvise DONTNEED file": "ok",
+        "madvise WILLNEED file": "ok",
+        "madvise HUGEPAGE": "ok",
+        "madvise DONTFORK": "ok",
+        "madvise COLD file": "EPERM",
+        "madvise PAGEOUT file": "EPERM",
+        "madvise PAGEOUT high bits": "EPERM",
+        "madvise MERGEABLE": "EPERM",
+        "madvise COLLAPSE": "EPERM",
+    }
+
+
+def test_the_calls_that_evict_or_probe_cannot_be_reopened_by_allowed_syscalls():
+    for number in (27, 28, 99, 221, 327, 328):
+        with pytest.raises(ValueError, match="may not be allowed"):
+            seccomp_policy.check_extra_syscalls([number])

@@ -41,9 +41,7 @@ from dataclasses import dataclass
 from runtimes import linux
 from runtimes.jail import landlock, namespaces, seccomp_policy
 from runtimes.jail.modes import PIVOT, SHARED, TMPFS, USER_NAMESPACE, Mode
-from runtimes.tree import DEVICES
-
-RUN_HOSTNAME = "sandbox"  # what uname() tells a run (in a UTS namespace of its own): the host's name stays the host's
+from runtimes.tree import DEVICES, RUN_HOSTNAME
 
 
 @dataclass(frozen=True)
@@ -58,6 +56,7 @@ class ChildPlan:
     max_file_bytes: int
     landlock: int = 0  # Landlock ABI to use, 0 for none
     tmp_huge_pages: bool = False  # set by the zygote when this kernel's tmpfs takes huge=within_size
+    time_namespace: bool = False  # a time namespace per run, its clocks from zero (timens.py)
 
     @classmethod
     def from_dict(cls, data: dict) -> ChildPlan:

@@ -62,6 +62,9 @@ class Protections:
     # device nodes can be made and opened (CAP_MKNOD, a filesystem without nodev, a device cgroup that lets
     # null through): a tree materialized as a directory gets real /dev nodes, else stand-ins (tree.py)
     mknod: bool = False
+    # A time namespace per run (Linux >= 5.6, CAP_SYS_ADMIN and CAP_SYS_TIME over our user namespace, or
+    # one of our own without root): its CLOCK_MONOTONIC and CLOCK_BOOTTIME start at zero (jail/timens.py)
+    time_namespaces: bool = False
     errors: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -172,6 +175,20 @@ def _mknod() -> None:
         if os.path.lexists(path):
             os.unlink(path)
         os.rmdir(directory)
+def _time_namespaces() -> None:
+    """A new time namespace with offsets, and a child in it that reads its clocks from zero."""
+    import time
+
+    linux.set_dumpable(True)  # a throwaway child: its /proc/self files must be its own to open for writing
+    _unshare_as_caller(linux.CLONE_NEWTIME)
+    with open("/proc/self/timens_offsets", "wb", buffering=0) as f:
+        f.write(b"monotonic -%d 0\nboottime -%d 0\n" % (time.monotonic(), time.clock_gettime(time.CLOCK_BOOTTIME)))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        os._exit(0 if time.clock_gettime(time.CLOCK_BOOTTIME) < 60 else 1)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise OSError("a process in a new time namespace still sees the machine's uptime")
 
 
 def _writable(path: str) -> bool:
@@ -203,6 +220,7 @@ _PROBES: dict[str, Callable[[], object]] = {
     "netns_egress": _netns_egress,
     "host_nft": _host_nft,
     "mknod": _mknod,
+    "time_namespaces": _time_namespaces,
 }
 
 
@@ -274,6 +292,7 @@ def probe() -> Protections:
         netns_egress=bool(values["netns_egress"]),
         host_nft=bool(values["host_nft"]),
         mknod=bool(values["mknod"]),
+        time_namespaces=bool(values["time_namespaces"]),
         errors=errors,
     )
 

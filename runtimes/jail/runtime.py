@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import glob
 import logging
 import os
-import stat
 import tempfile
 
 import pyseccomp
 
 import runtimes
-from runtimes import dirlock, trees
+from runtimes import tempdirs, trees
 from runtimes.config import MIB, RuntimeConfig
 from runtimes.jail import modes, run_network, sweep
 from runtimes.jail.egress import EgressFilter
@@ -61,9 +59,8 @@ class JailedRuntime:
         self.started = False
         self._started = asyncio.Event()  # set once start() is over, whatever its end: runs wait for it
         self._uids: UidPool | None = None
-        self._tmp_parent: tempfile.TemporaryDirectory | None = None
-        self._tree_root = ""
-        self._tree_root_lock = -1  # held while this instance may still start zygotes on that mount point
+        self._tmp_parent = ""  # runs sharing the runtime's uid: their directories' parent (tempdirs.py)
+        self._tree_root = ""  # the pivoted tree's mount point (in the zygotes' own namespaces; tempdirs.py)
         self._egress: EgressFilter | None = None
         self._network: NamespaceNetwork | None = None  # userns without root: the runs' own network namespace
         self._unfiltered_why = ""  # userns without pasta, SANDLOT_UNFILTERED_EGRESS=allow: why there is no filter
@@ -123,7 +120,7 @@ class JailedRuntime:
             tmp_parent = self._claim_identities()
             self._network = self._plan_network()
             if self.mode.tree == modes.PIVOT:
-                self._tree_root, self._tree_root_lock = _make_tree_root(self.language)
+                self._tree_root = tempdirs.make(f"root-{self.language}")
             run_dirs = None
             if self.mode.tree == modes.CHROOT:
                 self._trees = await asyncio.to_thread(self._open_trees)
@@ -198,7 +195,7 @@ class JailedRuntime:
         scratch = None
         if self.mode.shares_uid:
             writable = list(self.platform.writable) if self.platform else []
-            runs_parent = self._tmp_parent.name if self._tmp_parent is not None else ""
+            runs_parent = self._tmp_parent
             scratch = Scratch([*writable, tempfile.gettempdir()], os.getuid(), [self.config.data_dir], runs_parent)
         unfiltered = not self.filter_in_force
         return SerialSchedule(
@@ -221,8 +218,8 @@ class JailedRuntime:
         config = self.config
         mode = self.mode
         if mode.tmp == modes.DIRECTORY and mode.shares_uid:
-            self._tmp_parent = tempfile.TemporaryDirectory(prefix=f"sandlot-{self.language}-")
-            return self._tmp_parent.name
+            self._tmp_parent = tempdirs.make(self.language)
+            return self._tmp_parent
         if os.geteuid() != 0:
             return None
         self._uids = UidPool(config.uid_base, config.uid_count, "/run/sandlot")
@@ -289,6 +286,9 @@ class JailedRuntime:
             "plan": {
                 "mode": self.mode.to_dict(),
                 "landlock": self.platform.landlock if self.platform else 0,
+                # the zygote may make one where it holds CAP_SYS_ADMIN: as root, or in a user namespace of its own
+                "time_namespace": bool(self.platform and self.platform.time_namespaces)
+                and (os.geteuid() == 0 or self.mode.identity == modes.USER_NAMESPACE),
                 "tmp_size_bytes": config.tmp_size_mb * MIB,
                 "tmp_files": config.tmp_files,
                 "max_open_files": config.max_open_files,
@@ -372,11 +372,9 @@ class JailedRuntime:
             self._egress.remove()
         if self._uids is not None:
             self._uids.close()
-        if self._tmp_parent is not None:
-            self._tmp_parent.cleanup()
-        if self._tree_root:
-            os.close(self._tree_root_lock)
-            os.rmdir(self._tree_root)  # only ever a mount point, in the zygotes' own namespaces
+        for path in (self._tmp_parent, self._tree_root):
+            if path:
+                tempdirs.remove(path)
 
     @property
     def ready(self) -> bool:
@@ -421,6 +419,7 @@ class JailedRuntime:
             "capabilities": "none",
             "private_tmp": mode.tmp,
             "landlock": self.platform.landlock if self.platform else 0,
+            "time_namespace": bool(self.report.get("time_namespace")),  # clocks from zero: no host uptime
             "rlimits": True,
             "scrubbed_environment": True,
             "egress_filter": bool(self._egress and self._egress.installed)
@@ -480,36 +479,3 @@ def _import_paths() -> list[str]:
     if seccomp_dir not in paths:
         paths.append(seccomp_dir)
     return paths
-
-
-TREE_ROOT_PREFIX = "sandlot-root-"
-
-
-def _make_tree_root(language: str) -> tuple[str, int]:
-    """An empty directory for the zygotes' tree to be mounted on (in their own namespaces), and a lock on it.
-
-    Instances that were killed (no stop) leave theirs behind: those whose instance
-    is gone (the pid in the name) and that no instance holds a lock on are removed
-    first.
-    """
-    parent = tempfile.gettempdir()
-    for path in glob.glob(os.path.join(parent, f"{TREE_ROOT_PREFIX}*-*-*")):
-        try:
-            info = os.lstat(path)
-            owner = int(os.path.basename(path).rsplit("-", 2)[-2])
-        except (OSError, ValueError):
-            continue  # not one of ours (an older instance's names carry no pid: left alone)
-        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not _alive(owner):
-            dirlock.remove_if_unlocked(path)
-    root = tempfile.mkdtemp(prefix=f"{TREE_ROOT_PREFIX}{language}-{os.getpid()}-", dir=parent)
-    return root, dirlock.lock_shared(root)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another uid's: alive
-    return True

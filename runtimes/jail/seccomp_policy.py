@@ -17,6 +17,15 @@ caller) only; kill and friends are fenced to the run's own pid by fence_for.
 Locks are the run's own: flock and fcntl record locks succeed without taking a
 lock, since a run is one process and its lock could only be seen by another run
 (on a shared read-only file: the layer, /etc/hosts, /dev/null).
+
+Nor can a run reach another through the page cache of the shared read-only tree
+or through machine-wide counters: no call that evicts a file's pages for everyone
+(fadvise64 POSIX_FADV_DONTNEED; madvise MADV_PAGEOUT, which the kernel honours on
+files the caller owns, as the service's uid owns its layer without root, and
+MADV_COLD), none that tells whether a page is cached (preadv2/pwritev2 with
+RWF_NOWAIT, mincore, cachestat), no KSM merging (MADV_MERGEABLE: merged pages
+are a timing channel between runs), no sysinfo (the process count, load and free
+memory of the whole machine). What remains is timing: README, "What remains".
 """
 
 from __future__ import annotations
@@ -49,8 +58,6 @@ BASE_SYSCALLS = (
     "pwrite64",
     "preadv",
     "pwritev",
-    "preadv2",
-    "pwritev2",
     "lseek",
     "close",
     "close_range",
@@ -106,7 +113,6 @@ BASE_SYSCALLS = (
     "pipe2",
     "sendfile",
     "copy_file_range",
-    "fadvise64",
     "getxattr",
     "lgetxattr",
     "fgetxattr",
@@ -115,9 +121,7 @@ BASE_SYSCALLS = (
     "munmap",
     "mprotect",
     "mremap",
-    "madvise",
     "brk",
-    "mincore",
     "msync",
     "membarrier",
     # signals and time
@@ -159,7 +163,6 @@ BASE_SYSCALLS = (
     "getrlimit",
     "getrusage",
     "uname",
-    "sysinfo",
     "sched_yield",
     "sched_get_priority_max",
     "sched_get_priority_min",
@@ -205,6 +208,27 @@ BASE_SYSCALLS = (
     "getsockname",
     "getpeername",
 )
+
+# Advice that touches only the run's own mappings or reads ahead: everything madvise offers but
+# MADV_MERGEABLE (12, KSM), MADV_COLD (20) and MADV_PAGEOUT (21), which push shared file pages
+# towards eviction, MADV_COLLAPSE (25), which rewrites a shared file's cached pages, and the
+# hardware-poisoning ones (100, 101). As (mask, value) pairs on the advice's 32 bits.
+MADVISE_ALLOWED = (
+    (0xFFFFFFFC, 0),  # NORMAL, RANDOM, SEQUENTIAL, WILLNEED
+    (0xFFFFFFFF, 4),  # DONTNEED: drops the caller's own page-table entries (malloc needs it)
+    (0xFFFFFFFC, 8),  # FREE, REMOVE, DONTFORK, DOFORK
+    (0xFFFFFFFF, 13),  # UNMERGEABLE
+    (0xFFFFFFFE, 14),  # HUGEPAGE, NOHUGEPAGE
+    (0xFFFFFFFC, 16),  # DONTDUMP, DODUMP, WIPEONFORK, KEEPONFORK
+    (0xFFFFFFFE, 22),  # POPULATE_READ, POPULATE_WRITE
+    (0xFFFFFFFF, 24),  # DONTNEED_LOCKED
+    (0xFFFFFFFE, 102),  # GUARD_INSTALL, GUARD_REMOVE
+)
+# fadvise64's advice: NORMAL, RANDOM, SEQUENTIAL, WILLNEED (a read ahead: what reading does) and
+# NOREUSE; not DONTNEED (4), which drops a file's cached pages for every reader of it.
+FADVISE_ALLOWED = ((0xFFFFFFFC, 0), (0xFFFFFFFF, 5))
+RWF_NOWAIT = 0x8  # preadv2/pwritev2: fail instead of waiting for the disk, so "is this page cached?"
+RWF_FLAGS_ARG = 5  # (fd, iov, iovcnt, pos_l, pos_h, flags)
 
 # With network: a client's calls. No bind, listen or accept: nothing reaches a run from outside.
 NETWORK_SYSCALLS = ("connect",)
@@ -325,6 +349,10 @@ NEVER_ALLOWED = frozenset(
         "ioctl",
         "fcntl",
         "flock",
+        "madvise",
+        "fadvise64",
+        "preadv2",
+        "pwritev2",
         "kill",
         "tgkill",
         "tkill",
@@ -332,6 +360,9 @@ NEVER_ALLOWED = frozenset(
         "rt_tgsigqueueinfo",
         *SELF_ONLY,
         # shared kernel objects that outlive a run or cross runs
+        "sysinfo",  # machine-wide counters: two runs pass bytes through the process count
+        "mincore",  # whether a file's pages are cached, for files the caller owns
+        "cachestat",  # the same, for any file it can read
         "io_uring_setup",
         "io_uring_enter",
         "io_uring_register",
@@ -439,6 +470,18 @@ def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) 
     flt.add_rule(pyseccomp.ERRNO(0), "flock")
     for mask, value in IOCTL_ALLOWED_TYPES:
         _allow(flt, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, mask, value))
+    for mask, value in MADVISE_ALLOWED:
+        _allow(flt, "madvise", pyseccomp.Arg(2, pyseccomp.MASKED_EQ, mask, value))
+    for mask, value in FADVISE_ALLOWED:
+        _allow(flt, "fadvise64", pyseccomp.Arg(3, pyseccomp.MASKED_EQ, mask, value))
+    # RWF_NOWAIT answers as on a file that cannot do it: callers must handle that anyway
+    for name in ("preadv2", "pwritev2"):
+        _allow(flt, name, pyseccomp.Arg(RWF_FLAGS_ARG, pyseccomp.MASKED_EQ, RWF_NOWAIT, 0))
+        flt.add_rule(
+            pyseccomp.ERRNO(errno.EOPNOTSUPP),
+            name,
+            pyseccomp.Arg(RWF_FLAGS_ARG, pyseccomp.MASKED_EQ, RWF_NOWAIT, RWF_NOWAIT),
+        )
     # kill, tgkill and tkill: allowed here, narrowed to the run's own pid by fence_for
     for name in ("kill", "tgkill", "tkill"):
         _allow(flt, name)

@@ -181,21 +181,24 @@ class Pasta:
 
     @classmethod
     async def attach(cls, network: NamespaceNetwork, userns: int, netns: int) -> Pasta:
-        """Start pasta on a zygote's namespaces (fds it sent); return once pasta has configured them."""
-        workdir = tempfile.mkdtemp(prefix="sandlot-pasta-")
-        pid_file = os.path.join(workdir, "pid")
+        """Start pasta on a zygote's namespaces (fds it sent); return once pasta has configured them.
+
+        Nothing of it is on disk, so nothing can be left behind however the service ends: its pid
+        "file" is a pipe (pasta writes its pid there once the namespace is configured) and its stderr
+        an unlinked file."""
+        ready, written = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
-            errors = tempfile.TemporaryFile(dir=workdir)  # noqa: SIM115 - kept as a bare fd, closed in stop()
+            errors = tempfile.TemporaryFile()  # noqa: SIM115 - kept as a bare fd, closed in stop()
             try:
                 process = subprocess.Popen(
-                    network.pasta_command(userns, netns, pid_file),
+                    network.pasta_command(userns, netns, f"/proc/self/fd/{written}"),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=errors,
                     env={},
                     cwd="/",
                     close_fds=True,
-                    pass_fds=(userns, netns),
+                    pass_fds=(userns, netns, written),
                     preexec_fn=functools.partial(_die_with_parent, os.getpid()),
                 )
             except OSError as exc:
@@ -203,20 +206,24 @@ class Pasta:
                 raise OSError(f"pasta could not be started: {exc}") from exc
             pasta = cls(process, os.dup(errors.fileno()))
             errors.close()
+            os.close(written)
+            written = -1
             try:
-                await pasta._configured(pid_file)
+                await pasta._configured(ready)
             except BaseException:
                 pasta.stop()
                 raise
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)  # nothing of it is left on disk, whatever happens later
+            for fd in (ready, written):
+                if fd >= 0:
+                    os.close(fd)
         return pasta
 
-    async def _configured(self, pid_file: str) -> None:
-        """Wait for pasta's pid file: it writes it once the namespace is configured."""
+    async def _configured(self, ready: int) -> None:
+        """Wait for pasta's pid on the pipe: it writes it once the namespace is configured."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ATTACH_TIMEOUT
-        while not _read(pid_file):
+        while not _read(ready):
             if self.process.poll() is not None or loop.time() > deadline:
                 why = self.failure() if self.process.returncode is not None else "timeout"
                 raise OSError(f"pasta could not set up the runs' network: {why}")
@@ -238,9 +245,8 @@ class Pasta:
         self.pidfd = self._errors = -1
 
 
-def _read(path: str) -> str:
+def _read(fd: int) -> bytes:
     try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
+        return os.read(fd, 64)
+    except OSError:  # nothing yet (EAGAIN)
+        return b""

@@ -35,7 +35,7 @@ import sys
 import traceback
 
 from runtimes import linux, tree
-from runtimes.jail import namespaces, nftables, protocol
+from runtimes.jail import namespaces, nftables, protocol, timens
 from runtimes.jail.child import ChildPlan, Handles, confine, fence_signals, tmpfs_takes_huge_pages
 from runtimes.jail.inits import InitMaker, fork_run
 from runtimes.jail.modes import CHROOT, PIVOT, USER_NAMESPACE
@@ -55,8 +55,8 @@ class Zygote:
         self.vm_size = _VmSize()
         self.lifeline = os.pidfd_open(os.getpid())  # children learn through it whether the zygote still lives
         mode = self.plan.mode
-        # for a new namespace's ids and for the inits' namespaces (the tree has no /proc)
-        needs_proc = mode.pid_namespace or mode.identity == USER_NAMESPACE
+        # for a new namespace's ids, the inits' namespaces and the runs' time namespaces (the tree has no /proc)
+        needs_proc = mode.pid_namespace or mode.identity == USER_NAMESPACE or self.plan.time_namespace
         self.proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if needs_proc else -1
         self.state = self.runner.prepare(config["runner_config"])
         self.report: dict = {"mode": mode.name, **self.state.report}
@@ -110,6 +110,7 @@ class Zygote:
             raise OSError("no network for the runs: the service is gone")
 
     def serve(self) -> None:
+        self.times = self._time_namespaces()  # before any child: see timens.py
         # before the warm-up: the inits are forks of a small process, not of the warm heap
         self.inits = InitMaker(self.lifeline, self.proc) if self.plan.mode.pid_namespace else None
         self.report.update(self.runner.warm(self.state))
@@ -125,6 +126,18 @@ class Zygote:
                         return
                 else:
                     self._reap(fd)
+
+    def _time_namespaces(self) -> timens.TimeNamespaces | None:
+        """Each run's clocks from zero, where the plan asks for it; the report says whether it is in force."""
+        if not self.plan.time_namespace:
+            return None
+        try:
+            times = timens.TimeNamespaces(self.proc)
+        except OSError as exc:
+            self.report["time_namespace_error"] = str(exc)
+            return None
+        self.report["time_namespace"] = True
+        return times
 
     def _on_control(self) -> bool:
         try:
@@ -147,6 +160,8 @@ class Zygote:
         address_space = self.vm_size.read()
         init = namespace = -1
         try:
+            if self.times is not None:
+                self.times.next()  # the run is the first process to enter it
             if self.inits is not None:
                 init, namespace = self.inits.make()
                 pid = fork_run(namespace, self.plan.mode.clone_flags)

@@ -93,7 +93,7 @@ class NodeRuntime(JailedRuntime):
         if self.config.nodejs_layer:
             spec.add(self.config.nodejs_layer)
         spec.add(*tree.shared_libraries([self.node]))
-        spec.add(*tree.SYSTEM_FILES)
+        tree.run_system_files(spec)
         return spec
 
     def runner_config(self) -> dict:

@@ -1,7 +1,8 @@
 """Runs inside the Python zygote and its children.
 
 prepare(): in the zygote, before it confines itself: build the seccomp filters
-and check that one can be loaded here.
+and check that one can be loaded here; bound what each thread of a run costs in
+address space (`bound_thread_memory`).
 warm():    in the zygote, inside its tree: import the dependency layer.
 run():     in a confined child: read the run from stdin, set the run's limits,
            load the filter, run the code as __main__, report its status on fd 3
@@ -11,6 +12,7 @@ run():     in a confined child: read the run from stdin, set the run's limits,
 from __future__ import annotations
 
 import builtins
+import ctypes
 import importlib
 import io
 import json
@@ -28,6 +30,17 @@ REPORTS_EXIT = True  # run() writes the exit status on fd 3 (the ready pipe) bef
 _REPORT_FD = 3
 _HEADER = protocol.RUN_HEADER
 
+# Threads at the default memory limit (RLIMIT_AS: address space, not pages in use). glibc gives each
+# new thread a malloc arena of its own, 64 MiB of address space each (up to 8 per core), and a stack
+# of RLIMIT_STACK's size (8 MiB): 512 MiB held about 7 threads. One arena (the main one, a lock
+# shared by the threads, which hold the GIL for most allocations anyway; each thread keeps its
+# tcache) and 4 MiB stacks (twice what recursion to Python's limit through C calls needs, as
+# Node's worker threads have) leave room for 64 threads and most of the limit for the run's data.
+M_ARENA_MAX = -8
+ARENAS = 1
+THREAD_STACK_BYTES = 4 * MIB
+_PTHREAD_ATTR_BYTES = 64  # sizeof(pthread_attr_t): 56 on x86_64, 64 on aarch64
+
 
 @dataclass
 class State:
@@ -38,7 +51,26 @@ class State:
     report: dict = field(default_factory=dict)
 
 
+def bound_thread_memory() -> None:
+    """In the zygote, before any thread or fork: one malloc arena and smaller thread stacks for every
+    child (forks keep both; a thread started by user code or by a native library gets them)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not libc.mallopt(M_ARENA_MAX, ARENAS):
+        raise OSError("mallopt(M_ARENA_MAX) refused")
+    attr = ctypes.create_string_buffer(_PTHREAD_ATTR_BYTES)
+    for call in (
+        lambda: libc.pthread_attr_init(attr),
+        lambda: libc.pthread_attr_setstacksize(attr, ctypes.c_size_t(THREAD_STACK_BYTES)),
+        lambda: libc.pthread_setattr_default_np(attr),
+    ):
+        error = call()
+        if error:
+            raise OSError(error, f"default thread stack: {os.strerror(error)}")
+    libc.pthread_attr_destroy(attr)
+
+
 def prepare(config: dict) -> State:
+    bound_thread_memory()
     filters = seccomp_policy.programs(tuple(config.get("extra_syscalls", ())))
     seccomp_error = seccomp_policy.probe(filters[False])
     state = State(
@@ -126,6 +158,7 @@ def run(state: State, address_space: int, variant: dict) -> None:
     (size,) = _HEADER.unpack(_read_exact(0, _HEADER.size))
     request = json.loads(_read_exact(0, size))
     child.limit_run(address_space + request["memory_limit_mb"] * MIB, int(request["timeout"]) + 1)
+    answer_memory_size(request["memory_limit_mb"] * MIB)
     if state.filters:
         state.filters[bool(request["enable_network"])].load()
     elif state.required:
@@ -167,6 +200,25 @@ def refuse_network(message: str) -> None:
     scope = {"events": NETWORK_EVENTS, "unix": AF_UNIX, "refusal": PermissionError, "eperm": 1, "message": message}
     exec(compile(_HOOK_SOURCE, "<sandbox>", "exec"), scope)
     sys.addaudithook(scope["network_refused"])
+
+
+def answer_memory_size(memory_bytes: int) -> None:
+    """os.sysconf's SC_PHYS_PAGES and SC_AVPHYS_PAGES: the run's own memory limit.
+
+    glibc asks sysinfo(), which the filter refuses (machine-wide counters), and then
+    returns whatever its stack held; a library sizing a cache from it would get a
+    random number, and the machine's own is not the run's business.
+    """
+    real = os.sysconf
+    pages = memory_bytes // real("SC_PAGE_SIZE")
+    answered = {os.sysconf_names[name] for name in ("SC_PHYS_PAGES", "SC_AVPHYS_PAGES") if name in os.sysconf_names}
+
+    def sysconf(name: str | int, /) -> int:
+        number = os.sysconf_names.get(name, name) if isinstance(name, str) else name
+        return pages if number in answered else real(name)
+
+    sysconf.__doc__ = real.__doc__
+    os.sysconf = sysconf
 
 
 def _exit_reporting(status: int) -> None:

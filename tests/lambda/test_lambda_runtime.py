@@ -233,10 +233,15 @@ def test_a_timed_out_function_is_restarted_and_serves_again():
         function.stop()
 
 
-def _claims() -> tuple[set[str], str]:
-    """The uid blocks live instances hold (lock files under an flock, /proc/locks) and the egress tables."""
+def _claims(holder: int) -> tuple[set[str], str]:
+    """The uid blocks process `holder` holds (lock files under its flock, /proc/locks: other instances,
+    other test sessions' among them, may claim and free blocks meanwhile) and the egress tables."""
     with open("/proc/locks") as f:
-        locked = {int(line.split()[5].rsplit(":", 1)[1]) for line in f if " FLOCK " in line}
+        locked = {
+            int(fields[5].rsplit(":", 1)[1])
+            for fields in (line.split() for line in f)
+            if fields[1] == "FLOCK" and fields[4] == str(holder)
+        }
     blocks = set()
     for name in os.listdir("/run/sandlot") if os.path.isdir("/run/sandlot") else ():
         try:
@@ -252,12 +257,12 @@ def test_sigterm_stops_the_runtime_and_leaves_nothing_behind():
     """Lambda ends an instance with SIGTERM: the function stops its runtime first, so that its zygote and
     children go, and as root its uid block and egress rules too (awslambdaric's main thread sits in C
     waiting for the next invocation: the signal must still be acted on)."""
-    blocks_before, _ = _claims()
-    function = start_function("python3")
+    function = start_function("python3", SANDLOT_DATA_DIR="")  # its data dir: one of its own in its TMPDIR
     try:
         assert result_of(function, {"language": "python3", "code": "print(1)"})["stdout"] == "1\n"
-        blocks, tables = _claims()
-        (ours,) = blocks - blocks_before
+        assert [n for n in os.listdir(function.tmp) if n.startswith("sandlot-data-")], os.listdir(function.tmp)
+        blocks, tables = _claims(function.process.pid)
+        (ours,) = blocks
         first = ours.removeprefix("uids-").removesuffix(".lock")
         assert f"sandlot_{first}" in tables
         below = descendants(function.process.pid)
@@ -266,8 +271,9 @@ def test_sigterm_stops_the_runtime_and_leaves_nothing_behind():
         assert function.process.wait(10) == 0, function.output()[-2000:]
         assert "SIGTERM: stopping the python3 runtime" in function.output()
         assert wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in below), 10)
-        blocks, tables = _claims()
+        blocks, tables = _claims(function.process.pid)
         assert ours not in blocks and f"sandlot_{first}" not in tables
         assert not os.path.exists(os.path.join("/run/sandlot", ours))
+        assert [n for n in os.listdir(function.tmp) if n.startswith("sandlot-")] == []
     finally:
         function.stop()
