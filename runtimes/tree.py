@@ -229,9 +229,10 @@ def materialize(spec: dict, root: str, device_nodes: bool = True) -> Materialize
 
     The same walk as build_and_enter's mounts, in the same order: each bound host path at its own
     place (parents and symlinks on the way recreated), hidden directories empty, the device nodes,
-    the placed files, the generated ones (written, root's, 0444), and /tmp. A file is a hard link to its source where linkable() allows and the
-    filesystem can (the same one), a copy otherwise (root's, without setuid bits or write for others,
-    its times kept so that the interpreter's cached bytecode stays valid). Directories are root's, 0755.
+    the placed files, the generated ones (written, root's, 0444), and /tmp. A file is a hard link to
+    its source where linkable() allows and the filesystem can (the same one), a copy otherwise (root's,
+    without setuid bits or write for others, its times kept so that the interpreter's cached bytecode
+    stays valid). Directories are root's, 0755.
 
     device_nodes: make the nodes with mknod (as /dev shows them). Without (mknod refused, or the
     filesystem is nodev) stand-ins: /dev/null is an empty file nobody may write (reads end at once, as

@@ -175,6 +175,8 @@ def _mknod() -> None:
         if os.path.lexists(path):
             os.unlink(path)
         os.rmdir(directory)
+
+
 def _time_namespaces() -> None:
     """A new time namespace with offsets, and a child in it that reads its clocks from zero."""
     import time
