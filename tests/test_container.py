@@ -584,8 +584,9 @@ def test_a_new_layer_gets_its_own_tree_and_the_old_one_goes_once_unused(tmp_path
         assert answer.json()["code"] == 0, answer.text
         assert output(svc, "import tree_probe\nprint(tree_probe.V)") == "2.0.0\n"
         assert slow.result(timeout=30) == "1.0.0\n"  # finished on the tree it started in
-        assert wait_for(lambda: os.listdir(trees_dir) and old not in os.listdir(trees_dir), 30), os.listdir(trees_dir)
-        assert len(os.listdir(trees_dir)) == 1
+        assert wait_for(lambda: len(os.listdir(trees_dir)) == 1 and old not in os.listdir(trees_dir), 60), os.listdir(
+            trees_dir
+        )
     finally:
         svc.stop()
         shutil.rmtree(data, ignore_errors=True)

@@ -310,7 +310,7 @@ class JailedRuntime:
             await zygote.start()
         except BaseException:
             if root:
-                self._trees.release(root)
+                await asyncio.to_thread(self._trees.release, root)
             raise
         failed = zygote.network_error
         if failed and self._network is not None and not self._network.refused:
@@ -353,7 +353,8 @@ class JailedRuntime:
     def zygote_retired(self, zygote: Zygote) -> None:
         """A zygote and all its children are gone: its layer, and its tree, may be unused now."""
         if self._trees is not None and zygote.tree_root:
-            self._trees.release(zygote.tree_root)
+            # removed if no zygote (of any instance) is left on it: thousands of files, off the event loop
+            self.pool.background(asyncio.to_thread(self._trees.release, zygote.tree_root))
             zygote.tree_root = ""
         for callback in self.on_layer_unused:
             if zygote.tag and zygote.tag != self.layer() and not self.pool.uses_tag(zygote.tag):
