@@ -149,8 +149,12 @@ class Settings(BaseSettings):
     SANDLOT_OUTPUT_LIMIT_BYTES: int = Field(4 * 1024 * 1024, ge=1024, description="stdout + stderr cap of a run")
     SANDLOT_MAX_BODY_BYTES: int = Field(5 * 1024 * 1024, ge=1024, description="request body cap")
     SANDLOT_QUEUE_TIMEOUT: float = Field(30, gt=0, description="longest wait for a worker before HTTP 503, seconds")
-    SANDLOT_TMP_SIZE_MB: int = Field(64, ge=1, description="size of a run's `/tmp` (full jail)")
-    SANDLOT_TMP_FILES: int = Field(2048, ge=16, description="files in a run's `/tmp` (full jail)")
+    SANDLOT_TMP_SIZE_MB: int = Field(
+        64, ge=1, description="size of a run's `/tmp` (a tmpfs; in the chroot jail a directory the service caps)"
+    )
+    SANDLOT_TMP_FILES: int = Field(
+        2048, ge=16, description="files in a run's `/tmp` (a tmpfs's inodes; in the chroot jail counted by the service)"
+    )
     SANDLOT_REQUIRE_SECCOMP: bool = Field(True, description="refuse runs when the seccomp filter cannot be installed")
     SANDLOT_JAIL: Literal["auto", "full", "userns", "reduced", "chroot", "single"] = Field(
         "auto",
