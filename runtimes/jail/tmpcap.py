@@ -398,8 +398,9 @@ class RunDirectories:
 
         def over(reason: str) -> None:
             child.ended_by = reason
-            with contextlib.suppress(ProcessLookupError, OSError):
-                signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
+            if child.pidfd >= 0:  # -1 once the child is reaped and closed: its number may be another's now
+                with contextlib.suppress(ProcessLookupError, OSError):
+                    signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
 
         self._caps[child.pid] = self.watcher.watch(child.tmpdir, child.uid, self.max_bytes, self.max_files, over)
 
