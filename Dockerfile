@@ -1,8 +1,9 @@
 # The Sandlot service image: a drop-in for Dify's `sandbox` service (port 8194, API_KEY).
 #   docker build -t sandlot .
+#   docker run -p 8194:8194 -e API_KEY=... sandlot            # default privileges: the chroot jail
 #   docker run -p 8194:8194 -e API_KEY=... --cap-add SYS_ADMIN --cap-add NET_ADMIN \
-#              --security-opt apparmor=unconfined sandlot
-# What the container needs for the full jail, and what happens without it: README, "Running in a container".
+#              --security-opt apparmor=unconfined sandlot    # the full jail
+# What each gives: README, "Running in a container" (infra/container_test.sh runs both with podman).
 # (Lambda runtime images are built from infra/ and runtimes/<language>/, not from this file.)
 
 FROM node:20-bookworm-slim AS node

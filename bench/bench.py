@@ -4,7 +4,7 @@ Starts its own service on a free port, prints one table. Not run by CI: machines
 noisy, so read the ratios within one run, not absolute numbers across runs. `--unprivileged`
 starts the whole service as nobody (the userns jail without root; tests/unprivileged.py).
 
-    python bench/bench.py [--requests 400] [--clients 1,4] [--unprivileged]
+    python bench/bench.py [--requests 400] [--clients 1,4] [--unprivileged] [--jail chroot] [--container]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 import unprivileged  # noqa: E402
-from service import API_KEY, Service  # noqa: E402
+from service import API_KEY, DOCKER_DEFAULT, Service, standin  # noqa: E402
 from test_api import DIFY_PYTHON_WRAPPER, b64  # noqa: E402  (Dify's wrappers, as the tests send them)
 from test_nodejs import DIFY_JS_WRAPPER  # noqa: E402
 
@@ -117,13 +117,24 @@ def main() -> None:
     parser.add_argument("--clients", default="1,4")
     parser.add_argument("--languages", default="python3,nodejs")
     parser.add_argument("--unprivileged", action="store_true", help="the whole service as nobody (no root)")
+    parser.add_argument("--jail", default="", help="SANDLOT_JAIL for the service (e.g. chroot, next to full)")
+    parser.add_argument(
+        "--container", action="store_true", help="the service in the stand-in for a default container (chroot)"
+    )
     args = parser.parse_args()
     client_counts = [int(c) for c in args.clients.split(",")]
 
     python = default_python()
     node = os.environ.get("NODEJS_PATH", "/usr/bin/node")
     make = unprivileged.service if args.unprivileged else Service
-    service = make(MAX_WORKERS="4", MAX_REQUESTS="100").start()
+    env = {"MAX_WORKERS": "4", "MAX_REQUESTS": "100", **({"SANDLOT_JAIL": args.jail} if args.jail else {})}
+    if args.container:
+        service = Service(launcher=standin(DOCKER_DEFAULT), **env).start()
+        python = os.path.realpath(service.python)  # the stand-in's interpreter: the one its runs fork from
+    else:
+        service = make(**env).start()
+    mode = service.detail()["runtimes"]["python3"]["protections"]["mode"]
+    print(f"jail: {mode}")
     header = f"{'workload':40} {'clients':>7} {'pacing':>8} {'p50 ms':>8} {'p99 ms':>8} {'runs/s':>8} {'p50/spawn':>9}"
 
     def row(name, language, code, clients, total, spawn, rate=None):

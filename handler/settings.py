@@ -160,13 +160,18 @@ class Settings(BaseSettings):
     SANDLOT_OUTPUT_LIMIT_BYTES: int = Field(4 * 1024 * 1024, ge=1024, description="stdout + stderr cap of a run")
     SANDLOT_MAX_BODY_BYTES: int = Field(5 * 1024 * 1024, ge=1024, description="request body cap")
     SANDLOT_QUEUE_TIMEOUT: float = Field(30, gt=0, description="longest wait for a worker before HTTP 503, seconds")
-    SANDLOT_TMP_SIZE_MB: int = Field(64, ge=1, description="size of a run's `/tmp` (full jail)")
-    SANDLOT_TMP_FILES: int = Field(2048, ge=16, description="files in a run's `/tmp` (full jail)")
+    SANDLOT_TMP_SIZE_MB: int = Field(
+        64, ge=1, description="size of a run's `/tmp` (a tmpfs; in the chroot jail a directory the service caps)"
+    )
+    SANDLOT_TMP_FILES: int = Field(
+        2048, ge=16, description="files in a run's `/tmp` (a tmpfs's inodes; in the chroot jail counted by the service)"
+    )
     SANDLOT_REQUIRE_SECCOMP: bool = Field(True, description="refuse runs when the seccomp filter cannot be installed")
-    SANDLOT_JAIL: Literal["auto", "full", "userns", "reduced", "single"] = Field(
+    SANDLOT_JAIL: Literal["auto", "full", "userns", "reduced", "chroot", "single"] = Field(
         "auto",
         description="jail mode: `full` (root: a uid per run), `userns` (user namespaces per run; `reduced` is its "
-        "older name), `single` (one run at a time only, e.g. Lambda), `auto` (from the protections record)",
+        "older name), `chroot` (root without namespaces, a container on default privileges: a uid per run in a "
+        "materialized tree), `single` (one run at a time only, e.g. Lambda), `auto` (from the protections record)",
     )
     SANDLOT_UID_BASE: int = Field(
         1_500_000_000, ge=65536, le=4_000_000_000, description="first uid of the run uid blocks (1024 uids each)"
@@ -179,6 +184,13 @@ class Settings(BaseSettings):
         [],
         description="comma-separated CIDRs runs with network may reach although refused by default (the host's "
         "own addresses, loopback, link-local, private and other special-purpose ranges are)",
+    )
+    SANDLOT_UNFILTERED_EGRESS: Literal["no-network", "allow", "refuse"] = Field(
+        "no-network",
+        description="runs asking for network where their egress cannot be filtered (no `NET_ADMIN` in a container; "
+        "no pasta without root): `no-network` serves them without network, their socket calls failing with the "
+        "reason; `allow` gives them the network unfiltered (the host's loopback, private networks and metadata "
+        "address too); `refuse` answers them with `-500`",
     )
     SANDLOT_PASTA: str = Field(
         "pasta",
@@ -299,6 +311,7 @@ class Settings(BaseSettings):
             run_env=proxies,
             egress_allow=tuple(str(n) for n in self.SANDLOT_EGRESS_ALLOW),
             pasta=self.SANDLOT_PASTA,
+            unfiltered_egress=self.SANDLOT_UNFILTERED_EGRESS,
         )
 
 

@@ -5,23 +5,31 @@ scripts): never with the service's privileges. As root, the build command runs
 in a fresh mount namespace whose root holds, read-only, only what the tool
 needs (its interpreter, its own package, the files it is configured to read)
 plus a writable scratch directory, as a uid of its own with no groups, no
-capabilities and no_new_privs. Without root the command runs as the service's
-own user (nothing to drop to), which the service logs.
+capabilities and no_new_privs. Where mount namespaces are refused (a container on
+default privileges: Docker's seccomp profile refuses unshare without SYS_ADMIN)
+the command still runs as that uid, with no groups, no capabilities and
+no_new_privs, and a /tmp of its own, but sees the container's files as any
+unprivileged user would; the log says so. Without root the command runs as the
+service's own user (nothing to drop to).
 
-    python -m layers.isolation '<json plan>'   # as root; execs the build command
+    python -m layers.isolation '<json plan>'   # as root; execs the build command (or isolation.main)
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
 
 from runtimes import linux, tree
+
+log = logging.getLogger("sandlot.layers")
 
 BUILD_FILES = ("/etc/pip.conf", "/etc/xdg/pip", "/etc/npmrc", "/usr/etc/npmrc", "/etc/ssl/certs", "/usr/lib/ssl")
 
@@ -34,10 +42,13 @@ def configured_paths(command: list[str]) -> list[str]:
         return []
     found = []
     for line in out.splitlines():
+        if line.lstrip().startswith((";", "#")):
+            continue  # npm's comments (`; cwd = /`, `; HOME = /root`) describe the caller, not the configuration
         _, _, value = line.partition("=")
         for word in shlex.split(value.strip(), posix=True) if value else []:
             path = word.removeprefix("file://")
-            if path.startswith("/") and os.path.exists(path):
+            # "/" read-only over the build's whole tree would leave nothing of the tree (and no mount point in it)
+            if path.startswith("/") and os.path.realpath(path) != "/" and os.path.exists(path):
                 found.append(path)
     return found
 
@@ -59,6 +70,15 @@ def run(
         for name in dirnames + filenames:
             os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
     interpreter = sys.executable
+    refused = _no_tree_here()
+    if refused:
+        log.warning(
+            "layer build runs as uid %d without a tree of its own (it sees this container's files as any "
+            "unprivileged user would): %s",
+            uid,
+            refused,
+        )
+        return _run_without_tree(argv, workdir, env, uid, on_output)
     spec = tree.TreeSpec(tmp_replaced=False)  # the build's /tmp is mounted first, under the binds
     spec.add(*readable, *BUILD_FILES, *tree.SYSTEM_FILES)
     spec.add(*tree.shared_libraries([os.path.realpath(interpreter), *readable_elves(readable)]))
@@ -71,10 +91,38 @@ def run(
         "root": tempfile.mkdtemp(prefix="sandlot-build-root-"),
     }
     try:
-        command = [interpreter, "-I", "-m", "layers.isolation", json.dumps(plan)]
-        return _run_and_echo(command, os.environ | {"PYTHONPATH": _package_root()}, "/", on_output)
+        return _run_and_echo(_confining(interpreter, plan), dict(os.environ), "/", on_output)
     finally:
         os.rmdir(plan["root"])
+
+
+def _no_tree_here() -> str:
+    """Why a build cannot have a tree of its own here ("" where it can): no mount namespace."""
+    from runtimes.jail.protections import platform_protections
+
+    record = platform_protections()
+    if record.mount_namespaces:
+        return ""
+    return f"mount namespaces are refused ({record.errors.get('mount_namespaces', 'not available')})"
+
+
+def _run_without_tree(
+    argv: list[str], workdir: str, env: dict[str, str], uid: int, on_output: Callable[[bytes], None] | None
+) -> subprocess.CompletedProcess:
+    """The build as uid with no groups, capabilities or new privileges, its /tmp a directory of its own."""
+    private_tmp = tempfile.mkdtemp(prefix="sandlot-build-tmp-")
+    os.chown(private_tmp, uid, uid)
+    plan = {
+        "workdir": workdir,
+        "uid": uid,
+        "argv": argv,
+        "env": {**env, "TMPDIR": private_tmp},
+        "root": "",
+    }
+    try:
+        return _run_and_echo(_confining(sys.executable, plan), dict(os.environ), "/", on_output)
+    finally:
+        shutil.rmtree(private_tmp, ignore_errors=True)
 
 
 def readable_elves(paths: list[str]) -> list[str]:
@@ -90,6 +138,15 @@ def readable_elves(paths: list[str]) -> list[str]:
 
 def _package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# -I ignores PYTHONPATH: this package is found where this process found it, installed or not
+_BOOTSTRAP = "import sys; sys.path.insert(0, sys.argv[1]); from layers import isolation; isolation.main(sys.argv[2])"
+
+
+def _confining(interpreter: str, plan: dict) -> list[str]:
+    """The command that confines itself as plan says, then execs the build."""
+    return [interpreter, "-I", "-c", _BOOTSTRAP, _package_root(), json.dumps(plan)]
 
 
 def _run_and_echo(
@@ -109,7 +166,8 @@ def _run_and_echo(
 
 def _confine_and_exec(plan: dict) -> None:
     workdir, uid = plan["workdir"], plan["uid"]
-    tree.build_and_enter(plan["spec"], plan["root"], writable=(workdir,), tmp_options="size=2g,mode=1777")
+    if plan["root"]:
+        tree.build_and_enter(plan["spec"], plan["root"], writable=(workdir,), tmp_options="size=2g,mode=1777")
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
@@ -118,5 +176,9 @@ def _confine_and_exec(plan: dict) -> None:
     os.execve(plan["argv"][0], plan["argv"], plan["env"])
 
 
+def main(plan: str) -> None:
+    _confine_and_exec(json.loads(plan))
+
+
 if __name__ == "__main__":
-    _confine_and_exec(json.loads(sys.argv[1]))
+    main(sys.argv[1])

@@ -65,6 +65,8 @@ class RuntimeConfig:
     run_env: dict[str, str] = field(default_factory=dict)  # proxies handed to user code
     egress_allow: tuple[str, ...] = ()  # networks runs may reach although private
     pasta: str = "pasta"  # userns without root: the runs' way out (runtimes/jail/userspace_net.py); "": none
+    # runs asking for network where egress cannot be filtered: no-network | allow | refuse (jail/run_network.py)
+    unfiltered_egress: str = "no-network"
 
     def environment(self) -> dict[str, str]:
         """The whole environment of a run: nothing of the service's own."""

@@ -12,6 +12,7 @@ import fcntl
 import os
 import shutil
 import time
+from collections.abc import Callable
 
 TRASH = ".trash-"
 
@@ -37,8 +38,13 @@ def lock_shared(path: str | os.PathLike) -> int:
     return fd
 
 
-def remove_if_unlocked(path: str | os.PathLike) -> bool:
-    """Remove the directory unless some process holds a lock on it; True if it is gone."""
+def _remove(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_if_unlocked(path: str | os.PathLike, remove: Callable[[str], None] = _remove) -> bool:
+    """Remove the directory (with remove(), once it is renamed out of the way) unless some process holds a
+    lock on it; True if it is gone."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -55,5 +61,5 @@ def remove_if_unlocked(path: str | os.PathLike) -> bool:
             return False  # someone else removed it first
     finally:
         os.close(fd)
-    shutil.rmtree(trash, ignore_errors=True)
+    remove(trash)
     return True

@@ -13,9 +13,11 @@ knows only localhost and the run's own hostname (`run_system_files`).
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import re
+import stat
 import subprocess
 from dataclasses import asdict, dataclass, field
 
@@ -195,3 +197,174 @@ def build_and_enter(spec: dict, root: str, writable: tuple[str, ...] = (), tmp_o
     linux.umount2("/.old", linux.MNT_DETACH)
     os.rmdir("/.old")
     linux.mount(None, "/", None, linux.MS_REMOUNT | linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV)
+
+
+# ---- the tree as a real directory (the chroot mode: no mount can be made) ------------------------------
+
+TREE_FORMAT = 2  # bumped when materialize() changes what a tree holds: older trees are then rebuilt
+TREE_TMP_MODE = 0o711  # runs can neither list nor write the tree's /tmp; each gets a 0700 directory in it
+HIDDEN_MODE = 0o555  # what the pivot tree's hiding tmpfs shows: an empty directory
+NULL_STAND_IN = "/dev/null"
+_NOT_LINKABLE = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWGRP | stat.S_IWOTH
+
+
+@dataclass
+class Materialized:
+    """What materialize() did: how many files share their source's inode, how many were copied."""
+
+    linked: int = 0
+    copied: int = 0
+    copied_bytes: int = 0
+    devices: str = "nodes"  # "nodes" (mknod), or "stand-ins" (see materialize)
+
+
+def linkable(info: os.stat_result) -> bool:
+    """Whether a tree may share this file's inode (a hard link shares its owner, its mode and every later
+    write): only a plain file of root's that no other uid, group or setuid bit could ever make use of."""
+    return stat.S_ISREG(info.st_mode) and info.st_uid == 0 and not info.st_mode & _NOT_LINKABLE
+
+
+def materialize(spec: dict, root: str, device_nodes: bool = True) -> Materialized:
+    """Build at root, an empty directory, the files build_and_enter's tree shows, as real files.
+
+    The same walk as build_and_enter's mounts, in the same order: each bound host path at its own
+    place (parents and symlinks on the way recreated), hidden directories empty, the device nodes,
+    the placed files, the generated ones (written, root's, 0444), and /tmp. A file is a hard link to
+    its source where linkable() allows and the filesystem can (the same one), a copy otherwise (root's,
+    without setuid bits or write for others, its times kept so that the interpreter's cached bytecode
+    stays valid). Directories are root's, 0755.
+
+    device_nodes: make the nodes with mknod (as /dev shows them). Without (mknod refused, or the
+    filesystem is nodev) stand-ins: /dev/null is an empty file nobody may write (reads end at once, as
+    from null; a write fails loudly instead of landing where another run could read it), and zero,
+    random and urandom are left out: a file cannot stand in for them without handing out predictable
+    or short "random" bytes (the interpreters take randomness from getrandom(2), which needs no file).
+    """
+    done = Materialized(devices="nodes" if device_nodes else "stand-ins")
+    hidden = {os.path.realpath(path) for path in spec["hidden"]}
+    os.chmod(root, 0o755)
+    for path in spec["binds"]:
+        _copy_in(root, _mirror(root, path), hidden, done)
+    hidden_targets = []
+    for path in spec["hidden"]:
+        target = root + _mirror(root, path)
+        if os.path.isdir(target):
+            hidden_targets.append(target)
+    for path in spec["devices"]:
+        target = root + _mirror(root, path)
+        if device_nodes:
+            os.mknod(target, stat.S_IFCHR | 0o666, os.stat(path).st_rdev)
+            os.chmod(target, 0o666)  # mknod's mode goes through the umask
+        elif path == NULL_STAND_IN:
+            open(target, "x").close()  # noqa: SIM115 - an empty file
+            os.chmod(target, 0o444)
+    for target, source in spec.get("placed", {}).items():
+        os.makedirs(os.path.dirname(root + target), exist_ok=True)
+        if os.path.lexists(root + target):
+            os.unlink(root + target)  # a placed file shows over what a bind put there
+        _file_in(source, root + target, os.stat(source), done)
+    for target, text in spec.get("generated", {}).items():  # made, not bound (the run's /etc/hosts)
+        os.makedirs(os.path.dirname(root + target), exist_ok=True)
+        if os.path.lexists(root + target):
+            os.unlink(root + target)
+        fd = os.open(root + target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+        with open(fd, "w") as file:
+            file.write(text)
+        os.chmod(root + target, 0o444)  # whatever the umask
+    os.makedirs(root + "/tmp", exist_ok=True)
+    _settle_tree(root, hidden_targets)
+    return done
+
+
+def _copy_in(root: str, source: str, hidden: set[str], done: Materialized) -> None:
+    """Copy host path source (a real path) to the same place under root; directories whole, but those in
+    hidden empty; symlinks as symlinks; nothing but directories, files and symlinks (no fifo, socket or
+    device a bound directory may hold)."""
+    info = os.lstat(source)
+    if not stat.S_ISDIR(info.st_mode):
+        if stat.S_ISREG(info.st_mode) and not os.path.lexists(root + source):
+            _file_in(source, root + source, info, done)
+        return
+    pending = [source]
+    while pending:
+        directory = pending.pop()
+        os.makedirs(root + directory, exist_ok=True)
+        if directory in hidden:
+            continue
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                target = root + entry.path
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                elif os.path.lexists(target):
+                    continue  # bound twice (the stdlib and its platform part may be one directory)
+                elif entry.is_symlink():
+                    os.symlink(os.readlink(entry.path), target)
+                elif entry.is_file(follow_symlinks=False):
+                    _file_in(entry.path, target, entry.stat(follow_symlinks=False), done)
+
+
+def _file_in(source: str, target: str, info: os.stat_result, done: Materialized) -> None:
+    if linkable(info):
+        try:
+            os.link(source, target, follow_symlinks=False)
+            done.linked += 1
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EACCES):
+                raise
+    done.copied_bytes += _copy_file(source, target, info)
+    done.copied += 1
+
+
+def _copy_file(source: str, target: str, info: os.stat_result) -> int:
+    """Copy a regular file's bytes (copy_file_range: a reflink where the filesystem offers it); return the
+    size. The copy is root's, its mode without setuid bits or write for group and others."""
+    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            size = _copy_bytes(src, dst, info.st_size)
+            if os.geteuid() == 0:
+                os.fchown(dst, 0, 0)
+            os.fchmod(dst, stat.S_IMODE(info.st_mode) & 0o755)
+            os.utime(dst, ns=(info.st_atime_ns, info.st_mtime_ns))
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+    return size
+
+
+def _copy_bytes(src: int, dst: int, size: int) -> int:
+    copied = 0
+    try:
+        while copied < size:
+            step = os.copy_file_range(src, dst, size - copied)
+            if step == 0:
+                break
+            copied += step
+        return copied
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP) or copied:
+            raise
+    while chunk := os.read(src, 1 << 20):
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(dst, view) :]
+        copied += len(chunk)
+    return copied
+
+
+def _settle_tree(root: str, hidden: list[str]) -> None:
+    """Every directory and symlink of the tree root's (a file is already: copies are made so, links are
+    of root's files only); directories 0755, hidden ones 0555, /tmp 0711."""
+    special = {root + "/tmp": TREE_TMP_MODE, **dict.fromkeys(hidden, HIDDEN_MODE)}
+    for dirpath, dirnames, filenames in os.walk(root):
+        if os.geteuid() == 0:
+            os.chown(dirpath, 0, 0)
+        os.chmod(dirpath, special.get(dirpath, 0o755))
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path) and os.geteuid() == 0:
+                os.chown(path, 0, 0, follow_symlinks=False)

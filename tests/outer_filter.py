@@ -1,7 +1,8 @@
 """Start a command under a platform's restrictions: an honest stand-in for Lambda or a container.
 
     python tests/outer_filter.py [--caps docker-default|NAME,...] [--uid N] [--eperm prctl,seccomp]
-                                 [--sigsys NAME,...] -- command ...
+                                 [--enosys NAME,...] [--sigsys NAME,...] [--profile docker-default]
+                                 -- command ...
 
 A call may be NAME:N, refused only when its first argument is N (`prctl:22`,
 PR_SET_SECCOMP, refuses seccomp filters through prctl and leaves the rest of
@@ -11,6 +12,13 @@ is Docker's default set), changes to --uid (groups dropped), then loads a
 seccomp filter that allows everything but the named calls (EPERM, or death by
 SIGSYS), then execs the command, which inherits the filter for good, as a
 process on such a platform would.
+
+`--profile docker-default` adds what Docker's default seccomp profile refuses a
+container without CAP_SYS_ADMIN (moby's profiles/seccomp/default.json): the
+namespace, mount, key, bpf and perf calls (EPERM), clone with any CLONE_NEW*
+flag (EPERM, one masked-argument rule per flag, as Docker's
+`flags & 0x7E020000 == 0` condition), and clone3 (ENOSYS, so that libc falls
+back to clone, whose flags a filter can read).
 """
 
 from __future__ import annotations
@@ -86,6 +94,44 @@ DOCKER_DEFAULT_CAPS = [
 ]
 
 
+# Docker's default profile, for a process without CAP_SYS_ADMIN: refused with EPERM
+DOCKER_REFUSED = [
+    "unshare",
+    "setns",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "open_tree",
+    "move_mount",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "fanotify_init",
+    "quotactl",
+    "sethostname",
+    "setdomainname",
+]
+# clone's flags Docker's profile refuses (0x7E020000): NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
+CLONE_NEW_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
+
+
+def docker_profile(flt: pyseccomp.SyscallFilter) -> None:
+    """The rules of Docker's default seccomp profile that a root without CAP_SYS_ADMIN meets."""
+    for name in DOCKER_REFUSED:
+        flt.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+    for flag in CLONE_NEW_FLAGS:  # rules of one action on one call are alternatives: any of the flags refuses
+        flt.add_rule(pyseccomp.ERRNO(errno.EPERM), "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, flag, flag))
+    flt.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
+
+
 def _names(value: str) -> list[str]:
     return [name for name in value.split(",") if name]
 
@@ -123,7 +169,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--caps", type=_caps, default=None)
     parser.add_argument("--uid", type=int, default=None)
     parser.add_argument("--eperm", type=_names, default=[])
+    parser.add_argument("--enosys", type=_names, default=[])
     parser.add_argument("--sigsys", type=_names, default=[])
+    parser.add_argument("--profile", choices=["docker-default"], default=None)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -138,8 +186,12 @@ def main(argv: list[str]) -> None:
     flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     for name in args.eperm:
         flt.add_rule(pyseccomp.ERRNO(errno.EPERM), *_call(name))
+    for name in args.enosys:
+        flt.add_rule(pyseccomp.ERRNO(errno.ENOSYS), *_call(name))
     for name in args.sigsys:
         flt.add_rule(pyseccomp.KILL_PROCESS, *_call(name))
+    if args.profile == "docker-default":
+        docker_profile(flt)
     flt.load()  # sets no_new_privs first, as an unprivileged process must
     os.execvp(command[0], command)
 

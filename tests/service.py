@@ -13,6 +13,20 @@ import httpx
 
 API_KEY = "test-key-" + os.urandom(6).hex()
 IS_ROOT = os.geteuid() == 0
+OUTER_FILTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "outer_filter.py")
+# A container on default privileges, stood in for by outer_filter.py: Docker's default capabilities and the
+# rules of Docker's default seccomp profile (no namespaces, no mounts, clone without CLONE_NEW*, no clone3)
+DOCKER_DEFAULT = ["--caps", "docker-default", "--profile", "docker-default"]
+# The stand-in switch: SANDLOT_TEST_CONTAINER=docker-default starts every Service of a test run in it
+STANDINS = {"": [], "docker-default": DOCKER_DEFAULT}
+STANDIN = os.environ.get("SANDLOT_TEST_CONTAINER", "")
+if STANDIN not in STANDINS:
+    raise RuntimeError(f"SANDLOT_TEST_CONTAINER={STANDIN!r}: one of {', '.join(filter(None, STANDINS))}")
+
+
+def standin(restriction: list[str]) -> list[str]:
+    """The launcher that starts a command under outer_filter.py's restriction (none: no launcher)."""
+    return [sys.executable, OUTER_FILTER, *restriction, "--"] if restriction else []
 
 
 def free_port() -> int:
@@ -24,7 +38,8 @@ def free_port() -> int:
 class Service:
     def __init__(self, cwd: str | None = None, launcher: list[str] | None = None, **env: str):
         self.cwd = cwd
-        self.launcher = launcher or []  # e.g. tests/outer_filter.py ... --: the service starts under it
+        # e.g. tests/outer_filter.py ... --: the service starts under it (default: the stand-in switch's)
+        self.launcher = launcher if launcher is not None else standin(STANDINS[STANDIN])
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -37,6 +52,11 @@ class Service:
         }
         self.process: subprocess.Popen | None = None
         self.python = sys.executable  # tests/unprivileged.py: an interpreter another uid can run
+        if self.launcher and IS_ROOT:
+            import unprivileged  # it imports this module
+
+            # in a default container layer builds run as their uid without a tree: it must be able to run pip
+            self.python = unprivileged.venv_python()
         self.source = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project it runs
         self.user: int | None = None  # start the service as this uid (and gid), no groups
         self.log_path = f"/tmp/sandlot-test-{self.port}.log"

@@ -6,6 +6,7 @@ import fnmatch
 import glob
 import json
 import os
+import subprocess
 import tomllib
 
 import pytest
@@ -111,3 +112,16 @@ def test_compose_replaces_difys_sandbox_service_unchanged():
     assert "ssrf_proxy_network" in sandbox["networks"]
     assert sandbox["healthcheck"]["test"] == ["CMD", "sandlot", "health"]
     assert {"SYS_ADMIN", "NET_ADMIN"} <= set(sandbox["cap_add"])
+
+
+def test_the_real_container_script_stands_in_for_the_dockerfiles_base_images(dockerfile):
+    """infra/container_test.sh builds the image with podman from local stand-ins of its base images, tagged
+    as the Dockerfile names them: a renamed base image must be renamed there too."""
+    script = os.path.join(ROOT, "infra", "container_test.sh")
+    with open(script) as f:
+        text = f.read()
+    for value in instructions(dockerfile, "FROM"):
+        image = value.split()[0]
+        assert f"docker.io/library/{image}" in text, image
+    assert subprocess.run(["bash", "-n", script], capture_output=True).returncode == 0
+    assert os.access(script, os.X_OK)

@@ -14,11 +14,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import unprivileged
 from conftest import needs_root
-from service import IS_ROOT, Service, descendants, parent_of
+from service import DOCKER_DEFAULT, IS_ROOT, Service, descendants, parent_of, standin
 
 from layers import isolation
 from runtimes.config import default_data_dir
+
+BUILD_UID = 1_499_999_999  # a layer build's uid (SANDLOT_UID_BASE - 1 by default)
 
 
 def make_wheel(wheelhouse: Path, name: str, version: str, modules: dict[str, str]) -> Path:
@@ -218,6 +221,21 @@ def test_periodic_refresh(requirements, wheelhouse, data_dir):
 
 
 def test_node_layer_from_a_local_package(tmp_path, data_dir):
+    package = local_node_package(tmp_path)
+    svc = Service(SANDLOT_NODEJS_PACKAGE=str(package), SANDLOT_DATA_DIR=data_dir, MAX_WORKERS="1")
+    svc.start()
+    try:
+        data = svc.run("console.log(require('sandlot-hello')('jail'))", language="nodejs")["data"]
+        assert data["stdout"] == "hello jail\n", data
+        with svc.client() as client:
+            listed = client.get("/v1/sandbox/dependencies", params={"language": "nodejs"}).json()["data"]
+        assert listed["dependencies"] == [{"name": "sandlot-hello", "version": "2.0.1"}]
+    finally:
+        svc.stop()
+
+
+def local_node_package(tmp_path: Path) -> Path:
+    """A layer package.json whose one dependency is a tarball packed here (no registry needed)."""
     source = tmp_path / "sandlot-hello"
     source.mkdir()
     (source / "package.json").write_text(json.dumps({"name": "sandlot-hello", "version": "2.0.1", "main": "index.js"}))
@@ -239,14 +257,39 @@ def test_node_layer_from_a_local_package(tmp_path, data_dir):
     )
     readable(tmp_path)
     os.chmod(tmp_path.parent, 0o755)
-    svc = Service(SANDLOT_NODEJS_PACKAGE=str(package), SANDLOT_DATA_DIR=data_dir, MAX_WORKERS="1")
-    svc.start()
+    return package
+
+
+def test_configured_paths_are_the_configuration_not_npms_comments(tmp_path):
+    """`npm config list` ends with comments about the caller (`; cwd = /`, `; HOME = /root`): none is a path
+    the build must read, and "/" read-only over the build's tree would leave it no tree (the Docker image's
+    `WORKDIR /` made every first start fail so)."""
+    listing = tmp_path / "listing"
+    listing.write_text(
+        '; "user" config from /root/.npmrc\n\ncafile = "/etc/ssl/certs/ca-certificates.crt"\nprefix = "/"\n'
+        "; node bin location = /usr/bin/node\n; npm local prefix = /\n; cwd = /\n; HOME = /root\n"
+        "# a comment = /etc\n"
+    )
+    assert isolation.configured_paths(["cat", str(listing)]) == ["/etc/ssl/certs/ca-certificates.crt"]
+
+
+def test_layers_build_and_serve_with_the_root_directory_as_working_directory(tmp_path, wheelhouse, data_dir):
+    """The image's `WORKDIR /`: both layers build (the Node.js one after the Python one) and serve."""
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("sandlot-probe==1.2.3\n")
+    package = local_node_package(tmp_path)
+    svc = Service(
+        cwd="/",
+        SANDLOT_PYTHON_REQUIREMENTS=str(requirements),
+        SANDLOT_PIP_FIND_LINKS=str(wheelhouse),
+        SANDLOT_NODEJS_PACKAGE=str(package),
+        SANDLOT_DATA_DIR=data_dir,
+        MAX_WORKERS="1",
+    ).start()
     try:
-        data = svc.run("console.log(require('sandlot-hello')('jail'))", language="nodejs")["data"]
-        assert data["stdout"] == "hello jail\n", data
-        with svc.client() as client:
-            listed = client.get("/v1/sandbox/dependencies", params={"language": "nodejs"}).json()["data"]
-        assert listed["dependencies"] == [{"name": "sandlot-hello", "version": "2.0.1"}]
+        assert svc.run("import sandlot_probe\nprint(sandlot_probe.VALUE)")["data"]["stdout"] == "probe-ok\n"
+        data = svc.run("console.log(require('sandlot-hello')('root'))", language="nodejs")["data"]
+        assert data["stdout"] == "hello root\n", data
     finally:
         svc.stop()
 
@@ -266,6 +309,87 @@ def test_builds_run_unprivileged_in_a_tree_of_their_own(tmp_path):
     assert lines[0] == "1499999999 1499999999 []"
     assert "proc" not in lines[1] and "var" not in lines[1]
     assert lines[2].startswith("denied")
+    assert (work / "inside").read_text() == "x"
+
+
+IN_A_DEFAULT_CONTAINER = """
+import logging, os, sys
+from pathlib import Path
+logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
+from layers import python as python_layer
+work = Path(sys.argv[1])
+python_layer.build(Path(sys.argv[2]), work, int(sys.argv[4]), find_links=sys.argv[3])
+info = os.stat(work / "sandlot_probe.py")
+print("built", info.st_uid)
+"""
+
+
+@needs_root
+def test_without_mount_namespaces_builds_run_as_the_build_uid_and_say_so(wheelhouse, data_dir):
+    """A container on default privileges: no tree can be mounted, the build still never runs as root."""
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    python = unprivileged.venv_python()  # pip must be runnable by the build uid (the pyenv one is under /root)
+    # without a tree the build reaches what it reads by the real paths: none under root's mode-700 places
+    place = Path(data_dir)
+    wheels = place / "wheels"
+    wheels.mkdir()
+    for wheel in wheelhouse.glob("sandlot_probe-*.whl"):
+        shutil.copy(wheel, wheels)
+    requirements = place / "requirements.txt"
+    requirements.write_text("sandlot-probe==1.2.3\n")
+    work = place / "work"
+    work.mkdir()
+    readable(place)
+    result = subprocess.run(
+        [
+            *standin(DOCKER_DEFAULT),
+            python,
+            "-c",
+            IN_A_DEFAULT_CONTAINER,
+            str(work),
+            str(requirements),
+            str(wheels),
+            str(BUILD_UID),
+        ],
+        env={**os.environ, "PYTHONPATH": unprivileged.source()},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"built {BUILD_UID}" in result.stdout
+    assert f"layer build runs as uid {BUILD_UID} without a tree of its own" in result.stderr
+    assert "mount namespaces are refused" in result.stderr
+
+
+@needs_root
+def test_without_mount_namespaces_the_build_has_no_privilege_and_a_tmp_of_its_own(data_dir):
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    work = Path(data_dir) / "work"
+    work.mkdir()
+    code = (
+        "import os\nstatus = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
+        "print(os.getuid(), os.getgid(), os.getgroups(), status['CapEff'].strip(), status['NoNewPrivs'].strip())\n"
+        "tmp = os.environ['TMPDIR']\nst = os.stat(tmp)\nprint(oct(st.st_mode & 0o777), st.st_uid == os.getuid())\n"
+        "open('inside', 'w').write('x')\n"
+    )
+    inner = (
+        "import sys\nfrom layers import isolation\n"
+        f"r = isolation.run([sys.executable, '-c', {code!r}], {str(work)!r}, [], {{}}, {BUILD_UID})\n"
+        "print(r.stdout.decode(), end='')\n"
+    )
+    python = unprivileged.venv_python()
+    result = subprocess.run(
+        [*standin(DOCKER_DEFAULT), python, "-c", inner],
+        env={**os.environ, "PYTHONPATH": unprivileged.source()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"{BUILD_UID} {BUILD_UID} [] 0000000000000000 1", "0o700 True"]
     assert (work / "inside").read_text() == "x"
 
 

@@ -32,6 +32,18 @@ ROOT = Protections(
     rlimits=True,
     landlock=7,
     cgroups=True,
+    host_nft=True,
+    mknod=True,
+)
+# root in a container on default privileges: no namespaces, no NET_ADMIN
+ROOT_IN_A_CONTAINER = dataclasses.replace(
+    ROOT,
+    user_namespaces=False,
+    mount_namespaces=False,
+    pid_namespaces=False,
+    net_namespaces=False,
+    host_nft=False,
+    errors={"mount_namespaces": "PermissionError: [Errno 1] unshare: Operation not permitted"},
 )
 NOBODY = dataclasses.replace(ROOT, euid=65534, chroot=False, setuid=False, cgroups=False)
 NO_NAMESPACES = dataclasses.replace(
@@ -55,6 +67,8 @@ NO_NAMESPACES = dataclasses.replace(
         ("reduced", ROOT, False, modes.USERNS),
         ("reduced", NOBODY, False, modes.USERNS),
         ("single", NO_NAMESPACES, True, modes.SINGLE),
+        ("auto", ROOT_IN_A_CONTAINER, False, modes.CHROOT_MODE),
+        ("chroot", ROOT, False, modes.CHROOT_MODE),
     ],
 )
 def test_modes_chosen(requested, record, one_at_a_time, mode):
@@ -71,12 +85,26 @@ def test_modes_chosen(requested, record, one_at_a_time, mode):
         ("single", NO_NAMESPACES, False, "one run at a time"),
         ("single", ROOT, True, "would run user code as root"),
         ("auto", dataclasses.replace(NO_NAMESPACES, euid=0, setuid=False), True, "no jail"),
+        ("chroot", NOBODY, False, "missing: root"),
+        ("chroot", dataclasses.replace(ROOT_IN_A_CONTAINER, chroot=False), False, "missing: chroot"),
+        ("auto", dataclasses.replace(ROOT_IN_A_CONTAINER, setuid=False), False, "nor root's chroot (setuid"),
     ],
 )
 def test_modes_refused_with_the_reason(requested, record, one_at_a_time, why):
     with pytest.raises(modes.JailRefused) as refused:
         modes.select(requested, record, one_at_a_time)
     assert why in str(refused.value)
+
+
+def test_a_chroot_jail_filters_egress_by_uid_only_where_it_may_install_the_rules():
+    """Docker's default set has no NET_ADMIN: the row's nft rules by uid cannot be had, so it filters nothing
+    (and SANDLOT_UNFILTERED_EGRESS decides what runs asking for network get); with NET_ADMIN, nft by uid."""
+    assert modes.select("auto", ROOT_IN_A_CONTAINER, False).egress == modes.NO_EGRESS_FILTER
+    granted = dataclasses.replace(ROOT_IN_A_CONTAINER, host_nft=True)
+    chosen = modes.select("auto", granted, False)
+    assert chosen.name == "chroot" and chosen.egress == modes.NFT_UID
+    assert chosen.tree == modes.CHROOT and chosen.processes == modes.UID_SWEEP and chosen.tmp == modes.DIRECTORY
+    assert chosen.own_uid and chosen.clone_flags == 0  # no namespace: clone with CLONE_NEW* is refused there
 
 
 def test_a_container_without_user_namespaces_refuses_to_serve():

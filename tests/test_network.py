@@ -460,13 +460,46 @@ def _is_python_zygote(pid: int, service_pid: int) -> bool:
     return b"runtimes.jail.zygote" in argv and b"runtimes.python.runner" in argv
 
 
+NO_NETWORK_SAYS = {
+    "python3": "network is not available to runs here: without root they need pasta",
+    "nodejs": "connect EPERM: network is not available to runs here: without root they need pasta",
+}
+
+
 @pytest.mark.parametrize("language", LANGUAGES)
-def test_without_root_and_without_pasta_network_runs_are_refused_and_others_served(world, language):
-    """Never silently no network, never the host's network unfiltered: the run is refused, and says why."""
+def test_without_root_and_without_pasta_network_runs_get_none_and_are_told_why(world, language):
+    """Never the host's network unfiltered unless the operator says so (SANDLOT_UNFILTERED_EGRESS): by default
+    a run asking for network is served without it, its connections failing with the reason, as in a
+    container without NET_ADMIN (test_container.py)."""
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    said = {
+        "python3": "import socket\ntry:\n    socket.create_connection(('192.0.2.1', 80), timeout=3)\n"
+        "except OSError as e:\n    print(e.strerror)",
+        "nodejs": "require('net').connect(80, '192.0.2.1').on('error', (e) => console.log(e.message))",
+    }[language]
+    with inside(world.host):
+        svc = unprivileged.service(SANDLOT_PASTA="/nonexistent/pasta").start()
+        try:
+            data = run(svc, connect_code(language, [(PUBLIC, CANARY_PORT)]), language, enable_network=True)
+            assert outcome(data["stdout"]) == {(PUBLIC, CANARY_PORT): REFUSED}, data
+            told = run(svc, said, language, enable_network=True)["stdout"]
+            assert told.startswith(NO_NETWORK_SAYS[language]) and "SANDLOT_UNFILTERED_EGRESS" in told, told
+            protections = svc.detail()["runtimes"][language]["protections"]
+            assert protections["network"] == "none" and "/nonexistent/pasta" in protections["network_reason"]
+            assert protections["egress_filter"] is False and protections["network_namespace"] is True
+            assert _pastas(svc) == []
+        finally:
+            svc.stop()
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_without_root_and_without_pasta_network_runs_may_be_refused_and_others_served(world, language):
+    """SANDLOT_UNFILTERED_EGRESS=refuse: the run is refused, and says why."""
     if unprivileged.unavailable():
         pytest.skip(unprivileged.unavailable())
     with inside(world.host):
-        svc = unprivileged.service(SANDLOT_PASTA="/nonexistent/pasta").start()
+        svc = unprivileged.service(SANDLOT_PASTA="/nonexistent/pasta", SANDLOT_UNFILTERED_EGRESS="refuse").start()
         try:
             refused = svc.run(connect_code(language, [(PUBLIC, CANARY_PORT)]), language=language, enable_network=True)
             assert refused["code"] == -500, refused
@@ -514,11 +547,14 @@ def failing_pasta(request):
 
 def test_without_root_a_pasta_that_cannot_start_refuses_network_runs_and_others_are_served(world, failing_pasta):
     """pasta ending as it starts is not a broken zygote: runs without network are served, runs with
-    network are refused with pasta's own words, and later zygotes do not try pasta again."""
+    network are refused (SANDLOT_UNFILTERED_EGRESS=refuse; by default served without network) with pasta's own
+    words, and later zygotes do not try pasta again."""
     _needs_unprivileged_network()
     with inside(world.host):
         pasta, said = failing_pasta
-        svc = unprivileged.service(SANDLOT_PASTA=pasta, SANDLOT_ZYGOTE_MAX_FORKS="10").start()
+        svc = unprivileged.service(
+            SANDLOT_PASTA=pasta, SANDLOT_ZYGOTE_MAX_FORKS="10", SANDLOT_UNFILTERED_EGRESS="refuse"
+        ).start()
         try:
             for language in LANGUAGES:
                 refused = svc.run(

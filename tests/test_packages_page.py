@@ -168,11 +168,12 @@ def shot(driver, name: str) -> None:
 
 
 def wait(driver, condition, timeout: float = 300):
-    """condition's answer once truthy; elements of a page being replaced meanwhile are looked for again."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    """condition's answer once truthy; elements of a page being replaced meanwhile are looked for again (a poll
+    that lands mid-navigation may also meet the driver's "cannot find context" inspector error: polled again)."""
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    waiting = WebDriverWait(driver, timeout, poll_frequency=0.2, ignored_exceptions=[StaleElementReferenceException])
+    waiting = WebDriverWait(driver, timeout, poll_frequency=0.2, ignored_exceptions=[WebDriverException])
     return waiting.until(condition)
 
 

@@ -82,3 +82,30 @@ def test_an_unprivileged_uid_cannot_change_identity_or_chroot(uid, tmp_path):
     assert record["setuid"][0] is None and "Operation not permitted" in record["setuid"][1]
     assert record["chroot"][0] is None
     assert "/etc" not in record["writable"][0]
+
+
+@needs_root
+def test_root_on_a_host_can_install_egress_rules_and_make_device_nodes():
+    from runtimes.jail.protections import probe
+
+    record = probe()
+    assert record.mknod, record.errors.get("mknod")
+    assert record.host_nft, record.errors.get("host_nft")
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    assert "sandlot_probe" not in tables  # the probe's table never outlives its transaction
+
+
+@needs_root
+def test_a_default_container_has_no_egress_rules_but_device_nodes():
+    """Docker's default set keeps MKNOD but not NET_ADMIN: the chroot mode's tree gets real /dev nodes,
+    and its runs with network cannot be filtered."""
+    record = probe_under("--caps", "docker-default", "--profile", "docker-default")
+    assert record["mknod"] is True and record["chroot"] is True and record["setuid"] is True
+    assert record["host_nft"] is False and "Operation not permitted" in record["errors"]["host_nft"]
+
+
+@needs_root
+def test_without_mknod_device_nodes_are_reported_missing():
+    record = probe_under("--caps", "setuid,setgid,sys_chroot,net_admin")
+    assert record["mknod"] is False and "Operation not permitted" in record["errors"]["mknod"]
+    assert record["host_nft"] is True

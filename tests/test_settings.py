@@ -54,6 +54,7 @@ def test_defaults(monkeypatch):
         ("ALLOWED_SYSCALLS", "101"),
         ("ENABLE_NETWORK", "perhaps"),
         ("SANDLOT_JAIL", "paper"),
+        ("SANDLOT_UNFILTERED_EGRESS", "open"),
     ],
 )
 def test_bad_value_names_the_setting(monkeypatch, name, value):
@@ -61,6 +62,19 @@ def test_bad_value_names_the_setting(monkeypatch, name, value):
     with pytest.raises(SettingsError) as info:
         load_settings()
     assert name in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["no-network", "allow", "refuse"])
+def test_unfiltered_egress_reaches_the_runtimes(monkeypatch, value):
+    monkeypatch.setenv("SANDLOT_CONFIG", "/nonexistent.yaml")
+    monkeypatch.setenv("SANDLOT_UNFILTERED_EGRESS", value)
+    assert load_settings().runtime_config().unfiltered_egress == value
+
+
+def test_runs_never_get_unfiltered_egress_unless_asked(monkeypatch):
+    monkeypatch.setenv("SANDLOT_CONFIG", "/nonexistent.yaml")
+    monkeypatch.delenv("SANDLOT_UNFILTERED_EGRESS", raising=False)
+    assert load_settings().runtime_config().unfiltered_egress == "no-network"
 
 
 def test_bad_value_stops_start_up_with_a_message():

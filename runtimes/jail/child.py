@@ -15,8 +15,11 @@ clears it on a credential change), then descriptors, limits and Landlock. The
 allow-list filter is loaded by the language runner once it has read the run's
 options from its pipe, before the first line of user code.
 
-Where /tmp is a directory (no mount namespace: a Lambda function) the child
-works in a directory of its own under the service's.
+Where /tmp is a directory (no mount namespace) the child works in a directory
+of its own: under the service's (a Lambda function), or /tmp/<uid> of the
+materialized tree its zygote chrooted into (the chroot mode), owned by its own
+uid and capped by the service (tmpcap.py); its RLIMIT_FSIZE is then no more
+than the /tmp cap, and RLIMIT_NPROC counts the processes of its uid.
 
 In every mode the child then stacks a small filter that keeps signals and
 rlimit changes to itself (`fence_signals`, seccomp_policy.fence_for): sharing a
@@ -135,7 +138,9 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (plan.max_open_files, plan.max_open_files))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (plan.max_file_bytes, plan.max_file_bytes))
+    # a directory for /tmp is capped by the service after the fact (tmpcap.py): no single file may pass the cap
+    file_bytes = plan.max_file_bytes if mode.tmp == TMPFS else min(plan.max_file_bytes, plan.tmp_size_bytes)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
     if mode.identity != SHARED:  # counted per uid, or per user namespace: the run's own either way
         resource.setrlimit(resource.RLIMIT_NPROC, (plan.max_threads, plan.max_threads))
     if plan.landlock:

@@ -141,6 +141,7 @@ class EgressFilter:
         self.allow = normalise(allow)
         self.proxies = list(proxies)
         self.installed = False
+        self.error = ""  # why install() failed
 
     def ruleset(self) -> str:
         return output_table(
@@ -150,12 +151,14 @@ class EgressFilter:
     def install(self) -> bool:
         nft = shutil.which("nft")
         if nft is None:
-            log.warning("egress filter not in force: nft is not installed")
+            self.error = "nft is not installed (apt-get install nftables)"
+            log.warning("egress filter not in force: %s", self.error)
             return False
         self.remove(quiet=True)  # a crashed instance of this uid block may have left it
         result = subprocess.run([nft, "-f", "-"], input=self.ruleset(), capture_output=True, text=True)
         if result.returncode != 0:
-            log.warning("egress filter not in force: %s", result.stderr.strip())
+            self.error = f"nft refused the rules: {result.stderr.strip()}"
+            log.warning("egress filter not in force: %s", self.error)
             return False
         self.installed = True
         return True

@@ -178,4 +178,5 @@ async def execute(child: Child, data: bytes, timeout: float, output_limit: int) 
         timed_out=timed_out and not collector.truncated,
         truncated=collector.truncated,
         duration=duration,
+        ended_by="" if timed_out or collector.truncated else child.ended_by,
     )

@@ -15,6 +15,15 @@ filtered), never the mode's name. Adding a mode adds a row here.
   them is that no run can name, reach or open another process. Without root the
   runs' network is a namespace per zygote with pasta (userspace_net.py); as root,
   nft by uid.
+- `chroot`: root without namespaces (a container on default privileges: no
+  SYS_ADMIN, Docker's seccomp profile refusing unshare, mount and clone with
+  CLONE_NEW*). A uid per run from the instance's block; the zygote chroots once
+  into the tree materialized as a real directory (runtimes/trees.py); a /tmp
+  directory of the run's own in it, capped by RLIMIT_FSIZE and the service's
+  watcher (tmpcap.py); every process of a run ended through pidfds and a sweep
+  of its uid before the uid goes back; nft egress by uid where NET_ADMIN is
+  granted, else none (SANDLOT_UNFILTERED_EGRESS says what runs asking for
+  network get: run_network.py).
 - `single`: no identity or namespace of the run's own at all (AWS Lambda). Only
   for one run at a time (the serial schedule): nothing of a run is left when the
   next one starts.
@@ -114,6 +123,18 @@ USERNS = Mode(
     egress=NETNS_PASTA,  # as root: NFT_UID (resolved by select)
     needs=("user_namespaces", "mount_namespaces", "pid_namespaces", "pdeathsig", "no_new_privs"),
 )
+CHROOT_MODE = Mode(
+    "chroot",
+    tree=CHROOT,
+    processes=UID_SWEEP,
+    tmp=DIRECTORY,
+    identity=UID_PER_RUN,
+    egress=NFT_UID,  # where the egress rules cannot be installed (no NET_ADMIN): NO_EGRESS_FILTER (select)
+    # seccomp too: without namespaces it alone keeps a run from making processes and, without egress rules,
+    # from the network (opting out of it never leaves a run with the host's network and nothing else)
+    needs=("setuid", "chroot", "seccomp", "pdeathsig", "no_new_privs"),
+    needs_root=True,
+)
 SINGLE = Mode(
     "single",
     tree=NO_TREE,
@@ -124,8 +145,8 @@ SINGLE = Mode(
     serial_only=True,
 )
 
-MODES = {mode.name: mode for mode in (FULL, USERNS, SINGLE)}
-AUTO_ORDER = (FULL, USERNS, SINGLE)  # what `auto` tries, strongest first
+MODES = {mode.name: mode for mode in (FULL, USERNS, CHROOT_MODE, SINGLE)}
+AUTO_ORDER = (FULL, USERNS, CHROOT_MODE, SINGLE)  # what `auto` tries, strongest first
 ALIASES = {"reduced": USERNS.name}
 CHOICES = ("auto", *MODES, *ALIASES)
 
@@ -162,9 +183,12 @@ def _refusal(mode: Mode, record: Protections, serial: bool) -> str:
 
 
 def _resolved(mode: Mode, record: Protections) -> Mode:
-    """The row as it runs here: a namespaced jail started as root filters egress on the host, by uid."""
+    """The row as it runs here: a namespaced jail started as root filters egress on the host, by uid; a chroot
+    jail without the right to install nft rules (no NET_ADMIN) filters none."""
     if mode.egress == NETNS_PASTA and record.euid == 0:
         return dataclasses.replace(mode, egress=NFT_UID)
+    if mode.tree == CHROOT and mode.egress == NFT_UID and not record.host_nft:
+        return dataclasses.replace(mode, egress=NO_EGRESS_FILTER)
     return mode
 
 
@@ -184,8 +208,9 @@ def select(requested: str, record: Protections, serial: bool) -> Mode:
     for mode in AUTO_ORDER:
         if not _refusal(mode, record, serial):
             return _resolved(mode, record)
-    full, userns = (", ".join(missing(m, record)) for m in (FULL, USERNS))
+    full, userns, chroot = (", ".join(missing(m, record)) for m in (FULL, USERNS, CHROOT_MODE))
     raise JailRefused(
         f"no jail that keeps tenants apart is possible here: neither root ({full or 'not root'}) nor user "
-        f"namespaces ({userns}); refusing to serve many tenants with nothing between them"
+        f"namespaces ({userns}) nor root's chroot ({chroot}); refusing to serve many tenants with nothing "
+        "between them"
     )

@@ -31,9 +31,10 @@ class Outcome:
     timed_out: bool
     truncated: bool
     duration: float
+    ended_by: str = ""  # the service's own error line when it ended the run for a cap (e.g. /tmp's)
 
     def exit_code(self) -> int:
-        if self.timed_out or self.truncated:
+        if self.timed_out or self.truncated or self.ended_by:
             return -1
         return 128 + self.status if self.signaled else self.status
 
@@ -42,6 +43,8 @@ class Outcome:
             return ["error: timeout"]
         if self.truncated:
             return ["error: output limit exceeded"]
+        if self.ended_by:
+            return [self.ended_by]
         if self.signaled:
             words = _SIGNAL_WORDS.get(self.status, "killed")
             return [f"error: {words} (signal {self.status})"]

@@ -3,7 +3,9 @@
 A child serves exactly one run. `spawn` asks the current zygote for one and
 waits until it is confined; `release` gives back what a dead child held (its uid
 and its /tmp directory, and where runs are ended by a sweep of their uid, only
-once nothing of that uid is left). After `max_forks` forks, or `max_age`
+once nothing of that uid is left). Where a run's /tmp is a directory of its
+zygote's tree (the chroot mode), `run_dirs` makes it, caps it while the child
+lives, and removes it (tmpcap.RunDirectories). After `max_forks` forks, or `max_age`
 seconds, a new zygote is started (fresh address-space layout and hash seed) and
 the old one leaves once its last child has ended: in the background as soon as
 it is worn out (`rotate_in_background`, the server), or when the owner says so
@@ -26,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from runtimes.jail import sweep
 from runtimes.jail.execution import kill
 from runtimes.jail.supervisor import Child, Zygote
+from runtimes.jail.tmpcap import RunDirectories
 from runtimes.jail.uids import UidPool, UidPoolExhausted
 from runtimes.payload import Unavailable
 
@@ -46,6 +49,7 @@ class ChildPool:
         max_age: float = 0.0,  # seconds a zygote serves before it is replaced (0: no limit)
         sweep_uids: bool = False,  # a run's processes are ended by a sweep of its uid before the uid goes back
         rotate_in_background: bool = True,
+        run_dirs: RunDirectories | None = None,  # each run's /tmp, a directory in its zygote's tree (chroot)
     ):
         self._start_zygote = start_zygote
         self._uids = uids
@@ -54,6 +58,7 @@ class ChildPool:
         self._max_age = max_age
         self._sweep_uids = sweep_uids
         self._rotate_in_background = rotate_in_background
+        self._run_dirs = run_dirs
         self._zygote_born = 0.0  # time.monotonic() when the current zygote took over
         self._zygote: Zygote | None = None
         self._owner: dict[int, Zygote] = {}  # child pid -> the zygote that forked it
@@ -100,12 +105,18 @@ class ChildPool:
             uid = self._uids.acquire() if self._uids is not None else os.getuid()
         except UidPoolExhausted as exc:
             raise Unavailable(str(exc)) from exc
-        tmpdir = tempfile.mkdtemp(prefix="run-", dir=self._tmp_parent) if self._tmp_parent else ""
+        if self._run_dirs is not None:
+            tmpdir, inside = self._run_dirs.make(zygote.tree_root, uid)  # the service's path, the run's
+        else:
+            tmpdir = inside = tempfile.mkdtemp(prefix="run-", dir=self._tmp_parent) if self._tmp_parent else ""
         try:
-            child = await zygote.fork(uid, tmpdir, dict(variant))
+            child = await zygote.fork(uid, inside, dict(variant))
         except BaseException:
             self._give_back(uid, tmpdir)
             raise
+        child.tmpdir = tmpdir
+        if self._run_dirs is not None:
+            self._run_dirs.watch(child)
         self._owner[child.pid] = zygote
         if not await _confined(child):
             reason = _read_available(child.stderr).decode(errors="replace").strip()
@@ -129,6 +140,8 @@ class ChildPool:
         child.close()
         if self._sweep_uids and self._uids is not None:
             await sweep.sweep(child.uid)  # nothing of the run's uid may outlive its turn with it
+        if self._run_dirs is not None:
+            await self._run_dirs.remove(child)  # nothing of the uid is left to write in it meanwhile
         self._give_back(child.uid, child.tmpdir)
         if owner in self._retired:
             await self._stop_retired()
@@ -238,10 +251,12 @@ class ChildPool:
             callback(zygote)
 
     def _give_back(self, uid: int, tmpdir: str) -> None:
+        if tmpdir and self._run_dirs is not None:
+            self._run_dirs.discard(tmpdir)  # removed already, unless the child never came to be
+        elif tmpdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)  # fd-based: never follows a planted link
         if self._uids is not None:
             self._uids.release(uid)
-        if tmpdir:
-            shutil.rmtree(tmpdir, ignore_errors=True)  # fd-based: never follows a planted link
 
     async def stop(self) -> None:
         self._stopping = True

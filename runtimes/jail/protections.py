@@ -20,6 +20,7 @@ import json
 import os
 import resource
 import signal
+import stat
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -55,6 +56,12 @@ class Protections:
     # Egress filtering without the host's nftables: a network namespace of our own (in a new user
     # namespace without root) takes nft rules, and /dev/net/tun opens (pasta's link to it; userspace_net.py)
     netns_egress: bool = False
+    # nft rules in this process's own network namespace (CAP_NET_ADMIN there: root on a host, or a container
+    # granted NET_ADMIN): the egress rules by uid of the `full` and `chroot` modes can be installed
+    host_nft: bool = False
+    # device nodes can be made and opened (CAP_MKNOD, a filesystem without nodev, a device cgroup that lets
+    # null through): a tree materialized as a directory gets real /dev nodes, else stand-ins (tree.py)
+    mknod: bool = False
     # A time namespace per run (Linux >= 5.6, CAP_SYS_ADMIN and CAP_SYS_TIME over our user namespace, or
     # one of our own without root): its CLOCK_MONOTONIC and CLOCK_BOOTTIME start at zero (jail/timens.py)
     time_namespaces: bool = False
@@ -145,6 +152,31 @@ def _netns_egress() -> None:
         raise OSError(exc.errno, why) from None
 
 
+def _host_nft() -> None:
+    # one transaction that adds a table and deletes it again: nothing of it is ever in force
+    name = f"sandlot_probe_{os.getpid()}"
+    nftables.run(f"add table inet {name}\ndelete table inet {name}\n")
+
+
+NULL_DEVICE = (1, 3)  # the major and minor numbers of /dev/null
+
+
+def _mknod() -> None:
+    directory = tempfile.mkdtemp(prefix="sandlot-probe-")
+    path = os.path.join(directory, "null")
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(*NULL_DEVICE))
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)  # nodev, or a device cgroup, refuses here
+        try:
+            os.write(fd, b"x")
+        finally:
+            os.close(fd)
+    finally:
+        if os.path.lexists(path):
+            os.unlink(path)
+        os.rmdir(directory)
+
+
 def _time_namespaces() -> None:
     """A new time namespace with offsets, and a child in it that reads its clocks from zero."""
     import time
@@ -188,6 +220,8 @@ _PROBES: dict[str, Callable[[], object]] = {
     "cgroups": _cgroups,
     "writable": lambda: [p for p in WRITABLE_CANDIDATES if _writable(p)],
     "netns_egress": _netns_egress,
+    "host_nft": _host_nft,
+    "mknod": _mknod,
     "time_namespaces": _time_namespaces,
 }
 
@@ -258,6 +292,8 @@ def probe() -> Protections:
         cgroups=bool(values["cgroups"]),
         writable=tuple(values["writable"] or ()),
         netns_egress=bool(values["netns_egress"]),
+        host_nft=bool(values["host_nft"]),
+        mknod=bool(values["mknod"]),
         time_namespaces=bool(values["time_namespaces"]),
         errors=errors,
     )

@@ -14,6 +14,7 @@ run request is put on the child's stdin.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import tempfile
@@ -21,9 +22,9 @@ import tempfile
 import pyseccomp
 
 import runtimes
-from runtimes import tempdirs
+from runtimes import tempdirs, trees
 from runtimes.config import MIB, RuntimeConfig
-from runtimes.jail import modes
+from runtimes.jail import modes, run_network, sweep
 from runtimes.jail.egress import EgressFilter
 from runtimes.jail.execution import execute
 from runtimes.jail.pool import ChildPool
@@ -32,7 +33,9 @@ from runtimes.jail.schedule import PooledSchedule, Schedule
 from runtimes.jail.scratch import Scratch
 from runtimes.jail.serial import SerialSchedule
 from runtimes.jail.supervisor import Zygote
+from runtimes.jail.tmpcap import RunDirectories, TmpWatcher
 from runtimes.jail.uids import UidPool
+from runtimes.jail.userspace_net import REFUSED as REFUSED_PREFIX
 from runtimes.jail.userspace_net import NamespaceNetwork
 from runtimes.jail.userspace_net import plan as plan_network
 from runtimes.payload import RunRequest, Unavailable
@@ -60,6 +63,9 @@ class JailedRuntime:
         self._tree_root = ""  # the pivoted tree's mount point (in the zygotes' own namespaces; tempdirs.py)
         self._egress: EgressFilter | None = None
         self._network: NamespaceNetwork | None = None  # userns without root: the runs' own network namespace
+        self._unfiltered_why = ""  # userns without pasta, SANDLOT_UNFILTERED_EGRESS=allow: why there is no filter
+        self._trees: trees.TreeStore | None = None  # the chroot mode: materialized trees
+        self._tmp_watcher: TmpWatcher | None = None  # the chroot mode: each run's /tmp capped
         self.on_layer_unused: list = []  # called with a layer path no zygote uses any more
 
     # ---- for subclasses --------------------------------------------------------
@@ -77,8 +83,9 @@ class JailedRuntime:
     def runner_config(self) -> dict:
         return {"require_seccomp": self.config.require_seccomp, "extra_syscalls": list(self.config.extra_syscalls)}
 
-    def encode(self, request: RunRequest, timeout: float) -> bytes:
-        """What the child reads on stdin for this run (timeout: the run's own, already capped)."""
+    def encode(self, request: RunRequest, timeout: float, network_refused: str = "") -> bytes:
+        """What the child reads on stdin for this run (timeout: the run's own, already capped; network_refused:
+        why a run that asked for network has none, for its socket calls to say)."""
         raise NotImplementedError
 
     def variant(self, request: RunRequest) -> tuple:
@@ -114,6 +121,17 @@ class JailedRuntime:
             self._network = self._plan_network()
             if self.mode.tree == modes.PIVOT:
                 self._tree_root = tempdirs.make(f"root-{self.language}")
+            run_dirs = None
+            if self.mode.tree == modes.CHROOT:
+                self._trees = await asyncio.to_thread(self._open_trees)
+                self._tmp_watcher = TmpWatcher()
+                run_dirs = RunDirectories(self._tmp_watcher, config.tmp_size_mb * MIB, config.tmp_files)
+            if self.mode.processes == modes.UID_SWEEP and self._uids is not None:
+                # a killed instance of this uid block may have left runs (whose zygote died, a parent-death
+                # signal away from them): none of them may meet the runs about to get the same uids
+                await asyncio.to_thread(sweep.kill_range, self._uids.first, self._uids.first + self._uids.size - 1)
+            if self.run_network.kind != run_network.FILTERED:
+                log.warning("%s: %s", self.language, self.run_network.log_line)
             self.pool = ChildPool(
                 self._start_zygote,
                 self._uids if self.mode.own_uid else None,
@@ -122,6 +140,7 @@ class JailedRuntime:
                 max_age=config.zygote_max_age,
                 sweep_uids=self.mode.processes == modes.UID_SWEEP and self.mode.own_uid,
                 rotate_in_background=not config.one_run_at_a_time,
+                run_dirs=run_dirs,
             )
             self.pool.on_retired.append(self.zygote_retired)
             if not config.one_run_at_a_time:  # before the first zygote: it fills up whenever a zygote runs
@@ -147,6 +166,14 @@ class JailedRuntime:
         if self.schedule is None:
             self.schedule = self._serial_schedule()
         await self.schedule.start()
+        if self._trees is not None:  # the trees no instance uses (an older layer's, a killed build's) go
+            self.pool.background(asyncio.to_thread(self._trees.collect))
+
+    def _open_trees(self) -> trees.TreeStore:
+        try:
+            return trees.TreeStore(os.path.join(self.config.data_dir, "trees"))
+        except trees.TreeUnusable as exc:
+            raise modes.JailRefused(f"the chroot jail's tree cannot be made: {exc}") from exc
 
     @staticmethod
     def _no_seccomp(why: str) -> str:
@@ -213,9 +240,34 @@ class JailedRuntime:
         if self.mode.egress != modes.NETNS_PASTA or self.platform is None:
             return None
         network = plan_network(self.platform, self.config.pasta, self.config.egress_allow, self._proxies())
-        if network.refused:
-            log.warning("%s: %s", self.language, network.refused)
+        if network.refused and self.config.unfiltered_egress == run_network.ALLOW:
+            # the operator chose unfiltered egress: the runs keep the host's network, no namespace of their own
+            self._unfiltered_why = network.refused.removeprefix(REFUSED_PREFIX)
+            return dataclasses.replace(network, netns=False, refused="")
         return network
+
+    @property
+    def run_network(self) -> run_network.RunNetwork:
+        """What runs asking for network get: filtered egress, or where it cannot be had, what
+        SANDLOT_UNFILTERED_EGRESS says (run_network.py). Runs sharing the runtime's uid (a Lambda function, one
+        run at a time) keep the platform's own network, as before."""
+        mode, setting = self.mode, self.config.unfiltered_egress
+        if mode is None or mode.shares_uid:
+            return run_network.RunNetwork(run_network.UNFILTERED, "the platform's own network (one run at a time)")
+        if mode.egress == modes.NFT_UID:
+            installed = bool(self._egress and self._egress.installed)
+            why = self._egress.error if self._egress and not installed else ""
+            return run_network.decide(installed, why or "the egress rules could not be installed", setting)
+        if mode.egress == modes.NETNS_PASTA and self._network is not None:
+            if self._unfiltered_why:
+                return run_network.decide(False, self._unfiltered_why, setting)
+            why = self._network.refused.removeprefix(REFUSED_PREFIX)
+            if self._network.netns and setting == run_network.ALLOW:
+                setting = run_network.NO_NETWORK  # runs live in a namespace with no way out: none to give
+            return run_network.decide(self._network.in_force, why, setting)
+        record = self.platform
+        error = record.errors.get("host_nft", "") if record else ""
+        return run_network.decide(False, run_network.chroot_reason(bool(record and record.host_nft), error), setting)
 
     def _proxies(self) -> tuple[str, ...]:
         return tuple(v for k, v in self.config.run_env.items() if k.isupper())
@@ -227,7 +279,7 @@ class JailedRuntime:
             "import_paths": _import_paths(),
             "runner": self.runner,
             "runner_config": self.runner_config(),
-            "tree": self.tree().to_dict() if self.mode.tree != modes.NO_TREE else None,
+            "tree": self.tree().to_dict() if self.mode.tree == modes.PIVOT else None,
             "tree_root": self._tree_root,
             "zygote_uid": self._zygote_uid,
             "network": self._network.zygote_config() if self._network else None,
@@ -246,14 +298,33 @@ class JailedRuntime:
         }
 
     async def _start_zygote(self) -> Zygote:
-        zygote = Zygote(self.interpreter(), self.zygote_config(), self.config.environment(), network=self._network)
+        config = self.zygote_config()
+        root = ""
+        if self._trees is not None:  # built now if this layer has none yet (a thread: runs go on meanwhile)
+            root = await asyncio.to_thread(self._ensure_tree, self.tree().to_dict())
+            config["tree_root"] = root
+        zygote = Zygote(self.interpreter(), config, self.config.environment(), network=self._network)
         zygote.tag = self.layer()
-        await zygote.start()
+        zygote.tree_root = root
+        try:
+            await zygote.start()
+        except BaseException:
+            if root:
+                await asyncio.to_thread(self._trees.release, root)
+            raise
         failed = zygote.network_error
         if failed and self._network is not None and not self._network.refused:
             self._network = self._network.failed(failed)
             log.error("%s: %s", self.language, self._network.refused)
         return zygote
+
+    def _ensure_tree(self, spec: dict) -> str:
+        """The materialized tree for spec, held; what runs of dead instances left in its /tmp goes."""
+        root = self._trees.ensure(spec)
+        left = trees.clear_stale_run_tmps(root)
+        if left:
+            log.info("%s: removed what runs of stopped instances left in %s/tmp: %s", self.language, root, left)
+        return root
 
     # ---- dependency layers ------------------------------------------------------
 
@@ -280,7 +351,11 @@ class JailedRuntime:
             log.warning("%s: left out of the preload: %s", self.language, report["preload_failed"])
 
     def zygote_retired(self, zygote: Zygote) -> None:
-        """A zygote and all its children are gone: its layer may be unused now."""
+        """A zygote and all its children are gone: its layer, and its tree, may be unused now."""
+        if self._trees is not None and zygote.tree_root:
+            # removed if no zygote (of any instance) is left on it: thousands of files, off the event loop
+            self.pool.background(asyncio.to_thread(self._trees.release, zygote.tree_root))
+            zygote.tree_root = ""
         for callback in self.on_layer_unused:
             if zygote.tag and zygote.tag != self.layer() and not self.pool.uses_tag(zygote.tag):
                 callback(zygote.tag)
@@ -290,6 +365,10 @@ class JailedRuntime:
             await self.schedule.stop()
         if self.pool is not None:
             await self.pool.stop()
+        if self._tmp_watcher is not None:
+            self._tmp_watcher.close()
+        if self._trees is not None:
+            self._trees.close()  # the trees stay: a restart finds them ready
         if self._egress is not None:
             self._egress.remove()
         if self._uids is not None:
@@ -347,7 +426,8 @@ class JailedRuntime:
             "egress_filter": bool(self._egress and self._egress.installed)
             or bool(self._network and self._network.in_force),
             "network_namespace": bool(self._network and self._network.netns),  # the runs' own (userns without root)
-            "network_refused": self._network.refused if self._network else "",
+            "network_refused": self.run_network.message if self.run_network.kind == run_network.REFUSED else "",
+            **self.run_network.health(),  # what runs asking for network get: filtered, none, unfiltered, refused
         }
 
     # ---- runs -----------------------------------------------------------------
@@ -370,11 +450,18 @@ class JailedRuntime:
             raise Unavailable(self.refused)
         if self.schedule is None:
             raise Unavailable(self.error or f"the {self.language} runtime is not running")
-        if request.enable_network and self._network is not None and self._network.refused:
-            raise Unavailable(self._network.refused)
+        network_refused = ""
+        if request.enable_network:
+            network = self.run_network
+            if network.kind == run_network.REFUSED:
+                raise Unavailable(network.message)
+            if network.kind == run_network.NONE:  # served without network, its socket calls saying why
+                request = request.model_copy(update={"enable_network": False})
+                network_refused = network.message
         child = await self.schedule.take(self.variant(request))
         try:
-            outcome = await execute(child, self.encode(request, timeout), timeout, self.config.output_limit)
+            data = self.encode(request, timeout, network_refused)
+            outcome = await execute(child, data, timeout, self.config.output_limit)
         finally:
             await self.schedule.finish(child)
         return outcome.to_result()

@@ -32,6 +32,7 @@ class Child:
     stderr: int
     ready: int
     exited: asyncio.Future = field(repr=False)
+    ended_by: str = ""  # the service's own error line when it ended the run itself (e.g. over its /tmp caps)
 
     def close(self) -> None:
         for fd in (self.pidfd, self.stdin, self.stdout, self.stderr, self.ready):
@@ -47,6 +48,7 @@ class Zygote:
     def __init__(self, python: str, config: dict, env: dict[str, str], network: NamespaceNetwork | None = None):
         self.on_exit: list = []  # called once if the zygote dies on its own
         self.tag = ""  # what the owner wants to know it by (the layer it was started on)
+        self.tree_root = ""  # the chroot mode: the materialized tree it chrooted into (its runs' /tmp is there)
         self._python = python
         self._config = config
         self._env = env

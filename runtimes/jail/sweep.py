@@ -117,6 +117,43 @@ def kill_strays(uid: int, wait: bool = True) -> list[int]:
     raise StrayProcesses(f"processes of uid {uid} kept appearing after {SWEEP_ROUNDS} rounds of SIGKILL")
 
 
+def kill_range(first: int, last: int) -> list[int]:
+    """SIGKILL every process whose real uid is in first..last (a uid block's runs left by a killed instance),
+    in one scan of /proc, and wait until they are gone; the pids killed."""
+    if first <= 0:
+        raise ValueError("refusing to sweep uid 0")
+    killed: list[int] = []
+    for _ in range(SWEEP_ROUNDS):
+        targets = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                shown = os.stat(f"/proc/{entry}").st_uid  # a non-dumpable process shows as root's
+                if shown != 0 and not first <= shown <= last:
+                    continue
+                owner, _parent, zombie = _status(int(entry))
+                if not first <= owner <= last or zombie:
+                    continue
+                pidfd = os.pidfd_open(int(entry))
+            except (OSError, ValueError):
+                continue
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                killed.append(int(entry))
+            except (ProcessLookupError, PermissionError):
+                pass
+            targets.append(pidfd)
+        if not targets:
+            return killed
+        try:
+            _wait_gone(targets)
+        finally:
+            for pidfd in targets:
+                os.close(pidfd)
+    raise StrayProcesses(f"processes of uids {first}-{last} kept appearing after {SWEEP_ROUNDS} rounds of SIGKILL")
+
+
 async def sweep(uid: int) -> None:
     """kill_strays, without a thread unless there is something to kill (one scan is quick)."""
     if strays_of(uid):

@@ -12,7 +12,8 @@ fd 3, where the run's wrapper reports the exit status it is about to exit with.
 The zygote reaps every child through a pidfd and reports how it ended; when the
 service goes away it kills what is left and exits.
 
-What it builds follows its mode's record (modes.py). Where runs have PID
+What it builds follows its mode's record (modes.py): a tree of bind mounts it
+pivots into (pivot), or a materialized tree it chroots into once (chroot). Where runs have PID
 namespaces each child is pid 2 of one of its own, forked into it after a small
 init was made there (inits.py), and has the namespaces the mode asks for
 (child.py). Once the zygote has reaped the child it kills that init, and it
@@ -37,7 +38,7 @@ from runtimes import linux, tree
 from runtimes.jail import namespaces, nftables, protocol, timens
 from runtimes.jail.child import ChildPlan, Handles, confine, fence_signals, tmpfs_takes_huge_pages
 from runtimes.jail.inits import InitMaker, fork_run
-from runtimes.jail.modes import PIVOT, USER_NAMESPACE
+from runtimes.jail.modes import CHROOT, PIVOT, USER_NAMESPACE
 from runtimes.jail.protections import in_child
 
 CHILD_SETUP_FAILED = 125
@@ -54,8 +55,8 @@ class Zygote:
         self.vm_size = _VmSize()
         self.lifeline = os.pidfd_open(os.getpid())  # children learn through it whether the zygote still lives
         mode = self.plan.mode
-        # for a new namespace's ids and for the inits' namespaces (the tree has no /proc)
-        needs_proc = mode.pid_namespace or mode.identity == USER_NAMESPACE
+        # for a new namespace's ids, the inits' namespaces and the runs' time namespaces (the tree has no /proc)
+        needs_proc = mode.pid_namespace or mode.identity == USER_NAMESPACE or self.plan.time_namespace
         self.proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if needs_proc else -1
         self.state = self.runner.prepare(config["runner_config"])
         self.report: dict = {"mode": mode.name, **self.state.report}
@@ -73,6 +74,9 @@ class Zygote:
         if mode.tree == PIVOT:
             tree.build_and_enter(config["tree"], config["tree_root"])
             self.plan = dataclasses.replace(self.plan, tmp_huge_pages=tmpfs_takes_huge_pages())
+        elif mode.tree == CHROOT:  # the tree materialized as a directory (runtimes/trees.py), entered once
+            os.chroot(config["tree_root"])
+            os.chdir("/")
         if in_user_namespace and os.geteuid() == 0:  # root built the tree; nothing after this runs as root
             uid = int(config["zygote_uid"])
             os.setgroups([])

@@ -25,7 +25,7 @@ from runtimes.nodejs import snapshot
 MIB = 1024 * 1024
 SETUP_FAILED = 125
 REPORTS_EXIT = True  # the wrapper writes its exit status on fd 3 (the ready pipe) as it exits
-PRIVATE_SNAPSHOT = "/tmp/.sandlot-snapshot"  # the wrapper knows this name: it removes the file
+PRIVATE_SNAPSHOT = ".sandlot-snapshot"  # in the run's TMPDIR; the wrapper knows this name: it removes the file
 
 
 @dataclass
@@ -95,8 +95,9 @@ def _snapshot_for(state: State) -> str:
     """The snapshot's path for this child: its own copy when the seed must stay hidden."""
     if not state.snapshot_data:
         return state.snapshot
+    private = os.path.join(os.environ.get("TMPDIR") or "/tmp", PRIVATE_SNAPSHOT)  # /tmp, or /tmp/<uid> (chroot)
     try:
-        fd = os.open(PRIVATE_SNAPSHOT, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o400)
+        fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o400)
         try:
             view = memoryview(state.snapshot_data)
             while view:
@@ -105,8 +106,8 @@ def _snapshot_for(state: State) -> str:
             os.close(fd)
     except OSError:  # /tmp too small for it (an operator's choice): start on the plain wrapper
         try:
-            os.unlink(PRIVATE_SNAPSHOT)
+            os.unlink(private)
         except OSError:
             pass
         return ""
-    return PRIVATE_SNAPSHOT
+    return private

@@ -9,7 +9,7 @@ import os
 import subprocess
 
 from runtimes import tree
-from runtimes.jail import modes, protocol
+from runtimes.jail import modes, protocol, run_network
 from runtimes.jail.runtime import JailedRuntime
 from runtimes.jail.supervisor import Zygote
 from runtimes.nodejs import snapshot
@@ -119,9 +119,14 @@ class NodeRuntime(JailedRuntime):
         return (("memory_mb", self.config.clamp_memory(request.memory_limit_mb)), ("network", request.enable_network))
 
     def ready_targets(self) -> dict[tuple, int]:
-        # Dify asks for network on every run: most ready nodes are of that kind
+        # Dify asks for network on every run: most ready nodes are of that kind (where runs get network)
         memory = ("memory_mb", self.config.default_memory_mb)
+        if self.run_network.kind in (run_network.NONE, run_network.REFUSED):
+            return {(memory, ("network", False)): self.config.workers}
         return {(memory, ("network", True)): self.config.workers, (memory, ("network", False)): 1}
 
-    def encode(self, request: RunRequest, timeout: float) -> bytes:
-        return protocol.run_input({"code": request.code}, request.stdin)
+    def encode(self, request: RunRequest, timeout: float, network_refused: str = "") -> bytes:
+        run = {"code": request.code}
+        if network_refused:
+            run["network_refused"] = network_refused  # the wrapper words the refusal of net, dgram and dns
+        return protocol.run_input(run, request.stdin)

@@ -22,7 +22,7 @@ const vm = require('vm');
 const { createRequire } = require('module');
 const { Writable } = require('stream');
 
-const PRIVATE_SNAPSHOT = '/tmp/.sandlot-snapshot'; // see runner.py
+const PRIVATE_SNAPSHOT = '.sandlot-snapshot'; // in the run's TMPDIR: see runner.py
 
 function readExact(size) {
   const buffer = Buffer.allocUnsafe(size);
@@ -54,7 +54,8 @@ function main(args) {
   // Started from a snapshot copied into this run's /tmp (runner.py): it holds the hash
   // seed of every run of this zygote, so it goes before anything else can read it.
   const snapshotAt = process.execArgv.indexOf('--snapshot-blob');
-  if (snapshotAt >= 0 && process.execArgv[snapshotAt + 1] === PRIVATE_SNAPSHOT) fs.unlinkSync(PRIVATE_SNAPSHOT);
+  const privateSnapshot = `${process.env.TMPDIR || '/tmp'}/${PRIVATE_SNAPSHOT}`; // this run's, read at run time
+  if (snapshotAt >= 0 && process.execArgv[snapshotAt + 1] === privateSnapshot) fs.unlinkSync(privateSnapshot);
   // Output pipes block when full (node queues in memory otherwise): a flood meets the
   // output cap, not the heap limit, and process.exit() loses nothing.
   for (const stream of [process.stdout, process.stderr]) {
@@ -73,12 +74,53 @@ function main(args) {
 
   const size = readExact(4).readUInt32LE(0);
   const request = JSON.parse(readExact(size).toString('utf8'));
+  if (typeof request.network_refused === 'string' && request.network_refused) refuseNetwork(request.network_refused);
   learnOwnFile();
   Error.prepareStackTrace = userStack;
   const script = new vm.Script(request.code, { filename: 'main.js' });
   script.runInThisContext();
   process.on('uncaughtExceptionMonitor', () => { crashing = true; });
   process.on('exit', exitNow);
+}
+
+// A run that asked for network where it gets none (runtimes/jail/run_network.py): its connections,
+// datagrams and name lookups fail with an EPERM error saying why, as a refused connection would fail
+// (an 'error' event, a rejected promise, a callback's error), instead of the filter's bare EPERM. Only
+// the message: the filter loaded for a run without network is what refuses them.
+function refuseNetwork(message) {
+  const net = require('net');
+  const dgram = require('dgram');
+  const dns = require('dns');
+  const refusal = (syscall) => {
+    const error = new Error(`${syscall} EPERM: ${message}`);
+    error.code = 'EPERM';
+    error.errno = -1; // -EPERM
+    error.syscall = syscall;
+    return error;
+  };
+  net.Socket.prototype.connect = function connect() {
+    const socket = this;
+    process.nextTick(() => socket.destroy(refusal('connect')));
+    return socket;
+  };
+  for (const name of ['send', 'connect', 'bind']) {
+    dgram.Socket.prototype[name] = function refused() {
+      const callback = [...arguments].reverse().find((arg) => typeof arg === 'function');
+      const error = refusal(name);
+      if (callback) process.nextTick(callback, error);
+      else process.nextTick(() => this.emit('error', error));
+      return this;
+    };
+  }
+  const lookup = (...args) => {
+    const callback = args.reverse().find((arg) => typeof arg === 'function');
+    if (callback) process.nextTick(callback, refusal('getaddrinfo'));
+    return {};
+  };
+  dns.lookup = lookup;
+  dns.resolve = lookup;
+  dns.promises.lookup = async () => { throw refusal('getaddrinfo'); };
+  dns.promises.resolve = dns.promises.lookup;
 }
 
 // Stack traces as node prints them, cut where the user's script was entered (node:vm): the

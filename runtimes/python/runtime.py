@@ -64,7 +64,7 @@ class PythonRuntime(JailedRuntime):
     def set_layer(self, path: str) -> None:
         self.config.python_layer = path
 
-    def encode(self, request: RunRequest, timeout: float) -> bytes:
+    def encode(self, request: RunRequest, timeout: float, network_refused: str = "") -> bytes:
         config = self.config
         options = {
             "code": request.code,
@@ -73,4 +73,6 @@ class PythonRuntime(JailedRuntime):
             "timeout": timeout,
             "memory_limit_mb": config.clamp_memory(request.memory_limit_mb),
         }
+        if network_refused:
+            options["network_refused"] = network_refused  # the runner's audit hook words the refusal
         return protocol.run_input(options, request.stdin)

@@ -1,0 +1,435 @@
+"""Size and file caps on a run's /tmp where it is a plain directory (the chroot mode: no tmpfs can be mounted).
+
+In the other modes a run's /tmp is a tmpfs of its own whose size and inode count the kernel
+enforces (SANDLOT_TMP_SIZE_MB, SANDLOT_TMP_FILES). A default container can mount nothing and set
+no quota, so a run's /tmp is a directory of the tree's filesystem (runtimes/trees.py), and:
+
+- no single file grows past the size cap: the child's RLIMIT_FSIZE (a write past it fails with
+  EFBIG, as a full tmpfs fails with ENOSPC);
+- the service watches each run's directory with inotify (inotify_simple) and, on activity,
+  counts what the run holds there: distinct inodes (files, directories, symlinks; hard links
+  are one file, as on tmpfs) and the blocks really allocated to the run's own inodes (a sparse
+  file costs what it stores; a link to a file that is not the run's costs nothing). Scans are
+  fd-based and never follow a symlink, stop as soon as the file cap is passed, and come at most
+  every few milliseconds per run (twice as far apart as the last scan took, so a run with many
+  files cannot keep the service busy). Directories get a watch of their own as the scan finds
+  them, through the descriptor it opened, so a directory swapped for a symlink is never watched.
+  Over a cap, the run is ended with a clear `error: ...` line (`TmpCap.over`). Where inotify
+  watches run out (fs.inotify.max_user_watches), the run's directory is scanned on a timer instead.
+- a file deleted while still open, or made with O_TMPFILE, holds blocks no directory shows. Its
+  size is capped by RLIMIT_FSIZE and the number of such files by RLIMIT_NOFILE; inotify still
+  reports writes to it (under its old name, or `#<inode>`), so the service knows which runs hold
+  such files. Should the filesystem's free space fall below a floor, those runs are ended first.
+
+What this cannot give that a tmpfs gives: the caps are enforced after the fact, within a scan's
+delay (a run writing at disk speed may pass the size cap by what it writes in that time before it
+is killed), and hidden files are bounded per file and by the disk floor, not by the cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import errno
+import logging
+import os
+import signal
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from inotify_simple import INotify
+from inotify_simple import flags as ev
+
+from runtimes import dirlock, trees
+
+log = logging.getLogger("sandlot.jail")
+
+MIB = 1024 * 1024
+MIN_INTERVAL = 0.005  # seconds between two scans of one run, at least
+POLL_INTERVAL = 0.05  # where no inotify watch could be had
+DISK_FLOOR = 256 * MIB  # free space under which runs holding hidden files are ended
+DIRECTORY_BLOCK = 4096  # not charged: an empty directory's size on ext4 and xfs
+MAX_DELETED = 8192  # deleted names remembered per run (to tell a write to a deleted file)
+WATCHED = (
+    ev.CREATE | ev.MODIFY | ev.DELETE | ev.MOVED_TO | ev.MOVED_FROM | ev.ATTRIB | ev.CLOSE_WRITE | ev.ONLYDIR
+)  # not EXCL_UNLINK: writes to a file deleted while open must still be reported
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass
+class Usage:
+    bytes: int = 0  # blocks allocated to the run's own inodes (directories: past their first block)
+    files: int = 0  # distinct inodes below the top directory
+    over_files: bool = False  # the scan stopped because files passed the cap
+
+
+ANCHOR_AFTER = 1024  # a relative path longer than this gets a descriptor of its own to start from (PATH_MAX)
+
+
+@dataclass(eq=False)
+class _Anchor:
+    """An open directory that pending relative paths start from; closed when none is left (the top stays)."""
+
+    fd: int
+    users: int = 0
+
+
+def usage(path: str, uid: int, max_files: int, on_directory: Callable[[int, tuple], None] | None = None) -> Usage:
+    """What the run of uid holds in the directory at path (see the module's description). Never follows a
+    symlink; stops once more than max_files inodes are found. Directories are opened by their path relative
+    to an open ancestor, a new ancestor every ANCHOR_AFTER bytes of path: however deep or wide the
+    directory is, few descriptors are open at once and no path passes PATH_MAX. on_directory(fd, key) is
+    called for each directory, the top one too, with a descriptor open on it (valid during the call only)."""
+    found = Usage()
+    seen: set[tuple[int, int]] = set()
+    top = _Anchor(os.open(path, _DIR_FLAGS), users=1)
+    anchors = [top]
+    try:
+        info = os.fstat(top.fd)
+        found.bytes += max(0, info.st_blocks * 512 - DIRECTORY_BLOCK)
+        seen.add((info.st_dev, info.st_ino))
+        pending: list[tuple[_Anchor, str]] = [(top, "")]  # directories still to list
+        while pending:
+            anchor, relative = pending.pop()
+            try:
+                fd = _open_beneath(anchor.fd, relative) if relative else os.dup(anchor.fd)
+            except OSError:
+                _release(anchor, top)
+                continue  # removed, or swapped for a symlink, since it was listed
+            own = _Anchor(fd) if len(relative) > ANCHOR_AFTER else None
+            if own is not None:
+                anchors.append(own)
+            try:
+                if on_directory is not None:
+                    info = os.fstat(fd)
+                    on_directory(fd, (info.st_dev, info.st_ino))
+                with os.scandir(fd) as entries:
+                    for entry in entries:
+                        try:
+                            info = entry.stat(follow_symlinks=False)
+                        except FileNotFoundError:
+                            continue  # gone since it was listed
+                        key = (info.st_dev, info.st_ino)
+                        if key in seen:
+                            continue  # another name of a file already counted
+                        seen.add(key)
+                        found.files += 1
+                        if found.files > max_files:
+                            found.over_files = True
+                            return found
+                        if info.st_uid == uid:
+                            allocated = info.st_blocks * 512
+                            # a directory's first block is what any directory has (tmpfs charges none)
+                            is_dir = stat.S_ISDIR(info.st_mode)
+                            found.bytes += max(0, allocated - DIRECTORY_BLOCK) if is_dir else allocated
+                        if stat.S_ISDIR(info.st_mode):
+                            if own is not None:
+                                own.users += 1
+                                pending.append((own, entry.name))
+                            else:
+                                anchor.users += 1
+                                pending.append((anchor, f"{relative}/{entry.name}" if relative else entry.name))
+            finally:
+                if own is None:
+                    os.close(fd)
+                elif own.users == 0:
+                    os.close(own.fd)
+                    own.fd = -1
+                _release(anchor, top)  # after its children took their share of it
+    finally:
+        for anchor in anchors:
+            if anchor.fd >= 0:
+                os.close(anchor.fd)
+                anchor.fd = -1
+    return found
+
+
+def _release(anchor: _Anchor, top: _Anchor) -> None:
+    anchor.users -= 1
+    if anchor.users == 0 and anchor is not top and anchor.fd >= 0:
+        os.close(anchor.fd)
+        anchor.fd = -1
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+SYS_OPENAT2 = 437  # the same number on every architecture
+# below the directory, no symlink, no /proc magic link, no other mount on the way
+RESOLVE = 0x08 | 0x04 | 0x02 | 0x01
+_openat2_works = True
+
+
+def _open_beneath(top: int, relative: str) -> int:
+    """A directory below top by its relative path, no symlink followed anywhere on the way: openat2 with
+    RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, or (older kernels, filters that refuse it) one O_NOFOLLOW open
+    per component."""
+    global _openat2_works
+    if _openat2_works:
+        how = _OpenHow(_DIR_FLAGS, 0, RESOLVE)
+        fd = _libc.syscall(SYS_OPENAT2, top, os.fsencode(relative), ctypes.byref(how), ctypes.sizeof(how))
+        if fd >= 0:
+            return fd
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EPERM):
+            raise OSError(err, os.strerror(err), relative)
+        _openat2_works = False
+    fd = os.dup(top)
+    try:
+        for part in relative.split("/"):
+            following = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = following
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@dataclass(eq=False)
+class TmpCap:
+    """One run's /tmp directory under watch."""
+
+    path: str
+    uid: int
+    max_bytes: int
+    max_files: int
+    over: Callable[[str], None]  # called once, with the `error: ...` line, when the run must end
+    usage: Usage = field(default_factory=Usage)
+    hidden: bool = False  # the run wrote to a file no directory shows (deleted while open, or O_TMPFILE)
+    ended: str = ""
+    _interval: float = MIN_INTERVAL
+    _last_scan: float = 0.0
+    _scan: asyncio.TimerHandle | None = None
+    _polling: bool = False
+    _watches: dict[tuple, int] = field(default_factory=dict)  # directory (dev, ino) -> watch descriptor
+    _deleted: set[tuple[int, str]] = field(default_factory=set)  # (watch, name) deleted since it was created
+
+
+class TmpWatcher:
+    """Watches the /tmp directories of a runtime's runs (one inotify instance for all); see the module."""
+
+    def __init__(self, disk_floor: int = DISK_FLOOR):
+        self.disk_floor = disk_floor
+        self._inotify: INotify | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._by_watch: dict[int, TmpCap] = {}
+        self._caps: set[TmpCap] = set()
+
+    def watch(self, path: str, uid: int, max_bytes: int, max_files: int, over: Callable[[str], None]) -> TmpCap:
+        """Start capping path (a run's /tmp directory, owned by uid). Call from the event loop."""
+        if self._inotify is None:
+            self._loop = asyncio.get_running_loop()
+            self._inotify = INotify()
+            self._loop.add_reader(self._inotify.fileno(), self._on_events)
+        cap = TmpCap(path, uid, max_bytes, max_files, over)
+        self._caps.add(cap)
+        self._scan_now(cap)
+        return cap
+
+    def unwatch(self, cap: TmpCap) -> None:
+        """The run is over (or its directory about to be removed): no more scans or watches for it."""
+        self._caps.discard(cap)
+        cap.ended = cap.ended or "unwatched"
+        if cap._scan is not None:
+            cap._scan.cancel()
+            cap._scan = None
+        for wd in cap._watches.values():
+            self._by_watch.pop(wd, None)
+            with contextlib.suppress(OSError):
+                self._inotify.rm_watch(wd)
+        cap._watches.clear()
+
+    def close(self) -> None:
+        for cap in list(self._caps):
+            self.unwatch(cap)
+        if self._inotify is not None:
+            self._loop.remove_reader(self._inotify.fileno())
+            self._inotify.close()
+            self._inotify = None
+
+    # ---- events and scans -------------------------------------------------------------------------
+
+    def _on_events(self) -> None:
+        try:
+            events = self._inotify.read(timeout=0)
+        except OSError:
+            return
+        touched: set[TmpCap] = set()
+        for event in events:
+            if event.mask & ev.Q_OVERFLOW:
+                touched.update(self._caps)  # events were lost: every run is scanned again
+                continue
+            cap = self._by_watch.get(event.wd)
+            if cap is None:
+                continue
+            if event.mask & ev.IGNORED:  # its directory is gone
+                self._by_watch.pop(event.wd, None)
+                cap._watches = {k: w for k, w in cap._watches.items() if w != event.wd}
+                continue
+            name = (event.wd, event.name)
+            if event.mask & ev.DELETE:
+                cap._deleted.add(name)
+                if len(cap._deleted) > MAX_DELETED:  # a run deleting names by the million: assume the worst
+                    cap._deleted.clear()
+                    cap.hidden = True
+            elif event.mask & (ev.CREATE | ev.MOVED_TO):
+                cap._deleted.discard(name)
+            elif event.mask & ev.MODIFY and (name in cap._deleted or _tmpfile_name(event.name)):
+                cap.hidden = True
+            touched.add(cap)
+        for cap in touched:
+            if cap.hidden:
+                self._check_disk(cap)
+            self._schedule(cap)
+
+    def _schedule(self, cap: TmpCap) -> None:
+        if cap.ended or cap._scan is not None:
+            return
+        delay = max(0.0, cap._last_scan + cap._interval - time.monotonic())
+        cap._scan = self._loop.call_later(delay, self._scan_now, cap)
+
+    def _scan_now(self, cap: TmpCap) -> None:
+        cap._scan = None
+        if cap.ended:
+            return
+        started = time.monotonic()
+        try:
+            cap.usage = usage(cap.path, cap.uid, cap.max_files, lambda fd, key: self._add_watch(cap, fd, key))
+        except FileNotFoundError:
+            return  # the directory is being removed
+        except OSError as exc:  # an unchecked /tmp is an uncapped one: the run ends
+            self._end(cap, f"error: /tmp could not be checked: {exc.strerror or exc}")
+            return
+        elapsed = time.monotonic() - started
+        cap._last_scan = started + elapsed
+        cap._interval = max(MIN_INTERVAL, 2 * elapsed)
+        if cap.usage.over_files:
+            self._end(cap, f"error: /tmp file limit exceeded ({cap.max_files} files)")
+        elif cap.usage.bytes > cap.max_bytes:
+            self._end(cap, f"error: /tmp size limit exceeded ({_size(cap.max_bytes)})")
+        elif cap.hidden:
+            self._check_disk(cap)
+        if cap._polling and not cap.ended:
+            self._schedule_poll(cap)
+
+    def _schedule_poll(self, cap: TmpCap) -> None:
+        if cap._scan is None:
+            cap._scan = self._loop.call_later(max(POLL_INTERVAL, cap._interval), self._scan_now, cap)
+
+    def _add_watch(self, cap: TmpCap, fd: int, key: tuple) -> None:
+        if key in cap._watches or cap._polling:
+            return
+        try:
+            # through the descriptor the scan opened: exactly that directory, whatever its name leads to now
+            wd = self._inotify.add_watch(f"/proc/self/fd/{fd}", WATCHED)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.ENOMEM):
+                raise
+            log.warning("no inotify watch for %s (%s): it is scanned on a timer", cap.path, exc)
+            cap._polling = True
+            return
+        cap._watches[key] = wd
+        self._by_watch[wd] = cap
+
+    def _check_disk(self, cap: TmpCap) -> None:
+        try:
+            free = os.statvfs(cap.path)
+        except OSError:
+            return
+        if free.f_bavail * free.f_frsize < self.disk_floor:
+            self._end(cap, "error: /tmp size limit exceeded (deleted files held open while the disk is nearly full)")
+
+    def _end(self, cap: TmpCap, reason: str) -> None:
+        if cap.ended:
+            return
+        cap.ended = reason
+        if cap._scan is not None:
+            cap._scan.cancel()
+            cap._scan = None
+        try:
+            cap.over(reason)
+        except Exception:  # noqa: BLE001 - the watcher serves every run; one callback's failure stays its own
+            log.exception("ending the run over its /tmp caps failed")
+
+
+def _tmpfile_name(name: str) -> bool:
+    """The name inotify gives a file made with O_TMPFILE (`#` and its inode number)."""
+    return name.startswith("#") and name[1:].isdigit()
+
+
+def _size(value: int) -> str:
+    return f"{value // MIB} MiB" if value % MIB == 0 else f"{value} bytes"
+
+
+class RunDirectories:
+    """Each run's /tmp where it is a directory of its zygote's tree (the chroot mode): `<tree>/tmp/<uid>`,
+    0700 and the run uid's (runtimes/trees.py), capped while its child lives, removed once nothing of the uid
+    is left. The child sees it as /tmp/<uid> (HOME and TMPDIR)."""
+
+    def __init__(self, watcher: TmpWatcher, max_bytes: int, max_files: int):
+        self.watcher = watcher
+        self.max_bytes = max_bytes
+        self.max_files = max_files
+        self._caps: dict[int, TmpCap] = {}  # child pid -> its directory's cap
+        self._held: dict[str, int] = {}  # directory -> a descriptor holding a shared flock on it (ours, in use)
+
+    def make(self, tree_root: str, uid: int) -> tuple[str, str]:
+        """A fresh directory for uid's next run: (the service's path to it, the run's). This instance holds a
+        lock on it until remove(): what no live instance holds is a dead one's, for anyone to remove
+        (trees.clear_stale_run_tmps)."""
+        for _ in range(3):
+            path = trees.make_run_tmp(tree_root, uid)
+            try:
+                self._held[path] = dirlock.lock_shared(path)
+                return path, f"/tmp/{uid}"
+            except FileNotFoundError:  # another instance took it for a dead one's before it was locked
+                continue
+        raise OSError(f"could not make a /tmp directory for uid {uid} in {tree_root}")
+
+    def watch(self, child) -> None:
+        """Cap the child's directory until remove(); over a cap the child is killed, its run ending with the
+        watcher's error line."""
+
+        def over(reason: str) -> None:
+            child.ended_by = reason
+            if child.pidfd >= 0:  # -1 once the child is reaped and closed: its number may be another's now
+                with contextlib.suppress(ProcessLookupError, OSError):
+                    signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
+
+        self._caps[child.pid] = self.watcher.watch(child.tmpdir, child.uid, self.max_bytes, self.max_files, over)
+
+    async def remove(self, child) -> None:
+        """The child is dead and its uid swept: stop watching, remove the directory (off the event loop:
+        a run may leave thousands of directories)."""
+        cap = self._caps.pop(child.pid, None)
+        if cap is not None:
+            self.watcher.unwatch(cap)
+        path = child.tmpdir
+        child.tmpdir = ""
+        if path:
+            self._unlock(path)
+            await asyncio.to_thread(_remove_quietly, path)
+
+    def discard(self, path: str) -> None:
+        """A directory whose child never came to be."""
+        self._unlock(path)
+        _remove_quietly(path)
+
+    def _unlock(self, path: str) -> None:
+        fd = self._held.pop(path, -1)
+        if fd >= 0:
+            os.close(fd)
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        if os.path.lexists(path):
+            trees.remove_tree(path)
+    except OSError as exc:
+        log.warning("could not remove a run's /tmp %s: %s", path, exc)

@@ -1,0 +1,317 @@
+"""A run's /tmp as a plain directory (the chroot mode) keeps the tmpfs's caps against hostile code.
+
+Each case forks a process that becomes a run's uid in a directory of its own, with the
+RLIMIT_FSIZE a chroot-mode child gets, and does its worst there while the service's watcher
+(runtimes/jail/tmpcap.py) looks on; over a cap the watcher's callback kills it, as the runtime does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import signal
+import tempfile
+import time
+
+import pytest
+
+from runtimes import trees
+from runtimes.jail import tmpcap
+
+MIB = 1024 * 1024
+RUN_UID = 1_499_999_001 if os.geteuid() == 0 else os.getuid()
+
+
+@pytest.fixture
+def run_dir():
+    """A run's /tmp directory: 0700 and the run uid's, on a disk filesystem (not a tmpfs: none can be mounted)."""
+    parent = tempfile.mkdtemp(prefix="sandlot-tmpcap-", dir="/var/tmp")
+    os.chmod(parent, 0o711)  # as the tree's /tmp: passable, not listable
+    path = os.path.join(parent, "run")
+    os.mkdir(path, 0o700)
+    os.chown(path, RUN_UID, RUN_UID)
+    yield path
+    trees.remove_tree(parent)  # shutil.rmtree recurses: the deepest cases would defeat it
+
+
+def hostile(path: str, code: str, file_limit: int) -> int:
+    """A child that runs code as the run's uid in path, RLIMIT_FSIZE at file_limit; its pidfd."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.setgroups([])
+            os.setresgid(RUN_UID, RUN_UID, RUN_UID)
+            os.setresuid(RUN_UID, RUN_UID, RUN_UID)
+            os.chdir(path)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # as the interpreters do: EFBIG, not death
+            exec(code, {"os": os, "time": time})
+            os._exit(0)
+        except BaseException as exc:  # noqa: BLE001
+            os.write(2, f"hostile: {type(exc).__name__}: {exc}\n".encode())
+            os._exit(3)
+    return os.pidfd_open(pid)
+
+
+def watch_run(path: str, code: str, max_bytes: int, max_files: int, limit: float = 20.0, **watcher) -> dict:
+    """Run code under the watcher; how it ended and what was left in its directory."""
+
+    async def main() -> dict:
+        watcher_ = tmpcap.TmpWatcher(**watcher)
+        pidfd = hostile(path, code, max_bytes)
+        ended: list[str] = []
+
+        def over(reason: str) -> None:
+            ended.append(reason)
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+
+        cap = watcher_.watch(path, RUN_UID, max_bytes, max_files, over)
+        loop = asyncio.get_running_loop()
+        gone = asyncio.Event()
+        loop.add_reader(pidfd, gone.set)
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(gone.wait(), limit)
+        except TimeoutError:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            await gone.wait()
+        loop.remove_reader(pidfd)
+        status = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+        os.close(pidfd)
+        elapsed = time.monotonic() - started
+        left = tmpcap.usage(path, RUN_UID, 10**9)
+        watcher_.unwatch(cap)
+        watcher_.close()
+        return {
+            "ended": ended,
+            "killed": status.si_code == os.CLD_KILLED,
+            "exit": status.si_status,
+            "left": left,
+            "hidden": cap.hidden,
+            "elapsed": elapsed,
+            "seen": cap.usage,
+        }
+
+    return asyncio.run(main())
+
+
+MANY_SMALL_FILES = """
+n = 0
+while True:
+    with open(f"f{n}", "w") as f:
+        f.write("x")
+    n += 1
+"""
+
+
+def test_many_small_files_end_the_run_at_the_file_cap(run_dir):
+    result = watch_run(run_dir, MANY_SMALL_FILES, 64 * MIB, 200)
+    assert result["ended"] == ["error: /tmp file limit exceeded (200 files)"] and result["killed"]
+    assert result["left"].files > 200  # what it managed before the kill: a bounded overshoot
+    assert result["left"].files < 200 + 20_000
+
+
+MANY_BIG_FILES = """
+chunk = b"x" * (1 << 20)
+n = 0
+while True:
+    with open(f"big{n}", "wb") as f:
+        for _ in range(4):
+            f.write(chunk)
+    n += 1
+"""
+
+
+def test_many_big_files_end_the_run_at_the_size_cap_within_a_bounded_overshoot(run_dir):
+    result = watch_run(run_dir, MANY_BIG_FILES, 16 * MIB, 2048)
+    assert result["ended"] == ["error: /tmp size limit exceeded (16 MiB)"] and result["killed"]
+    overshoot = result["left"].bytes - 16 * MIB
+    assert 0 < overshoot < 256 * MIB, overshoot  # what it wrote between a scan and the kill
+
+
+ONE_BIG_FILE = """
+chunk = b"x" * (1 << 20)
+with open("one", "wb", buffering=0) as f:
+    try:
+        while True:
+            f.write(chunk)
+    except OSError as exc:
+        os.write(1, f"stopped: {exc.errno}".encode())
+time.sleep(0.5)
+"""
+
+
+def test_one_file_stops_at_the_size_cap_by_rlimit(run_dir):
+    """No single file passes the cap: the write fails with EFBIG, as a full tmpfs fails with ENOSPC."""
+    result = watch_run(run_dir, ONE_BIG_FILE, 8 * MIB, 2048)
+    assert os.path.getsize(os.path.join(run_dir, "one")) == 8 * MIB
+    assert result["ended"] == [] and not result["killed"] and result["exit"] == 0
+    assert result["seen"].bytes == 8 * MIB
+
+
+DEEP_DIRECTORIES = """
+os.makedirs("d/" * 60)
+os.chdir("d/" * 60)
+chunk = b"x" * (1 << 20)
+n = 0
+while True:
+    with open(f"deep{n}", "wb") as f:
+        f.write(chunk)
+    n += 1
+"""
+
+
+def test_writes_deep_below_new_directories_are_seen(run_dir):
+    result = watch_run(run_dir, DEEP_DIRECTORIES, 8 * MIB, 2048)
+    assert result["ended"] == ["error: /tmp size limit exceeded (8 MiB)"] and result["killed"]
+
+
+PAST_PATH_MAX = """
+for _ in range(40):  # 40 names of 250 bytes: 10000 bytes of path, more than PATH_MAX
+    os.mkdir("n" * 250)
+    os.chdir("n" * 250)
+chunk = b"x" * (1 << 20)
+n = 0
+while True:
+    with open(f"far{n}", "wb") as f:
+        f.write(chunk)
+    n += 1
+"""
+
+
+def test_writes_below_a_path_longer_than_path_max_are_seen(run_dir):
+    result = watch_run(run_dir, PAST_PATH_MAX, 8 * MIB, 2048)
+    assert result["ended"] == ["error: /tmp size limit exceeded (8 MiB)"] and result["killed"]
+
+
+DEEPER_THAN_ANY_STACK = """
+while True:
+    os.mkdir("d")
+    os.chdir("d")
+"""
+
+
+def test_directories_nested_past_any_recursion_limit_count_as_files(run_dir):
+    result = watch_run(run_dir, DEEPER_THAN_ANY_STACK, 64 * MIB, 1200)
+    assert result["ended"] == ["error: /tmp file limit exceeded (1200 files)"] and result["killed"]
+    assert result["left"].files > 1200  # deeper than Python's recursion limit
+
+
+HARD_LINKS = """
+with open("target", "wb") as f:
+    f.write(b"x" * (1 << 20))
+for n in range(1000):
+    os.link("target", f"link{n}")
+time.sleep(0.5)
+"""
+
+
+def test_hard_links_are_one_file_as_on_tmpfs(run_dir):
+    result = watch_run(run_dir, HARD_LINKS, 8 * MIB, 50)
+    assert result["ended"] == [] and result["exit"] == 0
+    assert result["seen"].files == 1
+    assert MIB <= result["seen"].bytes < 2 * MIB  # the file once, and the directory's entries
+
+
+SPARSE = """
+with open("sparse", "wb") as f:
+    try:
+        f.truncate(1 << 40)
+    except OSError as exc:
+        os.write(1, f"refused: {exc.errno}".encode())
+    f.truncate((8 << 20) - 1)
+    for offset in range(0, 8 << 20, 1 << 20):
+        f.seek(offset)
+        f.write(b"y")
+time.sleep(0.5)
+"""
+
+
+def test_a_sparse_file_costs_what_it_stores(run_dir):
+    result = watch_run(run_dir, SPARSE, 8 * MIB, 2048)
+    assert result["ended"] == [] and result["exit"] == 0
+    assert os.path.getsize(os.path.join(run_dir, "sparse")) == 8 * MIB - 1  # 1 TiB: refused by RLIMIT_FSIZE
+    assert result["seen"].bytes <= 8 * 4096 * 2
+
+
+HIDDEN = """
+chunk = b"x" * (1 << 20)
+held = []
+while True:
+    fd = os.open("h", os.O_CREAT | os.O_RDWR, 0o600)
+    os.unlink("h")
+    for _ in range(4):
+        os.write(fd, chunk)
+    held.append(fd)
+    if len(held) > 30:
+        time.sleep(0.1)
+"""
+
+
+def test_files_deleted_while_open_are_noticed_and_end_the_run_when_the_disk_runs_low(run_dir):
+    free = os.statvfs(run_dir)
+    floor = free.f_bavail * free.f_frsize + 1024 * MIB  # the disk counts as nearly full from the start
+    result = watch_run(run_dir, HIDDEN, 8 * MIB, 2048, disk_floor=floor)
+    assert result["hidden"] and result["killed"]
+    assert result["ended"] == [
+        "error: /tmp size limit exceeded (deleted files held open while the disk is nearly full)"
+    ]
+
+
+def test_files_deleted_while_open_are_allowed_while_the_disk_has_room(run_dir):
+    result = watch_run(run_dir, HIDDEN.replace("while True:", "for _ in range(3):"), 8 * MIB, 2048)
+    assert result["hidden"] and result["ended"] == [] and result["exit"] == 0
+
+
+TMPFILE = """
+time.sleep(0.2)  # the runtime watches a run's directory before the run begins
+fd = os.open(".", os.O_TMPFILE | os.O_RDWR, 0o600)
+os.write(fd, b"z" * (1 << 20))
+time.sleep(0.5)
+"""
+
+
+def test_an_unnamed_o_tmpfile_file_is_noticed(run_dir):
+    result = watch_run(run_dir, TMPFILE, 8 * MIB, 2048)
+    assert result["hidden"] and result["ended"] == []
+
+
+SYMLINK_SWAP = """
+os.mkdir("sub")
+for n in range(2000):
+    os.rename("sub", "old")
+    os.symlink("/", "sub")
+    os.unlink("sub")
+    os.rename("old", "sub")
+"""
+
+
+def test_a_directory_swapped_for_a_symlink_is_never_followed(run_dir):
+    """The scan runs as root: were it to follow a symlink to /, it would count the host's files."""
+    result = watch_run(run_dir, SYMLINK_SWAP, 64 * MIB, 100)
+    assert result["ended"] == [] and result["exit"] == 0
+
+
+def test_the_scan_holds_few_descriptors_however_deep(run_dir):
+    path = run_dir
+    for _ in range(300):
+        path = os.path.join(path, "d")
+        os.mkdir(path)
+    opened = []
+
+    def directory(fd: int, key: tuple) -> None:
+        opened.append(len(os.listdir("/proc/self/fd")))
+
+    counted = tmpcap.usage(run_dir, os.geteuid(), 10_000, directory)
+    assert counted.files == 300
+    assert max(opened) - min(opened) <= 1
+
+
+def test_without_inotify_watches_the_directory_is_scanned_on_a_timer(run_dir, monkeypatch):
+    def refused(self, path, mask):
+        raise OSError(28, "No space left on device")  # fs.inotify.max_user_watches reached
+
+    monkeypatch.setattr(tmpcap.INotify, "add_watch", refused)
+    result = watch_run(run_dir, MANY_BIG_FILES, 8 * MIB, 2048)
+    assert result["ended"] == ["error: /tmp size limit exceeded (8 MiB)"] and result["killed"]

@@ -1,0 +1,334 @@
+"""The read-only tree as a real directory (the chroot mode): what it holds, who may write it, how it is kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+
+import pytest
+from conftest import needs_root
+
+from runtimes import tree, trees
+from runtimes.config import RuntimeConfig
+from runtimes.nodejs.runtime import NodeRuntime
+from runtimes.python.runtime import PythonRuntime
+
+RUN_UID = 1_499_999_000  # not a host user: a run's uid stands in
+
+
+@pytest.fixture
+def place():
+    """A scratch directory on the data directory's filesystem (not /tmp: trees never live there)."""
+    path = tempfile.mkdtemp(prefix="sandlot-trees-", dir="/var/tmp")
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def listing(root: str) -> dict[str, tuple]:
+    """Every path below root with what a run can tell of it: type, size, symlink target, device number."""
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            info = os.lstat(path)
+            kind = stat.S_IFMT(info.st_mode)
+            found[path[len(root) :] or "/"] = (
+                kind,
+                info.st_size if stat.S_ISREG(info.st_mode) else 0,
+                os.readlink(path) if stat.S_ISLNK(info.st_mode) else "",
+                info.st_rdev,
+            )
+    return found
+
+
+PIVOT_LISTING = """
+import json, os, sys
+sys.path.insert(0, {source!r})
+from runtimes import tree
+spec, root = json.loads({spec!r}), {root!r}
+tree.build_and_enter(spec, root)
+sys.path.insert(0, {source!r})
+found = {{}}
+for dirpath, dirnames, filenames in os.walk("/"):
+    for name in dirnames + filenames:
+        path = os.path.join(dirpath, name)
+        info = os.lstat(path)
+        found[path] = [info.st_mode & 0o170000, info.st_size if (info.st_mode & 0o170000) == 0o100000 else 0,
+                       os.readlink(path) if (info.st_mode & 0o170000) == 0o120000 else "", info.st_rdev]
+print(json.dumps(found))
+"""
+
+
+def pivot_listing(spec: dict, scratch: str) -> dict[str, tuple]:
+    """What build_and_enter's tree shows, seen from inside it (a child of its own: a mount namespace)."""
+    root = tempfile.mkdtemp(prefix="sandlot-pivot-", dir=scratch)
+    source = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = PIVOT_LISTING.format(source=source, spec=json.dumps(spec), root=root)
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True)
+    return {path: tuple(value) for path, value in json.loads(out.stdout).items()}
+
+
+def runtime_specs() -> dict[str, dict]:
+    python_layer = tempfile.mkdtemp(prefix="sandlot-layer-", dir="/var/tmp")
+    os.makedirs(os.path.join(python_layer, "probe"))
+    with open(os.path.join(python_layer, "probe", "__init__.py"), "w") as f:
+        f.write("VALUE = 1\n")
+    specs = {"python3": PythonRuntime(RuntimeConfig(python_layer=python_layer)).tree().to_dict()}
+    node = NodeRuntime(RuntimeConfig(nodejs_path=shutil.which("node") or "/usr/bin/node"))
+    if not node.missing():
+        specs["nodejs"] = node.tree().to_dict()
+    return specs
+
+
+@needs_root
+@pytest.mark.parametrize("language", ["python3", "nodejs"])
+def test_the_materialized_tree_holds_exactly_what_the_pivot_tree_shows(language, place):
+    specs = runtime_specs()
+    if language not in specs:
+        pytest.skip("no node here")
+    spec = specs[language]
+    root = os.path.join(place, "tree")
+    os.mkdir(root)
+    tree.materialize(spec, root)
+    assert listing(root) == pivot_listing(spec, place)
+    for path in spec["hidden"]:  # the interpreter's own site-packages: an empty directory, as in the pivot tree
+        assert os.listdir(root + os.path.realpath(path)) == []
+
+
+def test_only_root_files_nobody_else_may_write_are_hard_linked(place):
+    source = os.path.join(place, "src")
+    os.mkdir(source)
+    modes = {"plain": 0o644, "script": 0o755, "world_writable": 0o666, "group_writable": 0o664, "setuid": 0o4755}
+    for name, mode in modes.items():
+        with open(os.path.join(source, name), "w") as f:
+            f.write(name)
+        os.chmod(os.path.join(source, name), mode)
+    foreign = os.path.join(source, "build_uid_owned")
+    with open(foreign, "w") as f:
+        f.write("built")
+    if os.geteuid() == 0:
+        os.chown(foreign, RUN_UID, RUN_UID)
+    root = os.path.join(place, "tree")
+    os.mkdir(root)
+    done = tree.materialize({"binds": [source], "hidden": [], "devices": [], "placed": {}}, root)
+    linked = {name for name in [*modes, "build_uid_owned"] if _same_inode(source, root, name)}
+    if os.geteuid() == 0:
+        assert linked == {"plain", "script"}
+        assert done.linked == 2 and done.copied == 4
+    for name in ["world_writable", "group_writable", "setuid", "build_uid_owned"]:
+        info = os.stat(root + os.path.join(source, name))
+        assert not info.st_mode & (stat.S_ISUID | stat.S_IWGRP | stat.S_IWOTH), name
+        assert info.st_uid == os.geteuid()
+        with open(root + os.path.join(source, name)) as f:
+            assert f.read() in ("built", name)
+
+
+def _same_inode(source: str, root: str, name: str) -> bool:
+    return os.stat(os.path.join(source, name)).st_ino == os.stat(root + os.path.join(source, name)).st_ino
+
+
+def test_across_filesystems_files_are_copied_with_their_times(place):
+    """/dev/shm is another filesystem here: no link is possible, copies keep mtimes (cached bytecode stays valid)."""
+    if os.stat("/dev/shm").st_dev == os.stat(place).st_dev:
+        pytest.skip("/dev/shm is on the same filesystem here")
+    root = tempfile.mkdtemp(prefix="sandlot-tree-", dir="/dev/shm")
+    try:
+        source = os.path.join(place, "module.py")
+        with open(source, "w") as f:
+            f.write("x = 1\n" * 1000)
+        os.utime(source, ns=(1_000_000_000, 1_700_000_000_123_456_789))
+        done = tree.materialize({"binds": [source], "hidden": [], "devices": [], "placed": {}}, root)
+        assert done.linked == 0 and done.copied == 1 and done.copied_bytes == 6000
+        copy = os.stat(root + source)
+        assert copy.st_mtime_ns == 1_700_000_000_123_456_789 and copy.st_size == 6000
+    finally:
+        shutil.rmtree(root)
+
+
+@needs_root
+def test_device_nodes_or_safe_stand_ins(place):
+    spec = {"binds": [], "hidden": [], "devices": list(tree.DEVICES), "placed": {}}
+    real = os.path.join(place, "real")
+    os.mkdir(real)
+    tree.materialize(spec, real, device_nodes=True)
+    for path in tree.DEVICES:
+        info = os.stat(real + path)
+        assert stat.S_ISCHR(info.st_mode) and info.st_rdev == os.stat(path).st_rdev
+        assert stat.S_IMODE(info.st_mode) == 0o666
+    with open(real + "/dev/urandom", "rb") as f:
+        assert len(f.read(16)) == 16
+    stand_in = os.path.join(place, "stand-in")
+    os.mkdir(stand_in)
+    assert tree.materialize(spec, stand_in, device_nodes=False).devices == "stand-ins"
+    null = os.stat(stand_in + "/dev/null")
+    assert stat.S_ISREG(null.st_mode) and null.st_size == 0 and stat.S_IMODE(null.st_mode) == 0o444
+    assert null.st_uid == 0
+    assert sorted(os.listdir(stand_in + "/dev")) == ["null"]  # no file pretends to be a source of randomness
+
+
+CONFINED = """
+import os, sys
+os.chroot({root!r})
+os.chdir("/")
+os.setgroups([])
+os.setresgid({uid}, {uid}, {uid})
+os.setresuid({uid}, {uid}, {uid})
+writable = []
+for dirpath, dirnames, filenames in os.walk("/"):
+    if dirpath.startswith("/tmp/{uid}"):
+        continue
+    if os.access(dirpath, os.W_OK):
+        writable.append(dirpath)
+    for name in filenames:
+        path = os.path.join(dirpath, name)
+        if not os.path.islink(path) and os.access(path, os.W_OK) and not path.startswith("/dev/"):
+            writable.append(path)
+try:
+    os.listdir("/tmp")
+    listed = "listed"
+except PermissionError:
+    listed = "denied"
+try:
+    open("/tmp/planted", "w")
+    planted = "written"
+except PermissionError:
+    planted = "denied"
+with open("/tmp/{uid}/own", "w") as f:
+    f.write("mine")
+print(writable, listed, planted, flush=True)
+os.execv({python!r}, [{python!r}, "-I", "-S", "-c",
+         "import json, ssl, sqlite3, zoneinfo; print(zoneinfo.ZoneInfo('Europe/Paris').key, ssl.OPENSSL_VERSION[:7])"])
+"""
+
+
+@needs_root
+def test_a_run_uid_in_the_tree_writes_only_its_own_tmp_and_the_interpreter_runs(place):
+    spec = runtime_specs()["python3"]
+    store = trees.TreeStore(os.path.join(place, "trees"))
+    root = store.ensure(spec)
+    try:
+        own = trees.make_run_tmp(root, RUN_UID)
+        assert stat.S_IMODE(os.stat(own).st_mode) == 0o700 and os.stat(own).st_uid == RUN_UID
+        assert stat.S_IMODE(os.stat(root + "/tmp").st_mode) == 0o711
+        python = os.path.realpath(RuntimeConfig().python_path)
+        code = CONFINED.format(root=root, uid=RUN_UID, python=python)
+        out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines() == ["[] denied denied", "Europe/Paris OpenSSL"]
+        trees.remove_run_tmp(root, RUN_UID)
+        assert not os.path.exists(own)
+    finally:
+        store.release(root)
+        store.close()
+
+
+def test_a_leftover_tmp_goes_without_following_what_was_planted(place):
+    root = os.path.join(place, "tree")
+    os.makedirs(os.path.join(root, "tmp"))
+    victim = os.path.join(place, "victim")
+    os.mkdir(victim)
+    open(os.path.join(victim, "keep"), "w").close()
+    left = trees.run_tmp(root, os.getuid())
+    os.makedirs(os.path.join(left, "deep", "er"))
+    os.symlink(victim, os.path.join(left, "deep", "link"))
+    fresh = trees.make_run_tmp(root, os.getuid())
+    assert os.listdir(fresh) == [] and os.listdir(victim) == ["keep"]
+
+
+def test_a_run_tmp_nested_past_recursion_and_path_limits_is_removed(place):
+    root = os.path.join(place, "tree")
+    os.makedirs(os.path.join(root, "tmp"))
+    victim = os.path.join(place, "victim")
+    os.mkdir(victim)
+    open(os.path.join(victim, "keep"), "w").close()
+    left = trees.run_tmp(root, os.getuid())
+    os.mkdir(left)
+    fd = os.open(left, os.O_RDONLY | os.O_DIRECTORY)
+    for level in range(3000):  # deeper than Python's recursion limit, and far past PATH_MAX
+        name = ("n" * 200) if level % 2 else ".sandlot-rm-1"
+        os.mkdir(name, dir_fd=fd)
+        open(f"/proc/self/fd/{fd}/file", "w").close()
+        if level % 100 == 0:
+            os.symlink(victim, f"/proc/self/fd/{fd}/link")
+        deeper = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = deeper
+    os.close(fd)
+    trees.remove_run_tmp(root, os.getuid())
+    assert os.listdir(os.path.join(root, "tmp")) == [] and os.listdir(victim) == ["keep"]
+
+
+def _store_spec(place: str) -> tuple[dict, str]:
+    source = os.path.join(place, "layer")
+    os.makedirs(os.path.join(source, "pkg"), exist_ok=True)
+    module = os.path.join(source, "pkg", "mod.py")
+    with open(module, "w") as f:
+        f.write("x = 1\n")
+    return {"binds": [source], "hidden": [], "devices": ["/dev/null"], "placed": {}}, module
+
+
+@needs_root
+def test_a_tree_is_built_once_reused_after_a_restart_and_rebuilt_when_a_source_changes(place, monkeypatch):
+    spec, module = _store_spec(place)
+    built = []
+    materialize = tree.materialize
+
+    def watched(spec, scratch, device_nodes=True):
+        built.append(scratch)
+        done = materialize(spec, scratch, device_nodes)
+        final = scratch.rsplit(".build-", 1)[0]
+        assert not os.path.exists(final), "a tree is visible under its name only once it is complete"
+        return done
+
+    monkeypatch.setattr(tree, "materialize", watched)
+    first = trees.TreeStore(os.path.join(place, "trees"))
+    path = first.ensure(spec)
+    assert first.ensure(spec) == path and len(built) == 1  # a second zygote on the same tree
+    first.close()  # the instance is killed: nothing removes its tree
+    restarted = trees.TreeStore(os.path.join(place, "trees"))
+    assert restarted.ensure(spec) == path and len(built) == 1  # reused, not built again
+    os.utime(module, ns=(0, 1))  # the source changed (an upgraded package): another tree
+    changed = restarted.ensure(spec)
+    assert changed != path and len(built) == 2
+    restarted.release(path)
+    restarted.release(path)  # after its last user
+    assert not os.path.exists(path)
+    restarted.release(changed)
+    restarted.close()
+
+
+@needs_root
+def test_a_tree_another_instance_holds_is_not_removed(place):
+    spec, _module = _store_spec(place)
+    first = trees.TreeStore(os.path.join(place, "trees"))
+    second = trees.TreeStore(os.path.join(place, "trees"))
+    path = first.ensure(spec)
+    assert second.ensure(spec) == path
+    first.release(path)
+    assert os.path.isdir(path)  # the second instance still serves from it
+    first.collect()
+    assert os.path.isdir(path)
+    second.release(path)
+    assert not os.path.exists(path)
+    os.mkdir(os.path.join(place, "trees", "abandoned.build-1"))
+    os.utime(os.path.join(place, "trees", "abandoned.build-1"), (0, 0))  # left by a dead build long ago
+    second.collect()
+    assert os.listdir(os.path.join(place, "trees")) == []
+
+
+def test_a_noexec_data_directory_is_refused_naming_it(place, monkeypatch):
+    real = os.statvfs
+
+    def noexec(path):
+        result = real(path)
+        return os.statvfs_result((*result[:8], result.f_flag | os.ST_NOEXEC, *result[9:]))
+
+    monkeypatch.setattr(os, "statvfs", noexec)
+    with pytest.raises(trees.TreeUnusable, match="noexec"):
+        trees.TreeStore(os.path.join(place, "trees"))
