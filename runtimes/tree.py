@@ -36,7 +36,14 @@ SYSTEM_FILES = (
 RUN_HOSTNAME = "sandbox"  # what uname() tells a run (child.py sets it in the run's UTS namespace)
 # The run's /etc/hosts: loopback for localhost and for its own hostname, so that resolving
 # gethostname() works as on any machine; nothing of the host's.
-RUN_HOSTS = f"127.0.0.1\tlocalhost {RUN_HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback {RUN_HOSTNAME}\n"
+
+
+def run_hosts(hostname: str = RUN_HOSTNAME) -> str:
+    """A run's /etc/hosts: localhost and the name uname() tells it, on both loopbacks, nothing else."""
+    return f"127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback {hostname}\n"
+
+
+RUN_HOSTS = run_hosts()
 
 
 @dataclass
@@ -69,11 +76,11 @@ class TreeSpec:
         return asdict(self)
 
 
-def run_system_files(spec: TreeSpec) -> None:
+def run_system_files(spec: TreeSpec, hostname: str = RUN_HOSTNAME) -> None:
     """What every run's tree holds of the system: certificates, resolver and time zone files from
-    the host, and a hosts file of its own (RUN_HOSTS) instead of the host's."""
+    the host, and a hosts file of its own (run_hosts) instead of the host's."""
     spec.add(*(path for path in SYSTEM_FILES if path != "/etc/hosts"))
-    spec.generate("/etc/hosts", RUN_HOSTS)
+    spec.generate("/etc/hosts", run_hosts(hostname))
 
 
 def under_tmp(path: str) -> bool:

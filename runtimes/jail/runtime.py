@@ -17,12 +17,13 @@ import asyncio
 import dataclasses
 import logging
 import os
+import socket
 import tempfile
 
 import pyseccomp
 
 import runtimes
-from runtimes import tempdirs, trees
+from runtimes import linux, tempdirs, trees
 from runtimes.config import MIB, RuntimeConfig
 from runtimes.jail import modes, run_network, sweep
 from runtimes.jail.egress import EgressFilter
@@ -39,7 +40,7 @@ from runtimes.jail.userspace_net import REFUSED as REFUSED_PREFIX
 from runtimes.jail.userspace_net import NamespaceNetwork
 from runtimes.jail.userspace_net import plan as plan_network
 from runtimes.payload import RunRequest, Unavailable
-from runtimes.tree import TreeSpec
+from runtimes.tree import RUN_HOSTNAME, TreeSpec
 
 log = logging.getLogger("sandlot.runtime")
 
@@ -79,6 +80,12 @@ class JailedRuntime:
 
     def tree(self) -> TreeSpec:
         raise NotImplementedError
+
+    def run_hostname(self) -> str:
+        """What uname() tells a run: RUN_HOSTNAME in a UTS namespace of its own; where it has none (chroot),
+        this machine's (a container's) own name, which the run's hosts file then knows too, as the name
+        a run may look up (nothing uname() does not tell it already)."""
+        return RUN_HOSTNAME if self.mode.clone_flags & linux.CLONE_NEWUTS else socket.gethostname()
 
     def runner_config(self) -> dict:
         return {"require_seccomp": self.config.require_seccomp, "extra_syscalls": list(self.config.extra_syscalls)}

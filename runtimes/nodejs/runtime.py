@@ -93,7 +93,7 @@ class NodeRuntime(JailedRuntime):
         if self.config.nodejs_layer:
             spec.add(self.config.nodejs_layer)
         spec.add(*tree.shared_libraries([self.node]))
-        tree.run_system_files(spec)
+        tree.run_system_files(spec, self.run_hostname())
         return spec
 
     def runner_config(self) -> dict:

@@ -45,7 +45,7 @@ class PythonRuntime(JailedRuntime):
             spec.add(layer)
             elf += tree.elf_files_under(layer)
         spec.add(*tree.shared_libraries(elf))
-        tree.run_system_files(spec)
+        tree.run_system_files(spec, self.run_hostname())
         for site in {paths["purelib"], paths["platlib"]}:  # the interpreter's own packages stay out
             if os.path.isdir(site):
                 spec.hidden.append(site)
