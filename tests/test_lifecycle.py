@@ -39,7 +39,7 @@ def test_a_thousand_runs_leave_nothing_behind():
         if IS_ROOT:
             uid_range = python["uid_range"]
             alive = processes_with_uid_in(*uid_range)
-            assert len(alive) == 4, alive  # exactly the ready children (their inits are root's)
+            assert len(alive) == 4, alive  # exactly the ready children
         assert len(descendants(svc.process.pid)) == expected_processes(svc)  # zygotes and ready children
         assert python["zygote_forks"] + 2000 * (python["zygote_generation"] - 1) >= 1000
     finally:

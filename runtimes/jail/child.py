@@ -2,8 +2,9 @@
 
 What a child does follows its mode's record (modes.py), field by field. Where
 runs have a PID namespace the zygote forks each child into namespaces of its
-own: pid 2 of a PID namespace whose init (inits.py) takes every process of the
-namespace with it when it ends, and, with the pivoted tree, a mount, an IPC and
+own: pid 1 of a PID namespace, whose end takes every other process of the
+namespace with it (the runners make the signals it sends itself end it, see
+python/runner.py), and, with the pivoted tree, a mount, an IPC and
 a UTS namespace (`Mode.clone_flags`); with a user namespace per run, that
 namespace owns them. The child confines itself (`confine`) and then runs the
 code.

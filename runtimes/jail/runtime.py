@@ -338,7 +338,7 @@ class JailedRuntime:
             "chroot": mode.tree != modes.NO_TREE,
             "own_uid": mode.own_uid,
             "user_namespace": mode.identity == modes.USER_NAMESPACE,
-            "pid_namespace": mode.pid_namespace,  # the run's processes die with its init; no other can be named
+            "pid_namespace": mode.pid_namespace,  # the run is pid 1: its processes die with it; none other is named
             "processes_ended_by": mode.processes,
             "capabilities": "none",
             "private_tmp": mode.tmp,

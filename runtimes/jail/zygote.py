@@ -13,11 +13,13 @@ The zygote reaps every child through a pidfd and reports how it ended; when the
 service goes away it kills what is left and exits.
 
 What it builds follows its mode's record (modes.py). Where runs have PID
-namespaces each child is pid 2 of one of its own, forked into it after a small
-init was made there (inits.py), and has the namespaces the mode asks for
-(child.py). Once the zygote has reaped the child it kills that init, and it
-reports how the child ended once the init is gone, which is after the kernel
-has killed everything else in the namespace.
+namespaces each child is forked straight into a PID namespace of its own, and
+into the other namespaces the mode asks for (child.py): it is pid 1 there, the
+namespace's init, so that when it ends the kernel kills everything else in the
+namespace before the zygote can reap it. When the zygote reports a child's end,
+nothing of its namespace is left. (A pid 1 is spared the signals it sends
+itself while their action is the default: the runners' signal shims make such
+a signal end the run as it would end any other process.)
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ import traceback
 from runtimes import linux, tree
 from runtimes.jail import namespaces, nftables, protocol
 from runtimes.jail.child import ChildPlan, Handles, confine, fence_signals, tmpfs_takes_huge_pages
-from runtimes.jail.inits import InitMaker, fork_run
 from runtimes.jail.modes import PIVOT, USER_NAMESPACE
 from runtimes.jail.protections import in_child
 
@@ -48,15 +49,16 @@ class Zygote:
         self.control = socket.socket(fileno=config["control_fd"])
         self.plan = ChildPlan.from_dict(config["plan"])
         self.runner = importlib.import_module(config["runner"])
-        self.children: dict[int, tuple[int, int]] = {}  # pidfd -> pid, pidfd of its namespace's init (or -1)
-        self.ending: dict[int, bytes] = {}  # pidfd of an init killed after its child -> the child's exit report
+        self.children: dict[int, int] = {}  # pidfd -> pid
         self.poller = select.poll()
         self.vm_size = _VmSize()
         self.lifeline = os.pidfd_open(os.getpid())  # children learn through it whether the zygote still lives
         mode = self.plan.mode
-        # for a new namespace's ids and for the inits' namespaces (the tree has no /proc)
-        needs_proc = mode.pid_namespace or mode.identity == USER_NAMESPACE
+        # for a new user namespace's ids (the tree has no /proc)
+        needs_proc = mode.identity == USER_NAMESPACE
         self.proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if needs_proc else -1
+        # a child's namespaces, made by the fork itself (its PID namespace: it is that namespace's pid 1)
+        self.clone_flags = mode.clone_flags | (linux.CLONE_NEWPID if mode.pid_namespace else 0)
         self.state = self.runner.prepare(config["runner_config"])
         self.report: dict = {"mode": mode.name, **self.state.report}
 
@@ -106,8 +108,6 @@ class Zygote:
             raise OSError("no network for the runs: the service is gone")
 
     def serve(self) -> None:
-        # before the warm-up: the inits are forks of a small process, not of the warm heap
-        self.inits = InitMaker(self.lifeline, self.proc) if self.plan.mode.pid_namespace else None
         self.report.update(self.runner.warm(self.state))
         gc.collect()
         gc.freeze()  # children then share the warm heap instead of copying it
@@ -141,29 +141,20 @@ class Zygote:
 
     def _fork(self, uid: int, tmpdir: str, variant: dict, fds: list[int]) -> None:
         address_space = self.vm_size.read()
-        init = namespace = -1
         try:
-            if self.inits is not None:
-                init, namespace = self.inits.make()
-                pid = fork_run(namespace, self.plan.mode.clone_flags)
-            else:
-                pid = os.fork()
+            pid = namespaces.fork_into(self.clone_flags) if self.clone_flags else os.fork()
         except OSError as exc:
             self.control.send(protocol.FORK_FAILED + str(exc).encode())
-            if init >= 0:
-                _kill(init)
-            for fd in (*fds, init, namespace):
-                if fd >= 0:
-                    os.close(fd)
+            for fd in fds:
+                os.close(fd)
             return
         if pid == 0:
             self._become_child(uid, tmpdir, variant, fds, address_space)
         pidfd = os.pidfd_open(pid)
-        for fd in (*fds, namespace):
-            if fd >= 0:
-                os.close(fd)
+        for fd in fds:
+            os.close(fd)
         socket.send_fds(self.control, [protocol.forked(pid)], [pidfd])
-        self.children[pidfd] = (pid, init)
+        self.children[pidfd] = pid
         self.poller.register(pidfd, select.POLLIN)
 
     def _become_child(self, uid: int, tmpdir: str, variant: dict, fds: list[int], address_space: int) -> None:
@@ -183,35 +174,19 @@ class Zygote:
         os._exit(CHILD_SETUP_FAILED)
 
     def _reap(self, pidfd: int) -> None:
+        """A child has ended (a namespace's pid 1: and everything else of its namespace with it): report it."""
         self.poller.unregister(pidfd)
-        if pidfd in self.ending:  # an init is gone, and with it everything else of its namespace
-            os.close(pidfd)
-            self.control.send(self.ending.pop(pidfd))
-            return
         result = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
         os.close(pidfd)
-        pid, init = self.children.pop(pidfd)
-        report = protocol.exited(pid, result.si_code in (os.CLD_KILLED, os.CLD_DUMPED), result.si_status)
-        if init < 0:
-            self.control.send(report)
-            return
-        _kill(init)
-        self.ending[init] = report
-        self.poller.register(init, select.POLLIN)
+        pid = self.children.pop(pidfd)
+        self.control.send(protocol.exited(pid, result.si_code in (os.CLD_KILLED, os.CLD_DUMPED), result.si_status))
 
     def _shutdown(self) -> None:
-        for pidfd, (_pid, init) in self.children.items():
-            _kill(pidfd)
-            if init >= 0:
-                _kill(init)
-        for pidfd in self.ending:
+        for pidfd in self.children:
             _kill(pidfd)
         for pidfd in self.children:
             os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
-        for pidfd in [*self.ending, *(init for _pid, init in self.children.values() if init >= 0)]:
-            select.select([pidfd], [], [], 5)  # gone; its maker reaps it
         self.children.clear()
-        self.ending.clear()
 
 
 def _kill(pidfd: int) -> None:

@@ -6,6 +6,16 @@ warm():    in the zygote, inside its tree: import the dependency layer.
 run():     in a confined child: read the run from stdin, set the run's limits,
            load the filter, run the code as __main__, report its status on fd 3
            and exit with it.
+
+Where runs have PID namespaces the child is pid 1 of its own, and the kernel
+spares a pid 1 every signal it sends itself while that signal's action is the
+default (SIGKILL included). So that such a signal still ends the run as it ends
+any other process, the runner installs a shim first (`_signal_shim`): a handler
+that ends the run on each signal that would have ended it (timers and limits
+included), and os.kill, os.abort, signal.raise_signal and signal.pthread_kill
+that do so for SIGKILL and the fault signals aimed at the run itself. Ending
+"by signal N" is the report KILLED_BY N on fd 3, then an exit; the service then
+says the run was killed by N, as it would have been.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ import io
 import json
 import linecache
 import os
+import signal
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -122,6 +133,8 @@ def _rehearse() -> None:
 
 def run(state: State, address_space: int, variant: dict) -> None:
     _fresh_stdio()
+    if os.getpid() == 1:
+        _signal_shim()
     _rehearse()
     (size,) = _HEADER.unpack(_read_exact(0, _HEADER.size))
     request = json.loads(_read_exact(0, size))
@@ -143,6 +156,58 @@ def _exit_reporting(status: int) -> None:
     except OSError:
         pass
     os._exit(status)
+
+
+# What ends a process by default: terminate or dump core (signal(7)). SIGINT and SIGPIPE are left
+# out (Python handles the one and ignores the other, as it does for SIGXFSZ).
+_ENDING = {
+    signal.SIGHUP, signal.SIGQUIT, signal.SIGILL, signal.SIGTRAP, signal.SIGABRT, signal.SIGBUS,
+    signal.SIGFPE, signal.SIGUSR1, signal.SIGSEGV, signal.SIGUSR2, signal.SIGALRM, signal.SIGTERM,
+    signal.SIGSTKFLT, signal.SIGXCPU, signal.SIGVTALRM, signal.SIGPROF, signal.SIGIO, signal.SIGPWR,
+    signal.SIGSYS, *range(signal.SIGRTMIN, signal.SIGRTMAX + 1),
+}  # fmt: skip
+# Raised by the kernel on a fault, and then delivered even to a pid 1: a handler would only
+# return to the faulting instruction. Aimed at itself on purpose, they go through the wrappers.
+_FAULTS = {signal.SIGILL, signal.SIGTRAP, signal.SIGBUS, signal.SIGFPE, signal.SIGSEGV, signal.SIGSYS}
+
+
+def _signal_shim() -> None:
+    """As pid 1 of its PID namespace: the signals the run sends itself end it as they would end any process."""
+    for signum in _ENDING - _FAULTS:
+        signal.signal(signum, _end_by_signal)
+    kill, raise_signal, pthread_kill = os.kill, signal.raise_signal, signal.pthread_kill
+
+    def ends(signum: int) -> bool:
+        return signum == signal.SIGKILL or (signum in _ENDING and signal.getsignal(signum) == signal.SIG_DFL)
+
+    def os_kill(pid: int, signum: int) -> None:
+        if pid == 1 and ends(signum):
+            _end_by_signal(signum)
+        kill(pid, signum)
+
+    def signal_raise_signal(signum: int) -> None:
+        if ends(signum):
+            _end_by_signal(signum)
+        raise_signal(signum)
+
+    def signal_pthread_kill(thread_id: int, signum: int) -> None:
+        threading = sys.modules.get("threading")
+        ours = threading is not None and any(t.ident == thread_id for t in threading.enumerate())
+        if ours and ends(signum):
+            _end_by_signal(signum)
+        pthread_kill(thread_id, signum)
+
+    os.kill, signal.raise_signal, signal.pthread_kill = os_kill, signal_raise_signal, signal_pthread_kill
+    os.abort = lambda: _end_by_signal(signal.SIGABRT)
+
+
+def _end_by_signal(signum: int, _frame=None) -> None:
+    """End the run as killed by signum: nothing flushed, as a signal would leave it."""
+    try:
+        os.write(_REPORT_FD, protocol.killed_by(signum))
+    except OSError:
+        pass
+    os._exit(128 + signum)
 
 
 def _fresh_stdio() -> None:
