@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import needs_root
-from service import descendants, expected_processes, parent_of, wait_for
+from service import descendants, expected_processes, parent_of, processes_with_uid_in, wait_for
 
 
 def run(service, code, **fields):
@@ -210,6 +210,19 @@ def test_root_jail_shape(service):
     assert lines[2] == "False False False"
     assert lines[3] in ("ro 30", "ro 13")  # read-only file system / permission denied
     assert lines[4] == "True"
+
+
+@needs_root
+def test_ready_children_hold_no_capability_not_even_to_regain(service):
+    """Every capability set of a child waiting for its run is empty, the bounding set too (the zygote drops
+    it once for all its children where they get no user namespace of their own)."""
+    uids = service.detail()["runtimes"]["python3"]["uid_range"]
+    children = processes_with_uid_in(*uids)
+    assert children
+    for pid in children:
+        with open(f"/proc/{pid}/status") as f:
+            caps = {k: int(v, 16) for k, v in (line.split(":") for line in f if line.startswith("Cap"))}
+        assert caps == {"CapInh": 0, "CapPrm": 0, "CapEff": 0, "CapBnd": 0, "CapAmb": 0}, (pid, caps)
 
 
 @needs_root

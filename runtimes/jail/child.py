@@ -56,6 +56,7 @@ class ChildPlan:
     max_file_bytes: int
     landlock: int = 0  # Landlock ABI to use, 0 for none
     tmp_huge_pages: bool = False  # set by the zygote when this kernel's tmpfs takes huge=within_size
+    bounding_set_dropped: bool = False  # set by the zygote when its children inherit its empty bounding set
 
     @classmethod
     def from_dict(cls, data: dict) -> ChildPlan:
@@ -105,7 +106,8 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
         )
         tmpdir = "/tmp"
     if mode.identity != SHARED:
-        namespaces.drop_bounding_set()
+        if not plan.bounding_set_dropped:
+            namespaces.drop_bounding_set()
         if mode.own_uid:
             os.setgroups([])
             os.setresgid(uid, uid, uid)
@@ -147,10 +149,11 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
         landlock.restrict(plan.landlock, writable=(tmpdir,), devices=DEVICES)
 
 
-def fence_signals() -> None:
-    """In the child, last: signals and rlimit changes for itself only."""
+def fence_signals(program: linux.SeccompProgram | None = None) -> None:
+    """In the child, last: signals and rlimit changes for itself only (program: the fence for its pid, made
+    ahead by the zygote where every child is pid 1 of its PID namespace)."""
     try:
-        seccomp_policy.fence_program(os.getpid()).load()
+        (program or seccomp_policy.fence_program(os.getpid())).load()
     except OSError:
         pass  # no seccomp here: the runner refuses to run, unless the operator opted out of seccomp
 

@@ -92,6 +92,10 @@ class JailedRuntime:
         """How many children of each variant to keep ready."""
         return {(): self.config.workers}
 
+    def idle_targets(self) -> dict[tuple, int]:
+        """How many to keep ready once the service is idle (schedule.py): one of the kind most runs need."""
+        return {self.default_variant(): 1}
+
     # ---- life cycle -----------------------------------------------------------
 
     async def start(self) -> None:
@@ -128,7 +132,7 @@ class JailedRuntime:
             )
             self.pool.on_retired.append(self.zygote_retired)
             if not config.one_run_at_a_time:  # before the first zygote: it fills up whenever a zygote runs
-                self.schedule = PooledSchedule(self.pool, self.ready_targets())
+                self.schedule = PooledSchedule(self.pool, self.ready_targets(), self.idle_targets())
             await self.pool.start()
         except modes.JailRefused as exc:
             self.refused = str(exc)

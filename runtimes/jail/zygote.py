@@ -36,9 +36,9 @@ import sys
 import traceback
 
 from runtimes import linux, tree
-from runtimes.jail import namespaces, nftables, protocol
+from runtimes.jail import namespaces, nftables, protocol, seccomp_policy
 from runtimes.jail.child import ChildPlan, Handles, confine, fence_signals, tmpfs_takes_huge_pages
-from runtimes.jail.modes import PIVOT, USER_NAMESPACE
+from runtimes.jail.modes import PIVOT, UID_PER_RUN, USER_NAMESPACE
 from runtimes.jail.protections import in_child
 
 CHILD_SETUP_FAILED = 125
@@ -59,6 +59,7 @@ class Zygote:
         self.proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if needs_proc else -1
         # a child's namespaces, made by the fork itself (its PID namespace: it is that namespace's pid 1)
         self.clone_flags = mode.clone_flags | (linux.CLONE_NEWPID if mode.pid_namespace else 0)
+        self.fence = None  # where every child is pid 1: its signal fence, made once (child.fence_signals)
         self.state = self.runner.prepare(config["runner_config"])
         self.report: dict = {"mode": mode.name, **self.state.report}
 
@@ -84,6 +85,11 @@ class Zygote:
             # a user namespace of its own, as without root: the PID namespaces of its runs are made in it
             linux.unshare(linux.CLONE_NEWUSER)
             namespaces.map_own_ids(self.proc, uid, uid)
+        if mode.identity == UID_PER_RUN:
+            # Once, not in every child: its children inherit the empty set (a child that made a user
+            # namespace of its own would start there with a full one). The zygote never execs.
+            namespaces.drop_bounding_set()
+            self.plan = dataclasses.replace(self.plan, bounding_set_dropped=True)
         self.ids = (os.getuid(), os.getgid())
         for path in config["import_paths"]:
             while path in sys.path:
@@ -109,6 +115,10 @@ class Zygote:
 
     def serve(self) -> None:
         self.report.update(self.runner.warm(self.state))
+        if self.plan.mode.pid_namespace:
+            self.fence = seccomp_policy.fence_program(1)
+        if self.plan.mode.pid_namespace and hasattr(self.runner, "as_pid_one"):
+            self.runner.as_pid_one(self.state)  # once here, not in every child: each will be a pid 1
         gc.collect()
         gc.freeze()  # children then share the warm heap instead of copying it
         self.control.send(protocol.ready(self.report))
@@ -161,7 +171,7 @@ class Zygote:
         try:
             # stdin, stdout, stderr, ready
             confine(self.plan, uid, tmpdir, tuple(fds), Handles(self.lifeline, self.proc, self.ids))
-            fence_signals()
+            fence_signals(self.fence)
             os.write(3, b"1")
             if not getattr(self.runner, "REPORTS_EXIT", False):
                 os.close(3)
