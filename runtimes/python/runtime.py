@@ -44,7 +44,7 @@ class PythonRuntime(JailedRuntime):
         if layer:
             spec.add(layer)
             elf += tree.elf_files_under(layer)
-        spec.add(*tree.shared_libraries(elf))
+        spec.add(*tree.shared_libraries(elf, cache_dir=self.config.data_dir))
         spec.add(*tree.SYSTEM_FILES)
         for site in {paths["purelib"], paths["platlib"]}:  # the interpreter's own packages stay out
             if os.path.isdir(site):
