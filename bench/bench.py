@@ -16,7 +16,9 @@ Rows (each for this tree and the base):
   ones included);
 - node hello, 4 clients: runs/s and CPU per run; node hello paced at 10/s, 1 client: p50;
 - idle: PSS of the whole service tree (the service and every process below it, summed over
-  /proc/<pid>/smaps_rollup) and its processes, after the warm-up and a pause;
+  /proc/<pid>/smaps_rollup) and its processes, 5 s after the warm-up and after IDLE_PAUSE s without
+  a run (PSS shares a page among every process that maps it, other services' included: a node
+  binary mapped by another room's nodes counts less here than on a machine of its own);
 - start: exec of the service -> first correct python run and first correct node run (requests sent
   from the exec on, every 5 ms until one is answered correctly; refusals counted), and when
   /health first said 200;
@@ -50,6 +52,7 @@ from runtimes.config import default_python  # noqa: E402
 PYTHON_HELLO = 'print("hi")'
 NODE_HELLO = 'console.log("hi")'
 CPUACCT = "/sys/fs/cgroup/cpuacct"
+IDLE_PAUSE = 30  # seconds without a run before the idle rows (this tree shrinks its ready children after 20)
 HZ = os.sysconf("SC_CLK_TCK")
 
 
@@ -339,7 +342,10 @@ def main() -> None:
             subject.start()
             drive(subject.service.port, "python3", PYTHON_HELLO, 4, 100)  # warm-up
             drive(subject.service.port, "nodejs", NODE_HELLO, 4, 40)
-        time.sleep(5)  # idle: what the ready children and zygotes hold at rest
+        time.sleep(5)  # what the service holds just after load
+        for subject in subjects:
+            memory[f"{subject.label} after load"] = tree_memory(subject.service.process.pid)
+        time.sleep(IDLE_PAUSE - 5)  # idle: what it holds at rest
         for subject in subjects:
             memory[subject.label] = tree_memory(subject.service.process.pid)
         loads = []
@@ -385,7 +391,8 @@ def report(subjects: list[Subject], spawn: float, memory: dict, loads: list[floa
     line("  CPU per run, whole machine", [v * ms for v in med("node cpu machine")], "ms")
     line("  CPU per run, service tree", [v * ms for v in med("node cpu tree")], "ms")
     line("node hello, paced 10/s, p50", [v * ms for v in pct("node hello, paced 10/s", 0.5)], "ms")
-    line("idle PSS of the service tree (target <= 100)", [memory[s.label][0] for s in subjects], "Mi")
+    line("PSS of the service tree 5 s after load", [memory[f"{s.label} after load"][0] for s in subjects], "Mi")
+    line(f"idle ({IDLE_PAUSE} s) PSS of the service tree (<= 100)", [memory[s.label][0] for s in subjects], "Mi")
     line("idle processes in the service tree", [len(memory[s.label][1]) for s in subjects], "")
     line("start: exec -> first python run (<= 0.8)", med("start: python"), "s")
     line("start: exec -> first node run (<= 1.5)", med("start: node"), "s")

@@ -60,7 +60,7 @@ class PooledSchedule:
     def __init__(self, pool: ChildPool, targets: dict[Variant, int], idle: dict[Variant, int] | None = None):
         self.pool = pool
         self.targets = targets
-        self.idle = {v: min(n, (idle or {}).get(v, 1)) for v, n in targets.items()}
+        self.idle = {v: min(n, (idle or {}).get(v, 0)) for v, n in targets.items()}
         self.level = dict(targets)  # how many of each to keep ready now
         self._last_run: dict[Variant, float] = {}
         self._ready: dict[Variant, deque[Child]] = {v: deque() for v in targets}

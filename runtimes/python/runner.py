@@ -49,6 +49,7 @@ class State:
     preload_modules: list[str]
     layer_path: str
     report: dict = field(default_factory=dict)
+    lazy: bool = False  # import nothing of the layer ahead: a run imports what it uses (a first zygote)
     stdio: tuple = ()  # the children's sys.stdin, stdout and stderr, made once by the zygote (_child_stdio)
 
 
@@ -60,6 +61,7 @@ def prepare(config: dict) -> State:
         required=config.get("require_seccomp", True),
         preload_modules=list(config.get("preload", ())),
         layer_path=config.get("layer_path", ""),
+        lazy=bool(config.get("lazy")),
     )
     state.report = {"seccomp": seccomp_error is None, "seccomp_error": seccomp_error}
     return state
@@ -85,7 +87,9 @@ def layer_modules(layer: str) -> list[str]:
 def warm(state: State) -> dict:
     if state.layer_path:
         sys.path.insert(0, state.layer_path)
-    if not state.preload_modules and state.layer_path:
+    if state.lazy:
+        state.preload_modules = []
+    elif not state.preload_modules and state.layer_path:
         state.preload_modules = layer_modules(state.layer_path)
     loaded, failed = [], {}
     # Native libraries that start thread pools at load (OpenBLAS under numpy) must not:
