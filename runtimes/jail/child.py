@@ -87,8 +87,10 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
     fds become descriptors 0, 1, 2, ... in that order; every other one is closed.
     """
     os.setsid()
-    for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) == signal.SIG_IGN:  # ignored by whoever started the service: not the run
+            signal.signal(signum, signal.SIG_DFL)
     mode = plan.mode
     gid = uid
     if mode.identity == USER_NAMESPACE:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -56,6 +57,10 @@ class PythonRuntime(JailedRuntime):
     async def _preloaded(self) -> None:
         try:
             await self.pool.replace_zygote()
+            for _ in range(500):  # ready once the first has gone too (its ready children are killed now)
+                if not self.pool.retiring:
+                    break
+                await asyncio.sleep(0.01)
         except Unavailable as exc:  # the lazy one goes on serving; rotation tries again later
             log.warning("python3: the preloaded zygote did not start: %s", exc)
         finally:
