@@ -160,6 +160,33 @@ class Cgroup:
                 time.sleep(0.1)  # the last processes are still leaving
 
 
+def alone_memory(pids: list[int]) -> float:
+    """What the tree would hold on a machine of its own, MiB: anonymous memory as PSS (only these processes
+    share it), and each mapped file's resident pages once (PSS divides a file's pages among every process
+    that maps it, other services' included: another room's nodes make a node binary look cheap)."""
+    anon = 0
+    files: dict[str, int] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                anon += sum(int(line.split()[1]) for line in f if line.startswith(("Pss_Anon:", "Pss_Shmem:")))
+            with open(f"/proc/{pid}/smaps") as f:
+                path, rss = "", 0
+                for line in f:
+                    head = line.split(None, 1)[0]
+                    if head == "Rss:":
+                        rss = int(line.split()[1])
+                    elif head == "Anonymous:":
+                        if path:
+                            files[path] = max(files.get(path, 0), rss - int(line.split()[1]))
+                    elif not head.endswith(":"):  # a mapping's first line: its range, then its file if any
+                        fields = line.split()
+                        path = fields[5] if len(fields) > 5 and fields[5].startswith("/") else ""
+        except OSError:
+            continue
+    return (anon + sum(files.values())) / 1024
+
+
 def tree_memory(root: int) -> tuple[float, list[tuple[int, int, float, str]]]:
     """PSS of root and every process below it, MiB, and (pid, ppid, MiB, command) for each."""
     rows = []
@@ -348,6 +375,8 @@ def main() -> None:
         time.sleep(IDLE_PAUSE - 5)  # idle: what it holds at rest
         for subject in subjects:
             memory[subject.label] = tree_memory(subject.service.process.pid)
+            root = subject.service.process.pid
+            memory[f"{subject.label} alone"] = (alone_memory([root, *descendants(root)]), [])
         loads = []
         for _ in range(args.blocks):
             spawns += spawn_times([python, "-I", "-S", "-c", "pass"], 10)
@@ -393,6 +422,7 @@ def report(subjects: list[Subject], spawn: float, memory: dict, loads: list[floa
     line("node hello, paced 10/s, p50", [v * ms for v in pct("node hello, paced 10/s", 0.5)], "ms")
     line("PSS of the service tree 5 s after load", [memory[f"{s.label} after load"][0] for s in subjects], "Mi")
     line(f"idle ({IDLE_PAUSE} s) PSS of the service tree (<= 100)", [memory[s.label][0] for s in subjects], "Mi")
+    line("  the same on a machine of its own (estimate)", [memory[f"{s.label} alone"][0] for s in subjects], "Mi")
     line("idle processes in the service tree", [len(memory[s.label][1]) for s in subjects], "")
     line("start: exec -> first python run (<= 0.8)", med("start: python"), "s")
     line("start: exec -> first node run (<= 1.5)", med("start: node"), "s")

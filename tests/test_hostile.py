@@ -172,7 +172,7 @@ SELF_SIGNALS = {
     "import signal\nsignal.raise_signal(signal.SIGUSR1)\nprint('b')": (138, "killed (signal 10)", ""),
     "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\nprint('b')": (139, "segmentation fault (signal 11)", ""),
     # through ctypes, past the wrappers: the handler the shim installed takes it
-    "import ctypes\nctypes.CDLL(None).kill(1, 15)\nimport time\ntime.sleep(5)\nprint('b')": (143, "killed (signal 15)", ""),
+    "import ctypes, time\nctypes.CDLL(None).kill(1, 15)\ntime.sleep(5)\nprint('b')": (143, "killed (signal 15)", ""),
 }
 
 
