@@ -137,6 +137,7 @@ class Cgroup:
         self.usable = os.geteuid() == 0 and os.path.isdir(CPUACCT)
         if self.usable:
             os.makedirs(self.path, exist_ok=True)
+            os.chmod(os.path.join(self.path, "cgroup.procs"), 0o666)  # a service started as nobody joins it itself
 
     def launcher(self) -> list[str]:
         if not self.usable:
