@@ -1,10 +1,31 @@
-"""Sandlot benchmark: latency and throughput of runs over HTTP, next to the cost of a cold interpreter.
+"""Sandlot benchmark: latency, throughput, CPU, idle memory and start-up, beside another release.
 
-Starts its own service on a free port, prints one table. Not run by CI: machines are shared and
-noisy, so read the ratios within one run, not absolute numbers across runs. `--unprivileged`
-starts the whole service as nobody (the userns jail without root; tests/unprivileged.py).
+Starts its own service on a free port (as root, `MAX_WORKERS=4`) and prints one table. With
+`--base <commit>` it also starts that release's service (`git archive` of the commit, kept under
+/var/tmp) and measures both in alternating blocks, so that the load of this shared machine, which
+changes by the minute, weighs on both columns alike: read the ratios, not absolute numbers across
+runs. `--unprivileged` starts the services as nobody (the userns jail without root); `--jail M`
+gives them SANDLOT_JAIL=M; `--container` starts them in the stand-in for a container on default
+privileges (tests/outer_filter.py: the chroot mode).
 
-    python bench/bench.py [--requests 400] [--clients 1,4] [--unprivileged] [--jail chroot] [--container]
+    python bench/bench.py [--base 5d5d6ef] [--blocks 6] [--requests 100] [--starts 3] [--unprivileged]
+                          [--jail chroot] [--container]
+
+Rows (each for this tree and the base):
+- python hello, 1 client: p50 and p90, and p50 over a `python -I -S -c pass` spawn;
+- python hello, 4 clients: runs/s, and CPU per run: the whole machine's (/proc/stat over the block,
+  so other load on the machine counts too: quiet machines only) and the service tree's own (a
+  cpuacct cgroup per service, where cgroup v1 has one: every process below the service, the dead
+  ones included);
+- node hello, 4 clients: runs/s and CPU per run; node hello paced at 10/s, 1 client: p50;
+- idle: PSS of the whole service tree (the service and every process below it, summed over
+  /proc/<pid>/smaps_rollup) and its processes, 5 s after the warm-up and after IDLE_PAUSE s without
+  a run (PSS shares a page among every process that maps it, other services' included: a node
+  binary mapped by another room's nodes counts less here than on a machine of its own);
+- start: exec of the service -> first correct python run and first correct node run (requests sent
+  from the exec on, every 5 ms until one is answered correctly; refusals counted), and when
+  /health first said 200;
+- first runs after start: p50 of the 20 python runs that follow the first one, beside the steady p50.
 """
 
 from __future__ import annotations
@@ -13,32 +34,29 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "tests"))
+sys.path.insert(0, REPO)
 
 import unprivileged  # noqa: E402
-from service import API_KEY, DOCKER_DEFAULT, Service, standin  # noqa: E402
-from test_api import DIFY_PYTHON_WRAPPER, b64  # noqa: E402  (Dify's wrappers, as the tests send them)
-from test_nodejs import DIFY_JS_WRAPPER  # noqa: E402
+from service import API_KEY, DOCKER_DEFAULT, Service, descendants, standin  # noqa: E402
 
 from runtimes.config import default_python  # noqa: E402
 
-INPUTS = b64({"a": 2, "b": 40})  # the wrappers' inputs, base64 JSON as Dify sends them
-
-PYTHON_WORKLOADS = {
-    "python hello": 'print("hi")',
-    "python dify wrapper": DIFY_PYTHON_WRAPPER % INPUTS,
-    "python import requests,httpx,jinja2": "import requests, httpx, jinja2\nprint('ok')",
-}
-NODE_WORKLOADS = {
-    "node hello": 'console.log("hi")',
-    "node dify wrapper": DIFY_JS_WRAPPER % INPUTS,
-}
+PYTHON_HELLO = 'print("hi")'
+NODE_HELLO = 'console.log("hi")'
+CPUACCT = "/sys/fs/cgroup/cpuacct"
+IDLE_PAUSE = 30  # seconds without a run before the idle rows (this tree shrinks its ready children after 20)
+HZ = os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -46,40 +64,50 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def spawn_p50(argv: list[str], count: int = 60) -> float:
+def spawn_times(argv: list[str], count: int) -> list[float]:
     times = []
     for _ in range(count):
         started = time.perf_counter()
         subprocess.run(argv, env={}, check=True)
         times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    return times
+
+
+def _body(language: str, code: str) -> bytes:
+    return json.dumps({"language": language, "code": code, "preload": "", "enable_network": True}).encode()
+
+
+HEADERS = {"X-Api-Key": API_KEY, "Content-Type": "application/json"}
+
+
+def _correct(answer: dict, expected: str) -> bool:
+    data = answer.get("data") or {}
+    return answer.get("code") == 0 and data.get("exit_code") == 0 and data.get("stdout") == expected
 
 
 def drive(
-    port: int, code: str, clients: int, total: int, language: str = "python3", rate: float | None = None
+    port: int, language: str, code: str, clients: int, total: int, rate: float | None = None
 ) -> tuple[list[float], float]:
     """total runs from `clients` connections; with `rate`, each client paces itself to rate/clients per second."""
-    body = json.dumps({"language": language, "code": code, "preload": "", "enable_network": True}).encode()
-    headers = {"X-Api-Key": API_KEY, "Content-Type": "application/json"}
+    body = _body(language, code)
     latencies: list[float] = []
+    failures: list[dict] = []
     lock = threading.Lock()
-    per_client = total // clients
-    failures = []
 
     def client() -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port)
         mine = []
         interval = clients / rate if rate else 0.0
         next_at = time.perf_counter()
-        for _ in range(per_client):
+        for _ in range(total // clients):
             if interval:
                 time.sleep(max(0.0, next_at - time.perf_counter()))
                 next_at += interval
             started = time.perf_counter()
-            conn.request("POST", "/v1/sandbox/run", body, headers)
+            conn.request("POST", "/v1/sandbox/run", body, HEADERS)
             answer = json.loads(conn.getresponse().read())
             mine.append(time.perf_counter() - started)
-            if answer["code"] != 0 or answer["data"]["exit_code"] != 0:
+            if not _correct(answer, "hi\n"):
                 failures.append(answer)
         conn.close()
         with lock:
@@ -97,77 +125,330 @@ def drive(
     return latencies, len(latencies) / elapsed
 
 
-def idle_round_trip(port: int, count: int = 40, rate: float = 10) -> float:
-    """p50 of GET /health paced like the paced rows: what waking an idle machine costs an HTTP round trip."""
-    conn = http.client.HTTPConnection("127.0.0.1", port)
-    times = []
-    for _ in range(count):
-        time.sleep(1 / rate)
-        started = time.perf_counter()
-        conn.request("GET", "/health")
-        conn.getresponse().read()
-        times.append(time.perf_counter() - started)
-    conn.close()
-    return statistics.median(times)
+def machine_busy() -> float:
+    """CPU seconds the whole machine has spent busy (not idle, not waiting for I/O) since boot."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / HZ
+
+
+class Cgroup:
+    """A cpuacct cgroup (v1) a service is started in: CPU of its whole tree, dead processes included."""
+
+    def __init__(self, name: str):
+        self.path = os.path.join(CPUACCT, f"sandlot-bench-{name}-{os.getpid()}")
+        self.usable = os.geteuid() == 0 and os.path.isdir(CPUACCT)
+        if self.usable:
+            os.makedirs(self.path, exist_ok=True)
+            os.chmod(os.path.join(self.path, "cgroup.procs"), 0o666)  # a service started as nobody joins it itself
+
+    def launcher(self) -> list[str]:
+        if not self.usable:
+            return []
+        return ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "--"]
+
+    def seconds(self) -> float:
+        if not self.usable:
+            return float("nan")
+        with open(os.path.join(self.path, "cpuacct.usage")) as f:
+            return int(f.read()) / 1e9
+
+    def remove(self) -> None:
+        if not self.usable:
+            return
+        for _ in range(50):
+            try:
+                os.rmdir(self.path)
+                return
+            except OSError:
+                time.sleep(0.1)  # the last processes are still leaving
+
+
+def alone_memory(pids: list[int]) -> float:
+    """What the tree would hold on a machine of its own, MiB: anonymous memory as PSS (only these processes
+    share it), and each mapped file's resident pages once (PSS divides a file's pages among every process
+    that maps it, other services' included: another room's nodes make a node binary look cheap)."""
+    anon = 0
+    files: dict[str, int] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                anon += sum(int(line.split()[1]) for line in f if line.startswith(("Pss_Anon:", "Pss_Shmem:")))
+            with open(f"/proc/{pid}/smaps") as f:
+                path, rss = "", 0
+                for line in f:
+                    head = line.split(None, 1)[0]
+                    if head == "Rss:":
+                        rss = int(line.split()[1])
+                    elif head == "Anonymous:":
+                        if path:
+                            files[path] = max(files.get(path, 0), rss - int(line.split()[1]))
+                    elif not head.endswith(":"):  # a mapping's first line: its range, then its file if any
+                        fields = line.split()
+                        path = fields[5] if len(fields) > 5 and fields[5].startswith("/") else ""
+        except OSError:
+            continue
+    return (anon + sum(files.values())) / 1024
+
+
+def tree_memory(root: int) -> tuple[float, list[tuple[int, int, float, str]]]:
+    """PSS of root and every process below it, MiB, and (pid, ppid, MiB, command) for each."""
+    rows = []
+    for pid in [root, *descendants(root)]:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                pss = next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, StopIteration):
+            continue
+        rows.append((pid, ppid, pss / 1024, command))
+    return sum(r[2] for r in rows), rows
+
+
+def describe(command: str) -> str:
+    if command.startswith("/usr/bin/node") or "/node " in command.split(" -")[0]:
+        return "node (ready)"
+    if "handler.cli" in command:
+        return "service"
+    if "runtimes.jail.zygote" in command:
+        return "zygote or its child (" + ("nodejs" if "runtimes.nodejs.runner" in command else "python3") + ")"
+    return command[:40]
+
+
+@dataclass
+class Subject:
+    """One release under test: its checkout, its service, what was measured of it."""
+
+    label: str
+    source: str
+    unprivileged: bool
+    jail: str = ""  # SANDLOT_JAIL
+    container: bool = False  # in the stand-in for a default container
+    service: Service | None = None
+    cgroup: Cgroup | None = None
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    def make_service(self, cgroup: Cgroup | None) -> Service:
+        env = {"MAX_WORKERS": "4", "MAX_REQUESTS": "100", **({"SANDLOT_JAIL": self.jail} if self.jail else {})}
+        service = unprivileged.service(**env) if self.unprivileged else Service(**env)
+        service.source = service.cwd = self.source
+        container = standin(DOCKER_DEFAULT) if self.container else []
+        service.launcher = (cgroup.launcher() if cgroup is not None else []) + container
+        return service
+
+    def add(self, row: str, *values: float) -> None:
+        self.samples.setdefault(row, []).extend(values)
+
+    def start(self) -> None:
+        self.cgroup = Cgroup(self.label.replace(" ", "-"))
+        self.service = self.make_service(self.cgroup).start()
+
+    def stop(self) -> None:
+        if self.service is not None:
+            self.service.stop()
+        if self.cgroup is not None:
+            self.cgroup.remove()
+
+
+def first_correct_runs(subject: Subject, deadline: float = 60.0) -> None:
+    """Exec a fresh service, then ask for a python and a node run every 5 ms until each is answered right."""
+    service = subject.make_service(None)
+    found: dict[str, float] = {}
+    refusals = {"python3": 0, "nodejs": 0}
+    health: list[float] = []
+
+    def poll(language: str, code: str) -> None:
+        body = _body(language, code)
+        while time.perf_counter() - started < deadline:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", service.port, timeout=deadline)
+                conn.request("POST", "/v1/sandbox/run", body, HEADERS)
+                answer = json.loads(conn.getresponse().read())
+                conn.close()
+            except OSError:
+                time.sleep(0.005)
+                continue
+            if _correct(answer, "hi\n"):
+                found[language] = time.perf_counter() - started
+                return
+            refusals[language] += 1
+            time.sleep(0.005)
+
+    def watch_health() -> None:
+        while time.perf_counter() - started < deadline and not health:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", service.port, timeout=5)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    health.append(time.perf_counter() - started)
+                conn.close()
+            except OSError:
+                pass
+            time.sleep(0.005)
+
+    threads = [
+        threading.Thread(target=poll, args=("python3", PYTHON_HELLO)),
+        threading.Thread(target=poll, args=("nodejs", NODE_HELLO)),
+        threading.Thread(target=watch_health),
+    ]
+    started = time.perf_counter()
+    service.start(wait=False)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        after, _rate = drive(service.port, "python3", PYTHON_HELLO, 1, 20)
+    finally:
+        service.stop()
+    if len(found) < 2:
+        raise SystemExit(f"{subject.label}: no correct run within {deadline} s: {found}\n{service.output()[-3000:]}")
+    subject.add("start: python", found["python3"])
+    subject.add("start: node", found["nodejs"])
+    subject.add("start: /health 200", health[0] if health else float("nan"))
+    subject.add("start: refusals", refusals["python3"] + refusals["nodejs"])
+    subject.add("first 20 python runs after start", *after)
+
+
+def measure_block(subject: Subject, requests: int) -> None:
+    port = subject.service.port
+    latencies, _ = drive(port, "python3", PYTHON_HELLO, 1, requests)
+    subject.add("python hello, 1 client", *latencies)
+    busy, tree = machine_busy(), subject.cgroup.seconds()
+    _, rate = drive(port, "python3", PYTHON_HELLO, 4, requests)
+    subject.add("python cpu machine", (machine_busy() - busy) / requests)
+    subject.add("python cpu tree", (subject.cgroup.seconds() - tree) / requests)
+    subject.add("python hello, 4 clients", rate)
+    node_requests = max(20, requests // 2)
+    busy, tree = machine_busy(), subject.cgroup.seconds()
+    _, rate = drive(port, "nodejs", NODE_HELLO, 4, node_requests)
+    subject.add("node cpu machine", (machine_busy() - busy) / node_requests)
+    subject.add("node cpu tree", (subject.cgroup.seconds() - tree) / node_requests)
+    subject.add("node hello, 4 clients", rate)
+    paced, _ = drive(port, "nodejs", NODE_HELLO, 1, 20, rate=10)
+    subject.add("node hello, paced 10/s", *paced)
+
+
+def checkout(commit: str) -> str:
+    """The commit's tree under /var/tmp (kept for later runs): its own service, beside this one."""
+    resolved = subprocess.run(
+        ["git", "-C", REPO, "rev-parse", "--short=12", commit], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    path = f"/var/tmp/sandlot-bench-{resolved}"
+    if not os.path.isdir(path):
+        scratch = path + ".partial"
+        shutil.rmtree(scratch, ignore_errors=True)
+        os.makedirs(scratch)
+        archive = subprocess.Popen(["git", "-C", REPO, "archive", resolved], stdout=subprocess.PIPE)
+        subprocess.run(["tar", "-x", "-C", scratch], stdin=archive.stdout, check=True)
+        archive.wait()
+        os.chmod(scratch, 0o755)
+        os.rename(scratch, path)
+    return path
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=400)
-    parser.add_argument("--clients", default="1,4")
-    parser.add_argument("--languages", default="python3,nodejs")
-    parser.add_argument("--unprivileged", action="store_true", help="the whole service as nobody (no root)")
-    parser.add_argument("--jail", default="", help="SANDLOT_JAIL for the service (e.g. chroot, next to full)")
+    parser.add_argument("--base", help="a commit to measure beside this tree (e.g. 5d5d6ef)")
+    parser.add_argument("--blocks", type=int, default=6, help="alternating blocks per service")
+    parser.add_argument("--requests", type=int, default=100, help="python runs per row and block (node: half)")
+    parser.add_argument("--starts", type=int, default=3, help="fresh starts per service for the start rows")
+    parser.add_argument("--unprivileged", action="store_true", help="the services as nobody (no root)")
+    parser.add_argument("--jail", default="", help="SANDLOT_JAIL for the services (e.g. chroot, next to full)")
     parser.add_argument(
-        "--container", action="store_true", help="the service in the stand-in for a default container (chroot)"
+        "--container", action="store_true", help="the services in the stand-in for a default container (chroot)"
     )
     args = parser.parse_args()
-    client_counts = [int(c) for c in args.clients.split(",")]
 
+    kind = {"unprivileged": args.unprivileged, "jail": args.jail, "container": args.container}
+    subjects = [Subject("this", REPO, **kind)]
+    if args.base:
+        subjects.insert(0, Subject(f"base {args.base}", checkout(args.base), **kind))
     python = default_python()
-    node = os.environ.get("NODEJS_PATH", "/usr/bin/node")
-    make = unprivileged.service if args.unprivileged else Service
-    env = {"MAX_WORKERS": "4", "MAX_REQUESTS": "100", **({"SANDLOT_JAIL": args.jail} if args.jail else {})}
-    if args.container:
-        service = Service(launcher=standin(DOCKER_DEFAULT), **env).start()
-        python = os.path.realpath(service.python)  # the stand-in's interpreter: the one its runs fork from
-    else:
-        service = make(**env).start()
-    mode = service.detail()["runtimes"]["python3"]["protections"]["mode"]
-    print(f"jail: {mode}")
-    header = f"{'workload':40} {'clients':>7} {'pacing':>8} {'p50 ms':>8} {'p99 ms':>8} {'runs/s':>8} {'p50/spawn':>9}"
+    print(f"load average at the start: {os.getloadavg()[0]:.2f} (2 cores: above ~0.3, other work shares them)")
 
-    def row(name, language, code, clients, total, spawn, rate=None):
-        latencies, achieved = drive(service.port, code, clients, total, language, rate)
-        p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
-        pacing = f"{rate:.0f}/s" if rate else "none"
-        timings = f"{p50 * 1000:8.2f} {p99 * 1000:8.2f} {achieved:8.1f} {p50 / spawn:9.2f}"
-        print(f"{name:40} {clients:7d} {pacing:>8} {timings}")
-
+    for _ in range(args.starts):  # one at a time: a start measures the machine's whole attention
+        for subject in subjects:
+            first_correct_runs(subject)
+    spawns: list[float] = []
+    memory: dict[str, tuple[float, list]] = {}
     try:
-        drive(service.port, 'print("warm")', 4, 100)  # warm-up
-        spawn = spawn_p50([python, "-I", "-S", "-c", "pass"])
-        node_spawn = spawn_p50([node, "-e", ""], count=40)
-        cores = os.cpu_count()
-        print(f"reference: spawn of `{python} -I -S -c pass`: p50 {spawn * 1000:.2f} ms")
-        print(f"reference: spawn of `{node} -e ''` (empty environment): p50 {node_spawn * 1000:.2f} ms")
-        languages = args.languages.split(",")
-        if "nodejs" in languages:
-            drive(service.port, 'console.log("warm")', 1, 20, "nodejs", rate=10)
-            floor = idle_round_trip(service.port)
-            print(f"reference: GET /health paced at 10/s (idle wake-ups, no run): p50 {floor * 1000:.2f} ms")
-        print(header)
-        for name, code in PYTHON_WORKLOADS.items() if "python3" in languages else ():
-            for clients in client_counts:
-                row(name, "python3", code, clients, args.requests, spawn)
-        for name, code in NODE_WORKLOADS.items() if "nodejs" in languages else ():
-            row(name, "nodejs", code, 1, 50, node_spawn, rate=10)
-            row(name, "nodejs", code, 4, args.requests // 2, node_spawn)
-        print(f"targets: python hello p50 < 0.5 x spawn; 4-client python hello >= {2 / spawn:.0f} runs/s;")
-        node_target = 0.7 * cores / node_spawn
-        print(f"         node hello paced p50 < 0.3 x node spawn; 4-client node >= {node_target:.0f} runs/s")
+        for subject in subjects:
+            subject.start()
+            drive(subject.service.port, "python3", PYTHON_HELLO, 4, 100)  # warm-up
+            drive(subject.service.port, "nodejs", NODE_HELLO, 4, 40)
+        time.sleep(5)  # what the service holds just after load
+        for subject in subjects:
+            memory[f"{subject.label} after load"] = tree_memory(subject.service.process.pid)
+        time.sleep(IDLE_PAUSE - 5)  # idle: what it holds at rest
+        for subject in subjects:
+            memory[subject.label] = tree_memory(subject.service.process.pid)
+            root = subject.service.process.pid
+            memory[f"{subject.label} alone"] = (alone_memory([root, *descendants(root)]), [])
+        loads = []
+        for _ in range(args.blocks):
+            spawns += spawn_times([python, "-I", "-S", "-c", "pass"], 10)
+            for subject in subjects:
+                measure_block(subject, args.requests)
+            loads.append(os.getloadavg()[0])
     finally:
-        service.stop()
+        for subject in subjects:
+            subject.stop()
+    report(subjects, statistics.median(spawns), memory, loads)
+
+
+def report(subjects: list[Subject], spawn: float, memory: dict, loads: list[float]) -> None:
+    ms = 1000
+    print(f"load average during the blocks: {min(loads):.2f}-{max(loads):.2f}")
+    print(f"reference: spawn of `python -I -S -c pass`: p50 {spawn * ms:.2f} ms")
+    labels = [s.label for s in subjects]
+    print(f"{'row':44}" + "".join(f"{label:>18}" for label in labels) + ("   this/base" if len(subjects) > 1 else ""))
+
+    def line(name: str, values: list[float], unit: str, lower_is_better: bool = True) -> None:
+        cells = "".join(f"{v:>15.2f} {unit:2}" for v in values)
+        ratio = f"   {values[-1] / values[0]:.2f}x" if len(values) > 1 and values[0] else ""
+        print(f"{name:44}{cells}{ratio}")
+
+    def med(row: str) -> list[float]:
+        return [statistics.median(s.samples[row]) for s in subjects]
+
+    def pct(row: str, q: float) -> list[float]:
+        return [percentile(s.samples[row], q) for s in subjects]
+
+    p50 = pct("python hello, 1 client", 0.5)
+    line("python hello, 1 client, p50", [v * ms for v in p50], "ms")
+    line("python hello, 1 client, p90", [v * ms for v in pct("python hello, 1 client", 0.9)], "ms")
+    line("  p50 / spawn (target <= 0.35)", [v / spawn for v in p50], "x")
+    p90 = pct("python hello, 1 client", 0.9)
+    line("  p90 / p50 (target <= 2)", [a / b for a, b in zip(p90, p50, strict=True)], "x")
+    line("python hello, 4 clients (target >= 1.2x base)", med("python hello, 4 clients"), "/s")
+    line("  CPU per run, whole machine (target <= 7)", [v * ms for v in med("python cpu machine")], "ms")
+    line("  CPU per run, service tree", [v * ms for v in med("python cpu tree")], "ms")
+    line("node hello, 4 clients (target >= 1.15x base)", med("node hello, 4 clients"), "/s")
+    line("  CPU per run, whole machine", [v * ms for v in med("node cpu machine")], "ms")
+    line("  CPU per run, service tree", [v * ms for v in med("node cpu tree")], "ms")
+    line("node hello, paced 10/s, p50", [v * ms for v in pct("node hello, paced 10/s", 0.5)], "ms")
+    line("PSS of the service tree 5 s after load", [memory[f"{s.label} after load"][0] for s in subjects], "Mi")
+    line(f"idle ({IDLE_PAUSE} s) PSS of the service tree (<= 100)", [memory[s.label][0] for s in subjects], "Mi")
+    line("  the same on a machine of its own (estimate)", [memory[f"{s.label} alone"][0] for s in subjects], "Mi")
+    line("idle processes in the service tree", [len(memory[s.label][1]) for s in subjects], "")
+    line("start: exec -> first python run (<= 0.8)", med("start: python"), "s")
+    line("start: exec -> first node run (<= 1.5)", med("start: node"), "s")
+    line("start: exec -> /health 200", med("start: /health 200"), "s")
+    line("start: refusals while starting (target 0)", [max(s.samples["start: refusals"]) for s in subjects], "")
+    line("first 20 python runs after start, p50", [v * ms for v in med("first 20 python runs after start")], "ms")
+    print("\nidle service tree (PSS MiB, process):")
+    for subject in subjects:
+        total, rows = memory[subject.label]
+        print(f"  {subject.label}: {total:.1f} MiB in {len(rows)} processes")
+        kinds: dict[str, list[float]] = {}
+        for _pid, _ppid, pss, command in rows:
+            kinds.setdefault(describe(command), []).append(pss)
+        for kind, values in sorted(kinds.items(), key=lambda kv: -sum(kv[1])):
+            print(f"    {len(values):3d} x {kind:40} {sum(values):7.1f} MiB")
 
 
 if __name__ == "__main__":

@@ -22,15 +22,20 @@ class LocalInvoker:
         self._periodic: asyncio.Task | None = None
 
     async def start(self) -> None:
+        """Every runtime at once, each serving as soon as it is up: a run waits for its own runtime only (the
+        Python zygote is ready well before Node's startup snapshot is built)."""
         for language, runtime in self.runtimes.items():
             if self.layers is not None and language in self.layers.layers:
                 runtime.on_layer_unused.append(self.layers.retire(language))
-            try:
-                await runtime.start()
-            except Exception:  # noqa: BLE001 - one runtime's failure must not keep the others down
-                log.exception("the %s runtime failed to start", language)
+        await asyncio.gather(*(self._start(language, runtime) for language, runtime in self.runtimes.items()))
         if self._interval and self.layers is not None:
             self._periodic = asyncio.create_task(self._refresh_periodically())
+
+    async def _start(self, language: str, runtime) -> None:
+        try:
+            await runtime.start()
+        except Exception:  # noqa: BLE001 - one runtime's failure must not keep the others down
+            log.exception("the %s runtime failed to start", language)
 
     async def stop(self) -> None:
         if self._periodic is not None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import errno
 import functools
+import hashlib
+import json
 import os
 import re
 import stat
@@ -92,17 +94,82 @@ def under_tmp(path: str) -> bool:
 _LDD_PATH = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x")
 
 
-def shared_libraries(elf_files: list[str]) -> list[str]:
-    """Every shared library the given ELF files load, as ldd resolves them."""
+def shared_libraries(elf_files: list[str], cache_dir: str = "") -> list[str]:
+    """Every shared library the given ELF files load, as ldd resolves them.
+
+    ldd runs the loader once per file (a layer and the interpreter's extension
+    modules: a hundred processes, about a third of a second at every zygote start).
+    Its answer is kept in memory and, with cache_dir, in a file there, under a key
+    made of what it depends on: each file's identity (device, inode, size, time)
+    and the loader's cache (/etc/ld.so.cache, rewritten when a library is
+    installed). A changed file, or a library gone, has ldd asked again.
+    """
     if not elf_files:
         return []
+    key = _ldd_key(elf_files)
+    stored = _ldd_memo.get(key) or _ldd_cached(cache_dir, key)
+    if stored is not None and all(os.path.exists(path) for path in stored):
+        _ldd_memo[key] = stored
+        return list(stored)
     out = subprocess.run(["ldd", *elf_files], capture_output=True, text=True, check=False).stdout
     found: list[str] = []
     for line in out.splitlines():
         match = _LDD_PATH.search(line)
         if match and match.group(1) not in found:
             found.append(match.group(1))
-    return found
+    _ldd_memo[key] = found
+    if cache_dir:
+        _ldd_store(cache_dir, key, found)
+    return list(found)
+
+
+_ldd_memo: dict[str, list[str]] = {}
+_LDD_CACHE = "ldd-cache.json"
+
+
+def _ldd_key(elf_files: list[str]) -> str:
+    identities = []
+    for path in [*elf_files, "/etc/ld.so.cache"]:
+        try:
+            info = os.stat(path)
+        except OSError:
+            identities.append([path])
+            continue
+        identities.append([path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns])
+    return hashlib.sha256(json.dumps(identities).encode()).hexdigest()
+
+
+def _ldd_cached(cache_dir: str, key: str) -> list[str] | None:
+    if not cache_dir:
+        return None
+    try:
+        with open(os.path.join(cache_dir, _LDD_CACHE)) as f:
+            found = json.load(f).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, list) and all(isinstance(p, str) for p in found) else None
+
+
+def _ldd_store(cache_dir: str, key: str, found: list[str]) -> None:
+    """Kept beside the few other keys in use (others' instances', other runtimes'); written whole, then renamed."""
+    path = os.path.join(cache_dir, _LDD_CACHE)
+    try:
+        with open(path) as f:
+            entries = json.load(f)
+        if not isinstance(entries, dict):
+            entries = {}
+    except (OSError, ValueError):
+        entries = {}
+    entries = dict(list(entries.items())[-15:])
+    entries[key] = found
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        scratch = f"{path}.{os.getpid()}"
+        with open(scratch, "w") as f:
+            json.dump(entries, f)
+        os.replace(scratch, path)
+    except OSError:
+        pass  # a cache only: the next start asks ldd again
 
 
 def elf_files_under(directory: str) -> list[str]:

@@ -3,8 +3,9 @@
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from conftest import needs_root
-from service import descendants, expected_processes, parent_of, wait_for
+from service import descendants, expected_processes, parent_of, processes_with_uid_in, wait_for
 
 
 def run(service, code, **fields):
@@ -163,6 +164,36 @@ def test_a_forged_exit_report_only_ends_its_own_run(service):
     assert closed["exit_code"] == 0 and closed["stdout"] == "closed\n"
 
 
+SELF_SIGNALS = {
+    "import os\nprint('a', flush=True)\nos.kill(os.getpid(), 9)\nprint('b')": (137, "killed (signal 9)", "a\n"),
+    "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\nprint('b')": (143, "killed (signal 15)", ""),
+    "import os\nos.abort()": (134, "aborted (signal 6)", ""),
+    "import signal, time\nsignal.alarm(1)\ntime.sleep(5)\nprint('b')": (142, "killed (signal 14)", ""),
+    "import signal\nsignal.raise_signal(signal.SIGUSR1)\nprint('b')": (138, "killed (signal 10)", ""),
+    "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\nprint('b')": (139, "segmentation fault (signal 11)", ""),
+    # through ctypes, past the wrappers: the handler the shim installed takes it
+    "import ctypes, time\nctypes.CDLL(None).kill(1, 15)\ntime.sleep(5)\nprint('b')": (143, "killed (signal 15)", ""),
+}
+
+
+@pytest.mark.parametrize("code", SELF_SIGNALS)
+def test_a_signal_a_run_sends_itself_ends_it(service, code):
+    """As for any process, although a run is the first process of its PID namespace (which the kernel
+    spares its own signals): the runner's shim ends it, killed by that signal."""
+    exit_code, words, stdout = SELF_SIGNALS[code]
+    data = run(service, code, timeout=10)
+    assert data["exit_code"] == exit_code and f"error: {words}" in data["error"] and data["stdout"] == stdout
+
+
+def test_a_run_that_handles_its_own_signal_goes_on(service):
+    code = (
+        "import os, signal\nsignal.signal(signal.SIGTERM, lambda *a: print('caught'))\n"
+        "os.kill(os.getpid(), 15)\nprint('on')"
+    )
+    data = run(service, code)
+    assert data["exit_code"] == 0 and data["stdout"] == "caught\non\n"
+
+
 @needs_root
 def test_root_jail_shape(service):
     code = (
@@ -181,6 +212,19 @@ def test_root_jail_shape(service):
     assert lines[2] == "False False False"
     assert lines[3] in ("ro 30", "ro 13")  # read-only file system / permission denied
     assert lines[4] == "True"
+
+
+@needs_root
+def test_ready_children_hold_no_capability_not_even_to_regain(service):
+    """Every capability set of a child waiting for its run is empty, the bounding set too (the zygote drops
+    it once for all its children where they get no user namespace of their own)."""
+    uids = service.detail()["runtimes"]["python3"]["uid_range"]
+    children = processes_with_uid_in(*uids)
+    assert children
+    for pid in children:
+        with open(f"/proc/{pid}/status") as f:
+            caps = {k: int(v, 16) for k, v in (line.split(":") for line in f if line.startswith("Cap"))}
+        assert caps == {"CapInh": 0, "CapPrm": 0, "CapEff": 0, "CapBnd": 0, "CapAmb": 0}, (pid, caps)
 
 
 @needs_root

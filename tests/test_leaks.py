@@ -68,10 +68,11 @@ console.log('self ok');
 
 
 def probe_pids(service) -> list[int]:
-    """pids that exist (the service, its zygotes, pid 1) and one that cannot (above pid_max)."""
+    """pids that exist (the service, its zygotes, the host's pid 2) and one that cannot (above pid_max). (pid 1
+    is the run itself, the first process of its PID namespace.)"""
     with open("/proc/sys/kernel/pid_max") as f:
         beyond = int(f.read()) + 1
-    return [1, service.process.pid, *descendants(service.process.pid)[:2], beyond]
+    return [2, service.process.pid, *descendants(service.process.pid)[:2], beyond]
 
 
 def test_a_python_run_cannot_tell_which_pids_exist(jailed):

@@ -32,14 +32,17 @@ def test_a_thousand_runs_leave_nothing_behind():
             results = list(pool.map(one, range(1000)))
         assert all(r["code"] == 0 for r in results)
         assert sum(r["data"]["exit_code"] == -1 for r in results) == 250
+        def settled() -> bool:  # as many ready as it keeps now (4 or more: it follows the load), nothing else
+            python = svc.detail()["runtimes"]["python3"]
+            ready = python["ready_children"]
+            return ready == python["ready_level"] >= 4 and python["uids_in_use"] in (None, ready)
+
+        assert wait_for(settled)
         python = svc.detail()["runtimes"]["python3"]
-        assert wait_for(lambda: svc.detail()["runtimes"]["python3"]["uids_in_use"] in (None, 4))
-        python = svc.detail()["runtimes"]["python3"]
-        assert python["ready_children"] == 4
         if IS_ROOT:
             uid_range = python["uid_range"]
             alive = processes_with_uid_in(*uid_range)
-            assert len(alive) == 4, alive  # exactly the ready children (their inits are root's)
+            assert len(alive) == python["ready_children"], alive  # exactly the ready children
         assert len(descendants(svc.process.pid)) == expected_processes(svc)  # zygotes and ready children
         assert python["zygote_forks"] + 2000 * (python["zygote_generation"] - 1) >= 1000
     finally:

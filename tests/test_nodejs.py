@@ -7,6 +7,7 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from conftest import needs_root
 from service import Service, descendants, expected_processes, wait_for
 
@@ -215,6 +216,26 @@ def test_hostile_js_leaves_nothing_behind(service):
     assert status["ready"] is True
     # only zygotes and ready children remain below the service
     assert wait_for(lambda: len(descendants(service.process.pid)) == expected_processes(service))
+
+
+@pytest.mark.parametrize(
+    ("code", "exit_code", "words"),
+    [
+        ("process.kill(process.pid, 'SIGKILL'); console.log('b')", 137, "killed (signal 9)"),
+        ("process.kill(process.pid); setTimeout(() => console.log('b'), 2000)", 143, "killed (signal 15)"),
+        ("process.abort()", 134, "aborted (signal 6)"),
+    ],
+)
+def test_a_signal_a_run_sends_itself_ends_it(service, code, exit_code, words):
+    """node is the first process of its PID namespace (spared its own signals): the wrapper's shim ends it."""
+    data = run(service, code, timeout=10)
+    assert data["exit_code"] == exit_code and f"error: {words}" in data["error"] and data["stdout"] == ""
+
+
+def test_a_run_listening_for_its_own_signal_goes_on(service):
+    code = "process.on('SIGTERM', () => { console.log('caught'); process.exit(0) }); process.kill(process.pid)"
+    data = run(service, code + "; setTimeout(() => {}, 2000)")
+    assert data["exit_code"] == 0 and data["stdout"] == "caught\n"
 
 
 def test_without_node_the_service_still_serves_python():

@@ -2,8 +2,9 @@
 
 What a child does follows its mode's record (modes.py), field by field. Where
 runs have a PID namespace the zygote forks each child into namespaces of its
-own: pid 2 of a PID namespace whose init (inits.py) takes every process of the
-namespace with it when it ends, and, with the pivoted tree, a mount, an IPC and
+own: pid 1 of a PID namespace, whose end takes every other process of the
+namespace with it (the runners make the signals it sends itself end it, see
+python/runner.py), and, with the pivoted tree, a mount, an IPC and
 a UTS namespace (`Mode.clone_flags`); with a user namespace per run, that
 namespace owns them. The child confines itself (`confine`) and then runs the
 code.
@@ -57,6 +58,7 @@ class ChildPlan:
     landlock: int = 0  # Landlock ABI to use, 0 for none
     tmp_huge_pages: bool = False  # set by the zygote when this kernel's tmpfs takes huge=within_size
     time_namespace: bool = False  # a time namespace per run, its clocks from zero (timens.py)
+    bounding_set_dropped: bool = False  # set by the zygote when its children inherit its empty bounding set
 
     @classmethod
     def from_dict(cls, data: dict) -> ChildPlan:
@@ -87,8 +89,10 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
     fds become descriptors 0, 1, 2, ... in that order; every other one is closed.
     """
     os.setsid()
-    for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) == signal.SIG_IGN:  # ignored by whoever started the service: not the run
+            signal.signal(signum, signal.SIG_DFL)
     mode = plan.mode
     gid = uid
     if mode.identity == USER_NAMESPACE:
@@ -106,7 +110,8 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
         )
         tmpdir = "/tmp"
     if mode.identity != SHARED:
-        namespaces.drop_bounding_set()
+        if not plan.bounding_set_dropped:
+            namespaces.drop_bounding_set()
         if mode.own_uid:
             os.setgroups([])
             os.setresgid(uid, uid, uid)
@@ -150,10 +155,11 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
         landlock.restrict(plan.landlock, writable=(tmpdir,), devices=DEVICES)
 
 
-def fence_signals() -> None:
-    """In the child, last: signals and rlimit changes for itself only."""
+def fence_signals(program: linux.SeccompProgram | None = None) -> None:
+    """In the child, last: signals and rlimit changes for itself only (program: the fence for its pid, made
+    ahead by the zygote where every child is pid 1 of its PID namespace)."""
     try:
-        seccomp_policy.fence_program(os.getpid()).load()
+        (program or seccomp_policy.fence_program(os.getpid())).load()
     except OSError:
         pass  # no seccomp here: the runner refuses to run, unless the operator opted out of seccomp
 

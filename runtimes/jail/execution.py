@@ -7,6 +7,7 @@ import os
 import signal
 import time
 
+from runtimes.jail import protocol
 from runtimes.jail.outcome import Outcome
 from runtimes.jail.supervisor import Child
 
@@ -66,18 +67,19 @@ class _Collector:
 
 
 class _ExitReport:
-    """The status a wrapper reports on the ready pipe just before it exits: one byte.
+    """How a runner says its run ends, on the ready pipe just before it exits (protocol.py): one byte,
+    the exit status, or KILLED_BY and a signal number.
 
     It saves waiting for the kernel to tear the process down. Whatever the child
     writes there can only end its own run early, as exiting would: the service
-    kills the child at once and takes its output as it stands. Anything but one
-    byte is no report; the run then ends when the process does.
+    kills the child at once and takes its output as it stands. Anything else is
+    no report; the run then ends when the process does.
     """
 
     def __init__(self, child: Child):
         self.loop = asyncio.get_running_loop()
         self.fd = child.ready
-        self.status: asyncio.Future = self.loop.create_future()
+        self.status: asyncio.Future = self.loop.create_future()  # (signaled, exit status or signal number)
         if self.fd >= 0:
             os.set_blocking(self.fd, False)
             self._read()  # a runner that does not report closed its end before the run: EOF now
@@ -86,14 +88,20 @@ class _ExitReport:
 
     def _read(self) -> None:
         try:
-            data = os.read(self.fd, 2)
+            data = os.read(self.fd, 3)
         except BlockingIOError:
             return
         except OSError:
             data = b""
         self.close()
         if len(data) == 1:
-            self.status.set_result(data[0])
+            self.status.set_result((False, data[0]))
+        elif len(data) == 2 and data[:1] == protocol.KILLED_BY and data[1]:
+            self.status.set_result((True, data[1]))
+
+    def take(self) -> None:
+        """What the pipe holds now, once the process is gone (a dead writer has said all it will)."""
+        self._read()
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -150,7 +158,7 @@ async def execute(child: Child, data: bytes, timeout: float, output_limit: int) 
         await asyncio.wait((child.exited, report.status), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if report.status.done() and not child.exited.done():
             kill(child)  # it is exiting anyway; whatever it does after its report is not waited for
-            signaled, status = False, report.status.result()
+            signaled, status = report.status.result()
             duration = time.monotonic() - started
             collector.drain()
         else:
@@ -159,6 +167,10 @@ async def execute(child: Child, data: bytes, timeout: float, output_limit: int) 
                 kill(child)
             signaled, status = await child.exited
             duration = time.monotonic() - started
+            if not timed_out and report.fd >= 0:
+                report.take()  # reported just before its end: the report says how (killed by a signal it sent itself)
+            if report.status.done():
+                signaled, status = report.status.result()
             try:  # a dead process holds no pipe open: EOF comes at once
                 await asyncio.wait_for(collector.done, 5)
             except TimeoutError:

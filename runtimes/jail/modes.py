@@ -6,8 +6,8 @@ a run's processes are ended, what /tmp is, whose uid a run has, how egress is
 filtered), never the mode's name. Adding a mode adds a row here.
 
 - `full`: root. A uid per run from the instance's block; a PID, mount, IPC and
-  UTS namespace per run (the run's init takes every process of the namespace
-  with it); the bind-mounted read-only tree entered by pivot_root; a capped
+  UTS namespace per run (the run is its pid 1: its end takes every process of
+  the namespace with it); the bind-mounted read-only tree entered by pivot_root; a capped
   noexec tmpfs /tmp; nft egress rules matching the block's uids.
 - `userns`: no root needed (and, as root, the zygote drops to a uid of the block
   before any child exists). Each run has a user namespace of its own with PID,
@@ -46,7 +46,7 @@ PIVOT = "pivot"  # a mount namespace, the tree bind-mounted read-only, pivot_roo
 CHROOT = "chroot"  # chroot into the tree materialized as a real directory (no mounts)
 NO_TREE = "none"  # the platform's own filesystem (Landlock narrows writes where it can)
 # processes: how every process of a run is ended
-PID_NAMESPACE = "pid_namespace"  # the run's init ends, and the kernel kills the rest of the namespace
+PID_NAMESPACE = "pid_namespace"  # the run is pid 1 of its own: when it ends, the kernel kills the rest
 UID_SWEEP = "uid_sweep"  # pidfds, and a sweep of the run's uid
 # tmp: the run's writable place
 TMPFS = "tmpfs"  # a size- and inode-capped noexec tmpfs on /tmp, in the run's mount namespace
@@ -95,7 +95,7 @@ class Mode:
 
     @property
     def clone_flags(self) -> int:
-        """The namespaces a child is forked into besides its PID namespace (inits.fork_run)."""
+        """The namespaces a child is forked into besides its PID namespace (zygote._fork)."""
         flags = 0
         if self.tree == PIVOT:
             flags |= linux.CLONE_NEWNS | linux.CLONE_NEWIPC | linux.CLONE_NEWUTS

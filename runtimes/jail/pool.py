@@ -237,6 +237,11 @@ class ChildPool:
             callback()
         return fresh.report
 
+    @property
+    def retiring(self) -> int:
+        """Zygotes replaced that have not exited yet (their last children still live)."""
+        return len(self._retired)
+
     def uses_tag(self, tag: str) -> bool:
         return any(z.tag == tag for z in [self._zygote, *self._retired] if z is not None)
 

@@ -62,3 +62,14 @@ def run_input(options: dict, stdin: str) -> bytes:
 
 def ready(report: dict) -> bytes:
     return READY + json.dumps(report).encode()
+
+
+# What a runner writes on the ready pipe (fd 3) as its run ends, before the process is gone: one
+# byte, the exit status; or KILLED_BY and the signal number, for a run ended by a signal that it
+# sent itself (a PID namespace's pid 1 is spared those: the runners' shims end it so). Anything else
+# is no report. The child writes it: it can only end its own run early, as exiting would.
+KILLED_BY = b"!"
+
+
+def killed_by(signum: int) -> bytes:
+    return KILLED_BY + bytes([signum & 0xFF])

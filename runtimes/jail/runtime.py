@@ -85,7 +85,9 @@ class JailedRuntime:
         """What uname() tells a run: RUN_HOSTNAME in a UTS namespace of its own; where it has none (chroot),
         this machine's (a container's) own name, which the run's hosts file then knows too, as the name
         a run may look up (nothing uname() does not tell it already)."""
-        return RUN_HOSTNAME if self.mode.clone_flags & linux.CLONE_NEWUTS else socket.gethostname()
+        if self.mode is not None and not self.mode.clone_flags & linux.CLONE_NEWUTS:
+            return socket.gethostname()
+        return RUN_HOSTNAME
 
     def runner_config(self) -> dict:
         return {"require_seccomp": self.config.require_seccomp, "extra_syscalls": list(self.config.extra_syscalls)}
@@ -102,6 +104,10 @@ class JailedRuntime:
     def ready_targets(self) -> dict[tuple, int]:
         """How many children of each variant to keep ready."""
         return {(): self.config.workers}
+
+    def idle_targets(self) -> dict[tuple, int]:
+        """How many to keep ready once the service is idle (schedule.py): one of the kind most runs need."""
+        return {self.default_variant(): 1}
 
     # ---- life cycle -----------------------------------------------------------
 
@@ -151,7 +157,7 @@ class JailedRuntime:
             )
             self.pool.on_retired.append(self.zygote_retired)
             if not config.one_run_at_a_time:  # before the first zygote: it fills up whenever a zygote runs
-                self.schedule = PooledSchedule(self.pool, self.ready_targets())
+                self.schedule = PooledSchedule(self.pool, self.ready_targets(), self.idle_targets())
             await self.pool.start()
         except modes.JailRefused as exc:
             self.refused = str(exc)
@@ -422,7 +428,7 @@ class JailedRuntime:
             "chroot": mode.tree != modes.NO_TREE,
             "own_uid": mode.own_uid,
             "user_namespace": mode.identity == modes.USER_NAMESPACE,
-            "pid_namespace": mode.pid_namespace,  # the run's processes die with its init; no other can be named
+            "pid_namespace": mode.pid_namespace,  # the run is pid 1: its processes die with it; none other is named
             "processes_ended_by": mode.processes,
             "capabilities": "none",
             "private_tmp": mode.tmp,

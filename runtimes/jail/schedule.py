@@ -16,7 +16,9 @@ before the next.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections import deque
 from typing import Protocol
 
@@ -40,29 +42,56 @@ class Schedule(Protocol):
     def status(self) -> dict: ...
 
 
+IDLE_SECONDS = 20.0  # no run of a variant for this long: its ready children go down to its idle level
+DEEPER = 2  # under load a variant keeps up to DEEPER x its target ready: children are made while runs go on
+
+
 class PooledSchedule:
     """Children forked and confined ahead of demand, per variant (what a runner must know before the run
-    arrives, e.g. Node's network filter); other variants are forked on demand."""
+    arrives, e.g. Node's network filter); other variants are forked on demand.
 
-    def __init__(self, pool: ChildPool, targets: dict[Variant, int]):
+    How many are kept ready follows the load. A variant starts at its target (a burst right after start is
+    served at once); a run that finds none ready raises its level by one, up to DEEPER x the target (under
+    load, children are made while runs go on, and a deeper supply lets the runs outpace the making); after
+    IDLE_SECONDS without a run the level falls to the variant's idle level and the surplus is killed, so
+    that an idle service holds few processes; the next run brings it back to the target.
+    """
+
+    def __init__(self, pool: ChildPool, targets: dict[Variant, int], idle: dict[Variant, int] | None = None):
         self.pool = pool
         self.targets = targets
+        self.idle = {v: min(n, (idle or {}).get(v, 0)) for v, n in targets.items()}
+        self.level = dict(targets)  # how many of each to keep ready now
+        self._last_run: dict[Variant, float] = {}
         self._ready: dict[Variant, deque[Child]] = {v: deque() for v in targets}
         self._filling: dict[Variant, int] = dict.fromkeys(targets, 0)
         self._stopping = False
+        self._idle_check: asyncio.TimerHandle | None = None
+        self.taken_ready = 0  # runs served by a child made ahead
+        self.made_on_demand = 0  # runs that found none ready and waited for one to be made
         pool.on_replaced.append(self._drop_ready_of)
         pool.on_running.append(self._refill)
 
     async def start(self) -> None:
+        now = time.monotonic()
+        self._last_run = dict.fromkeys(self.targets, now)  # a variant never asked for goes idle too
         self._refill()
+        self._watch_idle()
 
     async def take(self, variant: Variant) -> Child:
+        if variant in self.level:
+            self._last_run[variant] = time.monotonic()
+            self.level[variant] = max(self.level[variant], self.targets[variant])
         ready = self._ready.get(variant)
         while ready:
             child = ready.popleft()
             if not child.exited.done():
+                self.taken_ready += 1
                 return child
             self.pool.discard(child)
+        self.made_on_demand += 1
+        if variant in self.level:
+            self.level[variant] = min(self.level[variant] + 1, DEEPER * self.targets[variant])
         return await self.pool.spawn(variant)
 
     async def finish(self, child: Child) -> None:
@@ -75,19 +104,38 @@ class PooledSchedule:
 
     async def stop(self) -> None:
         self._stopping = True
+        if self._idle_check is not None:
+            self._idle_check.cancel()
         for ready in self._ready.values():
             while ready:
                 self.pool.discard(ready.popleft())
 
     def status(self) -> dict:
-        return {"ready_children": sum(len(r) for r in self._ready.values())}
+        return {
+            "ready_children": sum(len(r) for r in self._ready.values()),
+            "ready_level": sum(self.level.values()),  # how many it keeps ready now (follows the load)
+            "runs_on_ready_children": self.taken_ready,
+            "runs_on_children_made_on_demand": self.made_on_demand,
+        }
 
     # ---- internals -----------------------------------------------------------
+
+    def _watch_idle(self) -> None:
+        """Every few seconds: a variant without a run for IDLE_SECONDS goes down to its idle level."""
+        if self._stopping:
+            return
+        now = time.monotonic()
+        for variant, ready in self._ready.items():
+            if now - self._last_run.get(variant, now) >= IDLE_SECONDS and self.level[variant] > self.idle[variant]:
+                self.level[variant] = self.idle[variant]
+                while len(ready) > self.level[variant]:
+                    self.pool.discard(ready.popleft())
+        self._idle_check = asyncio.get_running_loop().call_later(IDLE_SECONDS / 4, self._watch_idle)
 
     def _refill(self) -> None:
         if self._stopping:
             return
-        for variant, target in self.targets.items():
+        for variant, target in self.level.items():
             while len(self._ready[variant]) + self._filling[variant] < target:
                 self._filling[variant] += 1
                 self.pool.background(self._fill_one(variant))
@@ -101,8 +149,8 @@ class PooledSchedule:
             return
         finally:
             self._filling[variant] -= 1
-        if self._stopping or not self.pool.current(child):
-            self.pool.discard(child)  # the zygote was replaced or the runtime stopped while it was made
+        if self._stopping or not self.pool.current(child) or len(self._ready[variant]) >= self.level[variant]:
+            self.pool.discard(child)  # the zygote was replaced, the runtime stopped or went idle while it was made
             return
         self._ready[variant].append(child)
         child.exited.add_done_callback(lambda _: self._died_ready(variant, child))

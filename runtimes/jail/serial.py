@@ -87,7 +87,7 @@ class SerialSchedule:
             if self.sweep_uid:
                 await asyncio.to_thread(sweep.kill_strays, child.uid, False)
             if self.wait_for_namespace:
-                await child.exited  # the zygote reports it once the init, and with it the namespace, is gone
+                await child.exited  # the zygote reports it once it is reaped: the namespace's pid 1, all of it gone
             await sweep.inert(child.pid, child.pidfd)
         finally:
             self._running = False

@@ -13,12 +13,16 @@ The zygote reaps every child through a pidfd and reports how it ended; when the
 service goes away it kills what is left and exits.
 
 What it builds follows its mode's record (modes.py): a tree of bind mounts it
-pivots into (pivot), or a materialized tree it chroots into once (chroot). Where runs have PID
-namespaces each child is pid 2 of one of its own, forked into it after a small
-init was made there (inits.py), and has the namespaces the mode asks for
-(child.py). Once the zygote has reaped the child it kills that init, and it
-reports how the child ended once the init is gone, which is after the kernel
-has killed everything else in the namespace.
+pivots into (pivot), or a materialized tree it chroots into once (chroot).
+Where runs have PID namespaces each child is forked straight into a PID
+namespace of its own, and into the other namespaces the mode asks for
+(child.py): it is pid 1 there, the namespace's init, so that when it ends the
+kernel kills everything else in the namespace before the zygote can reap it.
+When the zygote reports a child's end, nothing of its namespace is left. (A pid
+1 is spared the signals it sends itself while their action is the default: the
+runners' signal shims make such a signal end the run as it would end any other
+process.) Where the platform allows it, each child is also the first process of
+a time namespace of its own (timens.py).
 """
 
 from __future__ import annotations
@@ -35,10 +39,9 @@ import sys
 import traceback
 
 from runtimes import linux, tree
-from runtimes.jail import namespaces, nftables, protocol, timens
+from runtimes.jail import namespaces, nftables, protocol, seccomp_policy, timens
 from runtimes.jail.child import ChildPlan, Handles, confine, fence_signals, tmpfs_takes_huge_pages
-from runtimes.jail.inits import InitMaker, fork_run
-from runtimes.jail.modes import CHROOT, PIVOT, USER_NAMESPACE
+from runtimes.jail.modes import CHROOT, PIVOT, UID_PER_RUN, USER_NAMESPACE
 from runtimes.jail.protections import in_child
 
 CHILD_SETUP_FAILED = 125
@@ -49,15 +52,17 @@ class Zygote:
         self.control = socket.socket(fileno=config["control_fd"])
         self.plan = ChildPlan.from_dict(config["plan"])
         self.runner = importlib.import_module(config["runner"])
-        self.children: dict[int, tuple[int, int]] = {}  # pidfd -> pid, pidfd of its namespace's init (or -1)
-        self.ending: dict[int, bytes] = {}  # pidfd of an init killed after its child -> the child's exit report
+        self.children: dict[int, int] = {}  # pidfd -> pid
         self.poller = select.poll()
         self.vm_size = _VmSize()
         self.lifeline = os.pidfd_open(os.getpid())  # children learn through it whether the zygote still lives
         mode = self.plan.mode
-        # for a new namespace's ids, the inits' namespaces and the runs' time namespaces (the tree has no /proc)
-        needs_proc = mode.pid_namespace or mode.identity == USER_NAMESPACE or self.plan.time_namespace
+        # for a new user namespace's ids and the runs' time namespaces (the tree has no /proc)
+        needs_proc = mode.identity == USER_NAMESPACE or self.plan.time_namespace
         self.proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if needs_proc else -1
+        # a child's namespaces, made by the fork itself (its PID namespace: it is that namespace's pid 1)
+        self.clone_flags = mode.clone_flags | (linux.CLONE_NEWPID if mode.pid_namespace else 0)
+        self.fence = None  # where every child is pid 1: its signal fence, made once (child.fence_signals)
         self.state = self.runner.prepare(config["runner_config"])
         self.report: dict = {"mode": mode.name, **self.state.report}
 
@@ -86,6 +91,11 @@ class Zygote:
             # a user namespace of its own, as without root: the PID namespaces of its runs are made in it
             linux.unshare(linux.CLONE_NEWUSER)
             namespaces.map_own_ids(self.proc, uid, uid)
+        if mode.identity == UID_PER_RUN:
+            # Once, not in every child: its children inherit the empty set (a child that made a user
+            # namespace of its own would start there with a full one). The zygote never execs.
+            namespaces.drop_bounding_set()
+            self.plan = dataclasses.replace(self.plan, bounding_set_dropped=True)
         self.ids = (os.getuid(), os.getgid())
         for path in config["import_paths"]:
             while path in sys.path:
@@ -111,9 +121,11 @@ class Zygote:
 
     def serve(self) -> None:
         self.times = self._time_namespaces()  # before any child: see timens.py
-        # before the warm-up: the inits are forks of a small process, not of the warm heap
-        self.inits = InitMaker(self.lifeline, self.proc) if self.plan.mode.pid_namespace else None
         self.report.update(self.runner.warm(self.state))
+        if self.plan.mode.pid_namespace:
+            self.fence = seccomp_policy.fence_program(1)
+        if self.plan.mode.pid_namespace and hasattr(self.runner, "as_pid_one"):
+            self.runner.as_pid_one(self.state)  # once here, not in every child: each will be a pid 1
         gc.collect()
         gc.freeze()  # children then share the warm heap instead of copying it
         self.control.send(protocol.ready(self.report))
@@ -158,38 +170,29 @@ class Zygote:
 
     def _fork(self, uid: int, tmpdir: str, variant: dict, fds: list[int]) -> None:
         address_space = self.vm_size.read()
-        init = namespace = -1
         try:
             if self.times is not None:
                 self.times.next()  # the run is the first process to enter it
-            if self.inits is not None:
-                init, namespace = self.inits.make()
-                pid = fork_run(namespace, self.plan.mode.clone_flags)
-            else:
-                pid = os.fork()
+            pid = namespaces.fork_into(self.clone_flags) if self.clone_flags else os.fork()
         except OSError as exc:
             self.control.send(protocol.FORK_FAILED + str(exc).encode())
-            if init >= 0:
-                _kill(init)
-            for fd in (*fds, init, namespace):
-                if fd >= 0:
-                    os.close(fd)
+            for fd in fds:
+                os.close(fd)
             return
         if pid == 0:
             self._become_child(uid, tmpdir, variant, fds, address_space)
         pidfd = os.pidfd_open(pid)
-        for fd in (*fds, namespace):
-            if fd >= 0:
-                os.close(fd)
+        for fd in fds:
+            os.close(fd)
         socket.send_fds(self.control, [protocol.forked(pid)], [pidfd])
-        self.children[pidfd] = (pid, init)
+        self.children[pidfd] = pid
         self.poller.register(pidfd, select.POLLIN)
 
     def _become_child(self, uid: int, tmpdir: str, variant: dict, fds: list[int], address_space: int) -> None:
         try:
             # stdin, stdout, stderr, ready
             confine(self.plan, uid, tmpdir, tuple(fds), Handles(self.lifeline, self.proc, self.ids))
-            fence_signals()
+            fence_signals(self.fence)
             os.write(3, b"1")
             if not getattr(self.runner, "REPORTS_EXIT", False):
                 os.close(3)
@@ -202,35 +205,19 @@ class Zygote:
         os._exit(CHILD_SETUP_FAILED)
 
     def _reap(self, pidfd: int) -> None:
+        """A child has ended (a namespace's pid 1: and everything else of its namespace with it): report it."""
         self.poller.unregister(pidfd)
-        if pidfd in self.ending:  # an init is gone, and with it everything else of its namespace
-            os.close(pidfd)
-            self.control.send(self.ending.pop(pidfd))
-            return
         result = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
         os.close(pidfd)
-        pid, init = self.children.pop(pidfd)
-        report = protocol.exited(pid, result.si_code in (os.CLD_KILLED, os.CLD_DUMPED), result.si_status)
-        if init < 0:
-            self.control.send(report)
-            return
-        _kill(init)
-        self.ending[init] = report
-        self.poller.register(init, select.POLLIN)
+        pid = self.children.pop(pidfd)
+        self.control.send(protocol.exited(pid, result.si_code in (os.CLD_KILLED, os.CLD_DUMPED), result.si_status))
 
     def _shutdown(self) -> None:
-        for pidfd, (_pid, init) in self.children.items():
-            _kill(pidfd)
-            if init >= 0:
-                _kill(init)
-        for pidfd in self.ending:
+        for pidfd in self.children:
             _kill(pidfd)
         for pidfd in self.children:
             os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
-        for pidfd in [*self.ending, *(init for _pid, init in self.children.values() if init >= 0)]:
-            select.select([pidfd], [], [], 5)  # gone; its maker reaps it
         self.children.clear()
-        self.ending.clear()
 
 
 def _kill(pidfd: int) -> None:

@@ -11,11 +11,18 @@
 // The seccomp filter was loaded before node started; it admits no process
 // creation, and no network calls unless the run has network.
 //
+// Where runs have PID namespaces, node is pid 1 of its own, and the kernel spares a pid 1
+// every signal it sends itself while that signal's action is the default (SIGKILL
+// included): process.kill and process.abort are wrapped (signalShim) so that such a signal
+// still ends the run as it ends any other process, reported on fd 3 as killed by it.
+// Aborts inside node itself (a fatal V8 error) end it with SIGSEGV instead of SIGABRT.
+//
 // It also serves as the entry of a V8 startup snapshot (node --build-snapshot):
 // the warm-up is then paid once when the snapshot is built, not by every run.
 'use strict';
 
 const fs = require('fs');
+const os = require('os');
 const util = require('util');
 const v8 = require('v8');
 const vm = require('vm');
@@ -71,6 +78,7 @@ function main(args) {
   globalThis.__filename = '/tmp/main.js';
   globalThis.__dirname = '/tmp';
   process.argv = [process.argv[0], '/tmp/main.js'];
+  if (process.pid === 1) signalShim();
 
   const size = readExact(4).readUInt32LE(0);
   const request = JSON.parse(readExact(size).toString('utf8'));
@@ -178,6 +186,39 @@ function exitNow(code) {
     // no report: the service waits for the process to end instead
   }
   apply(reallyExit, process, [status]);
+}
+
+// What ends a process by default (signal(7)), less what node handles or ignores itself
+// (SIGINT is node's only while it has listeners: then it is not the default; SIGUSR1 starts
+// the inspector; SIGPIPE is ignored).
+const ENDING = new Set([1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 14, 15, 16, 24, 25, 26, 27, 29, 30, 31]);
+for (let signum = 34; signum <= 64; signum++) ENDING.add(signum);
+const signalNames = Object.create(null);
+for (const [name, number] of Object.entries(os.constants.signals)) signalNames[number] = name;
+
+function endBySignal(signum) {
+  try {
+    writeSync(REPORT_FD, new Uint8Array([0x21, signum])); // protocol.KILLED_BY, then the signal
+  } catch {
+    // no report: the service sees the exit status
+  }
+  apply(reallyExit, process, [128 + signum]);
+}
+
+function signalShim() {
+  const { kill: realKill, abort: realAbort, listenerCount } = process;
+  process.kill = function kill(pid, signal = 'SIGTERM') {
+    const signum = typeof signal === 'number' ? signal : os.constants.signals[signal];
+    const name = signalNames[signum];
+    if (pid == process.pid && ENDING.has(signum) && !(name && apply(listenerCount, process, [name]))) {
+      endBySignal(signum);
+    }
+    return apply(realKill, process, [pid, signal]);
+  };
+  process.abort = function abort() {
+    endBySignal(6);
+    apply(realAbort, process, []);
+  };
 }
 
 warm(); // when building a snapshot, it is in the snapshot: runs start warm

@@ -7,6 +7,18 @@ warm():    in the zygote, inside its tree: import the dependency layer.
 run():     in a confined child: read the run from stdin, set the run's limits,
            load the filter, run the code as __main__, report its status on fd 3
            and exit with it.
+
+Where runs have PID namespaces the child is pid 1 of its own, and the kernel
+spares a pid 1 every signal it sends itself while that signal's action is the
+default (SIGKILL included). So that such a signal still ends the run as it ends
+any other process, the zygote installs a shim before it forks (`as_pid_one`): a
+handler that ends the run on each signal that would have ended it (timers and
+limits included), and os.kill, os.abort, signal.raise_signal and
+signal.pthread_kill that do so for SIGKILL and the fault signals aimed at the
+run itself. Ending "by signal N" is the report KILLED_BY N on fd 3, then an
+exit; the service then says the run was killed by N, as it would have been.
+(Signals sent by raw system calls, through ctypes, with their default action
+are ignored, as for any pid 1.)
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ import io
 import json
 import linecache
 import os
+import signal
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -49,6 +62,8 @@ class State:
     preload_modules: list[str]
     layer_path: str
     report: dict = field(default_factory=dict)
+    lazy: bool = False  # import nothing of the layer ahead: a run imports what it uses (a first zygote)
+    stdio: tuple = ()  # the children's sys.stdin, stdout and stderr, made once by the zygote (_child_stdio)
 
 
 def bound_thread_memory() -> None:
@@ -78,6 +93,7 @@ def prepare(config: dict) -> State:
         required=config.get("require_seccomp", True),
         preload_modules=list(config.get("preload", ())),
         layer_path=config.get("layer_path", ""),
+        lazy=bool(config.get("lazy")),
     )
     state.report = {"seccomp": seccomp_error is None, "seccomp_error": seccomp_error}
     return state
@@ -103,7 +119,9 @@ def layer_modules(layer: str) -> list[str]:
 def warm(state: State) -> dict:
     if state.layer_path:
         sys.path.insert(0, state.layer_path)
-    if not state.preload_modules and state.layer_path:
+    if state.lazy:
+        state.preload_modules = []
+    elif not state.preload_modules and state.layer_path:
         state.preload_modules = layer_modules(state.layer_path)
     loaded, failed = [], {}
     # Native libraries that start thread pools at load (OpenBLAS under numpy) must not:
@@ -126,6 +144,7 @@ def warm(state: State) -> dict:
                 os.environ[key] = value
     for name in ("traceback", "linecache", "json", "base64", "datetime", "zoneinfo", "logging"):
         importlib.import_module(name)
+    state.stdio = _child_stdio()
     return {"preloaded": loaded, "preload_failed": failed}
 
 
@@ -153,7 +172,7 @@ def _rehearse() -> None:
 
 
 def run(state: State, address_space: int, variant: dict) -> None:
-    _fresh_stdio()
+    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = state.stdio
     _rehearse()
     (size,) = _HEADER.unpack(_read_exact(0, _HEADER.size))
     request = json.loads(_read_exact(0, size))
@@ -232,20 +251,111 @@ def _exit_reporting(status: int) -> None:
     os._exit(status)
 
 
-def _fresh_stdio() -> None:
-    """Streams of the child's own, not the zygote's (which may hold buffered bytes)."""
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(
-        io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8", errors="surrogateescape"
-    )
-    sys.stdout = sys.__stdout__ = io.TextIOWrapper(
-        io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8", errors="surrogateescape"
-    )
-    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
-        io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
-        encoding="utf-8",
-        errors="backslashreplace",
-        line_buffering=True,
-    )
+# What ends a process by default: terminate or dump core (signal(7)). SIGINT and SIGPIPE are left
+# out (Python handles the one and ignores the other, as it does for SIGXFSZ).
+_ENDING = {
+    signal.SIGHUP, signal.SIGQUIT, signal.SIGILL, signal.SIGTRAP, signal.SIGABRT, signal.SIGBUS,
+    signal.SIGFPE, signal.SIGUSR1, signal.SIGSEGV, signal.SIGUSR2, signal.SIGALRM, signal.SIGTERM,
+    signal.SIGSTKFLT, signal.SIGXCPU, signal.SIGVTALRM, signal.SIGPROF, signal.SIGIO, signal.SIGPWR,
+    signal.SIGSYS, *range(signal.SIGRTMIN, signal.SIGRTMAX + 1),
+}  # fmt: skip
+# Raised by the kernel on a fault, and then delivered even to a pid 1: a handler would only
+# return to the faulting instruction. Aimed at itself on purpose, they go through the wrappers.
+_FAULTS = {signal.SIGILL, signal.SIGTRAP, signal.SIGBUS, signal.SIGFPE, signal.SIGSEGV, signal.SIGSYS}
+
+
+def as_pid_one(state: State) -> None:
+    """In the zygote, before it forks children that will each be pid 1 of a PID namespace of their own:
+    the signals a run sends itself end it as they would end any process. Installed once here, for every
+    child; in any process but a pid 1 (the zygote itself) everything acts as it did without it."""
+    for signum in _ENDING - _FAULTS:
+        signal.signal(signum, _end_by_signal)
+    os.kill, signal.raise_signal, signal.pthread_kill = _os_kill, _signal_raise_signal, _signal_pthread_kill
+    os.abort = _os_abort
+
+
+_kill, _raise_signal, _pthread_kill, _abort = os.kill, signal.raise_signal, signal.pthread_kill, os.abort
+
+
+def _ends(signum: int) -> bool:
+    """Whether signum, sent to itself, would end this process were it not pid 1."""
+    if os.getpid() != 1:
+        return False
+    return signum == signal.SIGKILL or (signum in _ENDING and signal.getsignal(signum) == signal.SIG_DFL)
+
+
+def _os_kill(pid: int, signum: int) -> None:
+    if pid == 1 and _ends(signum):
+        _end_by_signal(signum)
+    _kill(pid, signum)
+
+
+def _signal_raise_signal(signum: int) -> None:
+    if _ends(signum):
+        _end_by_signal(signum)
+    _raise_signal(signum)
+
+
+def _signal_pthread_kill(thread_id: int, signum: int) -> None:
+    threading = sys.modules.get("threading")
+    if threading is not None and any(t.ident == thread_id for t in threading.enumerate()) and _ends(signum):
+        _end_by_signal(signum)
+    _pthread_kill(thread_id, signum)
+
+
+def _os_abort() -> None:
+    if os.getpid() == 1:
+        _end_by_signal(signal.SIGABRT)
+    _abort()
+
+
+def _end_by_signal(signum: int, _frame=None) -> None:
+    """End the run as killed by signum: nothing flushed, as a signal would leave it. (Not pid 1, as the zygote
+    is: the signal's default action, as if no handler had been installed.)"""
+    if os.getpid() != 1:
+        signal.signal(signum, signal.SIG_DFL)
+        _kill(os.getpid(), signum)
+        return
+    try:
+        os.write(_REPORT_FD, protocol.killed_by(signum))
+    except OSError:
+        pass
+    os._exit(128 + signum)
+
+
+def _child_stdio() -> tuple:
+    """Streams on fds 0, 1 and 2 for the children, never the zygote's own (which may hold buffered bytes),
+    made here once instead of in every child. Each is made while a pipe stands on its fd, as a child's
+    pipe will, so that what it learns of its fd when made (no seeking, no terminal) holds there; the
+    zygote's own fds are put back, and the zygote never uses these."""
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    read, write = os.pipe()
+    try:
+        for fd, end in ((0, read), (1, write), (2, write)):
+            os.dup2(end, fd)
+        streams = (
+            io.TextIOWrapper(
+                io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8", errors="surrogateescape"
+            ),
+            io.TextIOWrapper(
+                io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8", errors="surrogateescape"
+            ),
+            io.TextIOWrapper(
+                io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+                encoding="utf-8",
+                errors="backslashreplace",
+                line_buffering=True,
+            ),
+        )
+        for stream in streams:
+            stream.seekable(), stream.isatty()  # what they learn lazily: learnt now, of a pipe
+    finally:
+        for fd, copy in zip((0, 1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+        os.close(read)
+        os.close(write)
+    return streams
 
 
 def execute(code: str, preload: str) -> int:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
+import logging
 import os
 import subprocess
 
 from runtimes import tree
 from runtimes.jail import protocol
 from runtimes.jail.runtime import JailedRuntime
-from runtimes.payload import RunRequest
+from runtimes.payload import RunRequest, Unavailable
+
+log = logging.getLogger("sandlot.runtime")
 
 
 @functools.lru_cache(maxsize=8)
@@ -28,8 +32,43 @@ def interpreter_paths(python: str) -> dict:
 
 
 class PythonRuntime(JailedRuntime):
+    """A server's first zygote imports nothing of the layer (it is up in a fraction of the time: runs are
+    served at once, and a run that imports a package pays for it); a preloaded one replaces it in the
+    background, and only then does the runtime say it is ready (/health)."""
+
     language = "python3"
     runner = "runtimes.python.runner"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self._lazy = False  # the zygote being started is the first of a server's
+        self._preloading = False  # serving from that first zygote while the preloaded one starts
+
+    async def start(self) -> None:
+        self._lazy = not self.config.one_run_at_a_time and bool(self.config.python_layer)
+        try:
+            await super().start()
+        finally:
+            lazy, self._lazy = self._lazy, False
+        if lazy and super().ready:
+            self._preloading = True
+            self.pool.background(self._preloaded())
+
+    async def _preloaded(self) -> None:
+        try:
+            await self.pool.replace_zygote()
+            for _ in range(500):  # ready once the first has gone too (its ready children are killed now)
+                if not self.pool.retiring:
+                    break
+                await asyncio.sleep(0.01)
+        except Unavailable as exc:  # the lazy one goes on serving; rotation tries again later
+            log.warning("python3: the preloaded zygote did not start: %s", exc)
+        finally:
+            self._preloading = False
+
+    @property
+    def ready(self) -> bool:
+        return super().ready and not self._preloading
 
     def interpreter(self) -> str:
         return self.config.python_path
@@ -44,7 +83,7 @@ class PythonRuntime(JailedRuntime):
         if layer:
             spec.add(layer)
             elf += tree.elf_files_under(layer)
-        spec.add(*tree.shared_libraries(elf))
+        spec.add(*tree.shared_libraries(elf, cache_dir=self.config.data_dir))
         tree.run_system_files(spec, self.run_hostname())
         for site in {paths["purelib"], paths["platlib"]}:  # the interpreter's own packages stay out
             if os.path.isdir(site):
@@ -56,6 +95,7 @@ class PythonRuntime(JailedRuntime):
             **super().runner_config(),
             "preload": list(self.config.python_preload) if self.config.python_layer else [],
             "layer_path": self.config.python_layer,
+            "lazy": self._lazy,
         }
 
     def layer(self) -> str:

@@ -1,0 +1,122 @@
+"""The pooled schedule keeps as many children ready as the load needs: deeper under load, few when idle."""
+
+import asyncio
+
+import pytest
+
+from runtimes.jail import schedule
+
+
+class FakeChild:
+    def __init__(self, number: int):
+        self.pid = number
+        self.exited = asyncio.get_running_loop().create_future()
+
+
+class FakePool:
+    """What PooledSchedule uses of a ChildPool; children are made at once, or when `release()` is called."""
+
+    def __init__(self):
+        self.on_replaced: list = []
+        self.on_running: list = []
+        self.last_error = ""
+        self.made = 0
+        self.killed: list[FakeChild] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self._tasks: set = set()
+
+    async def spawn(self, variant) -> FakeChild:
+        await self.gate.wait()
+        self.made += 1
+        return FakeChild(self.made)
+
+    def discard(self, child: FakeChild) -> None:
+        self.killed.append(child)
+        if not child.exited.done():
+            child.exited.set_result((True, 9))
+
+    def background(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def current(self, child) -> bool:
+        return True
+
+    def owner(self, child):
+        return None
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+def quick_idle(monkeypatch):
+    monkeypatch.setattr(schedule, "IDLE_SECONDS", 0.2)
+
+
+def test_ready_children_follow_the_load(quick_idle):
+    async def scenario():
+        pool = FakePool()
+        pooled = schedule.PooledSchedule(pool, {(): 4}, {(): 1})
+        await pooled.start()
+        await settle()
+        assert pooled.status()["ready_children"] == 4  # a burst right after start is served at once
+
+        pool.gate.clear()  # children are slow to make: runs outpace the making
+        taken = [await pooled.take(()) for _ in range(4)]
+        waiting = asyncio.ensure_future(pooled.take(()))  # none ready: it waits for one made for it
+        await settle()
+        pool.gate.set()
+        taken.append(await waiting)
+        assert pooled.made_on_demand == 1 and pooled.status()["ready_level"] == 5  # one deeper
+        for child in taken:
+            await pooled.finish(child)
+        await settle()
+        assert pooled.status()["ready_children"] == 5
+
+        await asyncio.sleep(0.35)  # idle: down to one ready, the rest killed
+        assert pooled.status()["ready_children"] == 1 and pooled.status()["ready_level"] == 1
+        assert all(c.exited.done() for c in pool.killed)
+
+        child = await pooled.take(())  # a run: back to the target
+        await pooled.finish(child)
+        await settle()
+        assert pooled.status()["ready_children"] == 4
+        await pooled.stop()
+
+    asyncio.run(scenario())
+
+
+def test_the_level_never_passes_twice_the_target(quick_idle):
+    async def scenario():
+        pool = FakePool()
+        pooled = schedule.PooledSchedule(pool, {(): 2})
+        await pooled.start()
+        await settle()
+        for _ in range(10):  # bursts of 5 runs at once: some find none ready every time
+            children = [await pooled.take(()) for _ in range(5)]
+            for child in children:
+                await pooled.finish(child)
+            await settle()
+        assert pooled.status()["ready_level"] == 4 and pooled.status()["ready_children"] == 4
+        await pooled.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_variant_without_an_idle_level_keeps_none_when_idle(quick_idle):
+    async def scenario():
+        pool = FakePool()
+        pooled = schedule.PooledSchedule(pool, {("network", True): 2, ("network", False): 1}, {})
+        await pooled.start()
+        await settle()
+        assert pooled.status()["ready_children"] == 3
+        await asyncio.sleep(0.35)
+        assert pooled.status()["ready_children"] == 0  # an idle Node runtime holds no node
+        await pooled.stop()
+
+    asyncio.run(scenario())
