@@ -7,7 +7,7 @@ function's timeout and it makes one attempt only: a slow run is never silently
 executed twice.
 
 How Lambda's answers map (the run path turns the errors into envelopes):
-- a run result: returned as it is;
+- a run result: read into a RunResult (its shape is the contract's, runtimes/payload.py);
 - throttling (TooManyRequestsException, 429): Throttled -> the 503 envelope;
 - a request over Lambda's payload limit: InvalidRequest -> -400;
 - the function's own errors: errorType `Unavailable` and `InvalidRequest` carry the
@@ -21,19 +21,21 @@ import asyncio
 import json
 import logging
 
+from pydantic import ValidationError
+
 from layers.store import LayerBuildError
 from runtimes.payload import (
     LAMBDA_REQUEST_LIMIT,
     NETWORK_DISABLED,
     InvalidRequest,
     RunRequest,
+    RunResult,
     Throttled,
     Unavailable,
+    describe,
 )
 
 log = logging.getLogger("sandlot.lambda")
-
-RESULT_KEYS = {"stdout", "stderr", "error", "exit_code"}
 READ_TIMEOUT_MARGIN = 10.0  # seconds over the function's timeout before the client gives up
 
 
@@ -120,12 +122,14 @@ class LambdaInvoker:
     async def stop(self) -> None:
         pass
 
-    async def invoke(self, request: RunRequest) -> dict:
+    async def invoke(self, request: RunRequest) -> RunResult:
         name = self._function(request.language)
-        result = await asyncio.to_thread(self._invoke, name, request.to_payload())
-        if not (isinstance(result, dict) and result.keys() >= RESULT_KEYS):
-            raise Unavailable(f"malformed payload from the {name} function: not a run result")
-        return result
+        answer = await asyncio.to_thread(self._invoke, name, request.to_payload())
+        try:
+            return RunResult.model_validate(answer)
+        except ValidationError as exc:
+            problem = describe(exc.errors())
+            raise Unavailable(f"malformed payload from the {name} function: not a run result ({problem})") from exc
 
     def ready(self) -> bool:
         return bool(self.functions) and not self._probing

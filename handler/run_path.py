@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable
 from handler import envelope
 from handler.envelope import Reply
 from handler.models import RunBody
-from runtimes.payload import InvalidRequest, RunRequest, Throttled, Unavailable, parse_request
+from runtimes.payload import InvalidRequest, RunRequest, RunResult, Throttled, Unavailable, parse_request
 
-Invoke = Callable[[RunRequest], Awaitable[dict]]
+Invoke = Callable[[RunRequest], Awaitable[RunResult]]
 
 
 async def run(data: object, network_allowed: bool, invoke: Invoke) -> Reply:
@@ -31,4 +31,4 @@ async def run(data: object, network_allowed: bool, invoke: Invoke) -> Reply:
         return envelope.too_many_requests_reply()
     except Unavailable as exc:
         return envelope.unavailable_reply(str(exc))
-    return envelope.success_reply(result)
+    return envelope.success_reply(result.to_wire())

@@ -42,7 +42,7 @@ from runtimes.credentials import drop_credentials
 from runtimes.environment import ConfigError, function_environment
 from runtimes.jail.runtime import JailedRuntime
 from runtimes.jail.sweep import StrayProcesses
-from runtimes.payload import LAMBDA_REQUEST_LIMIT, InvalidRequest, Unavailable, fit_result, parse_request
+from runtimes.payload import LAMBDA_REQUEST_LIMIT, InvalidRequest, RunResult, Unavailable, fit_result, parse_request
 
 log = logging.getLogger("sandlot.function")
 logging.getLogger("sandlot").setLevel(logging.INFO)  # the init report goes to the function's log
@@ -204,9 +204,9 @@ class RuntimeFunction:
             raise Unavailable(runtime.refused) from exc
         except Unavailable as exc:
             raise Unavailable(str(exc)) from exc  # one errorType for the invoker, whatever raised it
-        return fit_result(result, LAMBDA_REQUEST_LIMIT, self.ascii_only)
+        return fit_result(result, LAMBDA_REQUEST_LIMIT, self.ascii_only).to_wire()
 
-    async def _run(self, request, timeout: float) -> dict:
+    async def _run(self, request, timeout: float) -> RunResult:
         result = await self.runtime.run(request, max_seconds=timeout)
         if not self.between_hooked:
             await self.runtime.between()  # no later step to do it in: before the answer, then
