@@ -59,6 +59,8 @@ class SandboxAPI:
         self.admission = Admission(settings.MAX_REQUESTS, settings.MAX_WORKERS, settings.SANDLOT_QUEUE_TIMEOUT)
         self._key = settings.API_KEY.encode()
         self._starting: asyncio.Task | None = None
+        tenancy = settings.lambda_tenancy  # the header naming a request's tenant, if the lambda backend reads one
+        self._tenant_header = tenancy.header if settings.SANDLOT_BACKEND == "lambda" else ""
 
     # ---- plumbing -------------------------------------------------------------
 
@@ -158,7 +160,8 @@ class SandboxAPI:
                 return await self.invoker.invoke(run_request)
 
         try:
-            reply = await run_path.run(data, self.settings.ENABLE_NETWORK, invoke)
+            tenant = request.headers.get(self._tenant_header) if self._tenant_header else None
+            reply = await run_path.run(data, self.settings.ENABLE_NETWORK, invoke, tenant)
         except ClientGone:
             return envelope.failure(-499, "client went away while waiting", 499)
         return reply.response()

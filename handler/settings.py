@@ -17,6 +17,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from pydantic_settings.exceptions import SettingsError as _SourceError
 
+from handler.tenancy import TenancyPolicy
 from runtimes.config import RuntimeConfig
 from runtimes.settings import RuntimeSettings, describe_invalid
 
@@ -142,6 +143,13 @@ class Settings(RuntimeSettings):
     SANDLOT_LAMBDA_TIMEOUT: float = Field(
         0, ge=0, description="the runtime functions' timeout, seconds; 0: `SANDLOT_MAX_TIMEOUT` + 10"
     )
+    SANDLOT_LAMBDA_TENANCY: str = Field(
+        "auto",
+        description="the tenant id each invoke carries (the runtime functions are deployed PER_TENANT): `auto` (one "
+        "shared id where a function reports its seccomp filter in force, else a fresh id per run), `per-run` (a "
+        "fresh id, so an environment of its own, for every run), or `header:<Name>` (the tenant the request names "
+        "in that header, or a direct invoke's `tenant_id`; a fresh id per run without it)",
+    )
 
     # operations: metrics and logs
     SANDLOT_METRICS: str = Field(
@@ -168,6 +176,16 @@ class Settings(RuntimeSettings):
 
             parse_interval(value)
         return value
+
+    @field_validator("SANDLOT_LAMBDA_TENANCY")
+    @classmethod
+    def _tenancy(cls, value: str) -> str:
+        TenancyPolicy.parse(value)
+        return value
+
+    @property
+    def lambda_tenancy(self) -> TenancyPolicy:
+        return TenancyPolicy.parse(self.SANDLOT_LAMBDA_TENANCY)
 
     @field_validator("SANDLOT_METRICS")
     @classmethod

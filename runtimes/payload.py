@@ -28,12 +28,20 @@ UNSUPPORTED_LANGUAGE = "unsupported language"
 LAMBDA_REQUEST_LIMIT = 6_291_456
 LAMBDA_RESPONSE_LIMIT = 6_291_556
 OUTPUT_LIMIT_LINE = "error: output limit exceeded"
+# The tenant id the API shares between all its runs where a runtime function reports seccomp in force
+# (SANDLOT_LAMBDA_TENANCY=auto). A function without the filter refuses it: runs there need ids of their own.
+SHARED_TENANT = "shared"
 
 
 class Unavailable(RuntimeError):
     """The sandbox cannot run this now (runtime down, jail cannot be built): a -500 envelope naming why.
 
     The one such error: each invoker turns what its own machinery raises into this at its seam."""
+
+
+class TenantRefused(Unavailable):
+    """A runtime function's environment does not serve this invocation's tenant id (none, the shared one where no
+    seccomp filter is in force, or another tenant's): refused before anything of the run was executed."""
 
 
 class Throttled(RuntimeError):

@@ -62,10 +62,10 @@ def test_the_probe_reports_the_platform(strict):
     assert probe["protections"]["seccomp"] is False and probe["protections"]["own_uid"] is False
 
 
-def test_runs_are_refused_by_default_saying_why(strict):
+def test_runs_without_a_tenant_id_are_refused_by_default_saying_why(strict):
     error = error_of(strict, {"language": "python3", "code": "print(1)", "enable_network": True})
-    assert error["errorType"] == "Unavailable"
-    assert "seccomp filter cannot be installed" in error["errorMessage"]
+    assert error["errorType"] == "TenantRefused"  # an Unavailable: nothing of the run was executed
+    assert "seccomp filter cannot be installed" in error["errorMessage"] and "tenant id" in error["errorMessage"]
 
 
 def test_a_refusal_by_sigsys_is_reported_and_refused_too(image):
@@ -76,7 +76,7 @@ def test_a_refusal_by_sigsys_is_reported_and_refused_too(image):
         assert probe["platform"]["seccomp"] is False
         assert "SIGSYS" in probe["platform"]["errors"]["seccomp"]
         error = error_of(instance, {"language": "python3", "code": "print(1)", "enable_network": True})
-        assert error["errorType"] == "Unavailable" and "seccomp" in error["errorMessage"]
+        assert error["errorType"] in ("Unavailable", "TenantRefused") and "seccomp" in error["errorMessage"]
     finally:
         instance.stop()
 
