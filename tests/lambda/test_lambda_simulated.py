@@ -278,6 +278,14 @@ def test_the_image_layout_is_what_the_functions_need(image):
     for package in ("awslambdaric", "pyseccomp.py", "runtimes", "layers"):
         assert any(name.startswith(package) for name in os.listdir(venv_site)), package
     assert os.stat(os.path.join(venv_site, "runtimes")).st_mode & 0o022 == 0
+    # the layers are the project's own build (`sandlot layers build`), not a second one in the script
+    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "..", "infra", "layout.sh")) as f:
+        script = "\n".join(line for line in f if not line.lstrip().startswith("#"))
+    assert 'sandlot" layers build' in script and "npm" not in script and "--target" not in script
+    assert os.path.isdir(os.path.join(image, "layers", "nodejs", "node_modules"))
+    # compiled once there: a read-only layer cannot cache bytecode at a cold start
+    requests = os.path.join(image, "layers", "python", "requests", "__pycache__")
+    assert any(name.endswith(".pyc") for name in os.listdir(requests))
 
 
 def test_no_process_prepared_for_a_later_invocation_exists_while_a_run_executes(lenient):
