@@ -71,6 +71,17 @@ logging.getLogger("sandlot").setLevel(logging.INFO)  # the init report goes to t
 DEADLINE_MARGIN = 1.0  # seconds kept back from Lambda's deadline to return a timed-out run's result
 
 
+def _process_age() -> float:
+    """Seconds since this process was started (an exec, such as drop_credentials', keeps the start), or NaN."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime") as f:
+            return float(f.read().split()[0]) - started
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
 class InitFailure(RuntimeError):
     """The function cannot serve at all; the message says what the operator must change."""
 
@@ -126,8 +137,11 @@ class RuntimeFunction:
         self.config = self.settings.runtime_config()
         # RequireSeccomp here means: the filter, or tenant isolation in its place (checked per invocation, admit)
         self.require_seccomp = self.config.require_seccomp
+        probing = time.monotonic()
+        self.probe_seconds = 0.0
         if not platform_protections().seccomp:  # probed once per process; the runtime's start reads the same
             self.config.require_seccomp = False
+        self.probe_seconds = time.monotonic() - probing
         self.tenant: str | None = None  # the first tenant id served: the only one this environment serves
         self.runtime = runtime_class(self.config)
         self.list_layer = list_layer
@@ -202,10 +216,12 @@ class RuntimeFunction:
         # the function still answers the probe where runs are refused, saying why
         self.between_hooked = between_invocations(self._between)
         log.info(
-            "%s runtime function ready in %.3f s (probe, zygote, first child); protections in force: %s; "
-            "tenants kept apart by: %s; platform: %s%s",
+            "%s runtime function ready in %.3f s (probe, zygote, first child); init %.3f s since the process "
+            "started (platform probe %.3f s); protections in force: %s; tenants kept apart by: %s; platform: %s%s",
             runtime.language,
             time.monotonic() - started,
+            _process_age(),
+            self.probe_seconds,
             runtime.protections(),
             self.boundary(),
             platform.to_dict() if platform else None,
