@@ -311,3 +311,33 @@ def test_on_the_simulated_lambda_per_tenant_runs_share_only_with_the_same_header
     assert len(set(ids)) == 5
     assert runs[0][1] == runs[1][1]  # acme's second run reused acme's environment
     assert len({pid for _, pid in runs[1:]}) == 5
+
+
+@simulation
+def test_auto_asks_again_when_a_function_refuses_the_shared_id_and_resends_the_run(simulated_api):
+    """A stale record (the function had its filter when asked; a new deployment has not): the run sent with the
+    shared id is refused before anything of it ran, the probe is asked again, and the run goes once more with
+    an id of its own."""
+    import asyncio
+
+    from handler.lambda_invoker import LambdaInvoker
+    from runtimes.payload import RunRequest
+
+    env = boto_environment(simulated_api)
+    saved = dict(os.environ)
+    os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
+    try:
+        invoker = LambdaInvoker({"python3": "sandlot-python3"}, function_timeout=30)
+        invoker.connect()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    invoker.platform["python3"] = {"tenancy": {"shared_tenant": True}}  # what an earlier probe said
+    invoker._probed_at["python3"] = 0.0
+    before = len(simulated_api.calls)
+    result = asyncio.run(invoker.invoke(RunRequest(language="python3", code="print(5)", enable_network=True)))
+    assert result.stdout == "5\n"
+    tenants = [tenant for _, tenant, _ in simulated_api.calls[before:]]
+    assert tenants[:2] == [SHARED_TENANT, SHARED_TENANT]  # the refused run, then the probe
+    assert len(tenants) == 3 and tenants[2].startswith("run:")
+    assert invoker.platform["python3"]["tenancy"]["boundary"] == "tenant isolation"
