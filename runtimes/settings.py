@@ -19,7 +19,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from runtimes.config import RuntimeConfig, comma_list, default_data_dir, default_python
 
-# SANDLOT_JAIL's values: runtimes/jail/modes.py decides what each gives on this platform
+# SANDLOT_JAIL's values: modes.CHOICES (runtimes/jail/modes.py, which decides what each gives on this platform);
+# not imported from there, so that loading the settings loads no jail module (tests/test_settings.py keeps them equal)
 JAIL_MODES = ("auto", "full", "userns", "reduced", "chroot", "single")
 
 

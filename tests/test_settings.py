@@ -137,6 +137,14 @@ def test_both_accept_the_same_jail_modes(monkeypatch, value):
         assert load_settings().SANDLOT_JAIL == function_environment({"SANDLOT_JAIL": value}).SANDLOT_JAIL == value
 
 
+def test_the_jail_modes_the_settings_accept_are_the_ones_the_jail_knows():
+    """Declared apart (the API function loads the settings without any jail module), kept equal here."""
+    from runtimes.jail import modes
+    from runtimes.settings import JAIL_MODES
+
+    assert set(JAIL_MODES) == set(modes.CHOICES)
+
+
 def test_layers_may_not_live_under_tmp_but_a_functions_scratch_does(monkeypatch):
     from runtimes.environment import function_environment
 
