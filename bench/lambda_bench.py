@@ -22,7 +22,7 @@ Rows (one table, all from the same run on this machine; read ratios, not absolut
   child), and what is left to the first /next; and the run itself after it.
 
     python bench/lambda_bench.py [--requests 200] [--paced-requests 50] [--pace 10] [--inits 3]
-                                 [--per-run 10] [--no-simulated]
+                                 [--per-run 10] [--no-simulated] [--per-run-only]
 """
 
 from __future__ import annotations
@@ -191,10 +191,11 @@ def main() -> None:
     parser.add_argument("--inits", type=int, default=3)
     parser.add_argument("--per-run", type=int, default=10, help="per-run tenancy invokes per language (0: none)")
     parser.add_argument("--no-simulated", action="store_true")
+    parser.add_argument("--per-run-only", action="store_true", help="only the cold init and per-run tenancy rows")
     args = parser.parse_args()
     languages = ("python3", "nodejs")
-    modes = [("warm", 0.0, args.requests)]
-    if args.paced_requests:
+    modes = [] if args.per_run_only else [("warm", 0.0, args.requests)]
+    if args.paced_requests and not args.per_run_only:
         modes.append((f"paced {args.pace:g}/s", 1.0 / args.pace, args.paced_requests))
     rows: list[tuple[str, str, str]] = []
 
@@ -237,8 +238,8 @@ def main() -> None:
     }
     os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
     client = LambdaInvoker({}, function_timeout=30).client  # configured as `sandlot serve` configures it
-    local = Service().start()
-    remote = Service(SANDLOT_BACKEND="lambda", **env).start()
+    local = Service().start() if modes else None
+    remote = Service(SANDLOT_BACKEND="lambda", **env).start() if modes else None
     try:
         for label, interval, count in modes:
             for language in languages:
@@ -280,8 +281,9 @@ def main() -> None:
                 spawn = statistics.median([i["spawn to first /next"] for i in inits])
                 rows.append((f"{language}   the invoke beyond the init (p50 - init p50)", ms(p50 - spawn), ""))
     finally:
-        local.stop()
-        remote.stop()
+        for service in (local, remote):
+            if service is not None:
+                service.stop()
         invoke_api.close()
         for instance in [*instances.values(), *sims.values()]:
             instance.stop()
