@@ -13,9 +13,16 @@ Rows (one table, all from the same run on this machine; read ratios, not absolut
 - each of these back to back (the next request as soon as the answer is in) and paced (`--pace`, 10 a
   second by default, as bench/bench.py paces Node): back to back, a Node run also waits for the start of
   its node process, which may only begin once the previous run's result is posted (a node process is
-  exec'ed for every run); paced, the next child is ready when the request comes.
+  exec'ed for every run); paced, the next child is ready when the request comes;
+- per-run tenancy (SANDLOT_LAMBDA_TENANCY=per-run): boto3 invokes, each with a fresh tenant id, of the
+  simulated Lambda's function deployed PER_TENANT (RequireSeccomp true, seccomp refused: tenancy is what
+  serves), so that each invoke waits for a fresh environment's init; with where that init's time goes
+  (medians): the process up to the runtime function's init (interpreter, awslambdaric and the project's
+  imports, the re-exec without credentials), the platform probe, the runtime's start (its zygote, the first
+  child), and what is left to the first /next; and the run itself after it.
 
-    python bench/lambda_bench.py [--requests 200] [--paced-requests 50] [--pace 10] [--inits 3] [--no-simulated]
+    python bench/lambda_bench.py [--requests 200] [--paced-requests 50] [--pace 10] [--inits 3]
+                                 [--per-run 10] [--no-simulated] [--per-run-only]
 """
 
 from __future__ import annotations
@@ -39,6 +46,9 @@ from service import API_KEY, Service  # noqa: E402
 
 WORKLOADS = {"python3": 'print("hi")', "nodejs": 'console.log("hi")'}
 READY = re.compile(r"ready in ([0-9.]+) s")
+INIT = re.compile(
+    r"ready in ([0-9.]+) s .*?; init ([0-9.na]+) s since the process started \(platform probe ([0-9.]+) s\)"
+)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -123,6 +133,48 @@ def runtime_api_latencies(instance, language: str, total: int, interval: float =
     return times
 
 
+def per_run_tenancy(invoke_api, client, image: str, language: str, count: int) -> tuple[list[float], list[dict]]:
+    """Invoke latencies with a fresh tenant id each (a fresh environment's init included), and each init's parts."""
+    from simulated import tenant_environments
+
+    from handler.tenancy import per_run_id
+
+    start = tenant_environments(image, language)
+    inits: list[dict] = []
+
+    def recorded(tenant: str):
+        instance = start(tenant)
+        found = INIT.search(instance.output())
+        assert found, instance.output()
+        ready, age, probe = (float(v) for v in found.groups())
+        inits.append(
+            {
+                "spawn to first /next": instance.init_seconds,
+                "process start to init": age - ready - probe,
+                "platform probe": probe,
+                "runtime start (zygote, first child)": ready,
+                "after init to first /next": instance.init_seconds - age,
+            }
+        )
+        return instance
+
+    name = f"per-run-{language}"
+    invoke_api.add_per_tenant(name, recorded, concurrency=1, keep=1)
+    payload = json.dumps({"language": language, "code": WORKLOADS[language], "enable_network": True})
+    times = []
+    for i in range(count + 1):  # the first: a warm-up (files not yet in the page cache)
+        started = time.perf_counter()
+        response = client.invoke(FunctionName=name, Payload=payload, TenantId=per_run_id())
+        result = json.loads(response["Payload"].read())
+        elapsed = time.perf_counter() - started
+        assert "FunctionError" not in response and result["exit_code"] == 0, result
+        for stopping in invoke_api.stopping:  # the environment reclaimed, off the clock: Lambda does it elsewhere
+            stopping.join()
+        if i:
+            times.append(elapsed)
+    return times, inits[1:]
+
+
 def add_rows(rows: list, language: str, measured: dict[str, list[float]], base_label: str) -> None:
     base = statistics.median(measured[base_label])
     for label, times in measured.items():
@@ -137,11 +189,13 @@ def main() -> None:
     parser.add_argument("--paced-requests", type=int, default=50, help="paced requests per row (0: none)")
     parser.add_argument("--pace", type=float, default=10.0, help="requests a second in the paced rows")
     parser.add_argument("--inits", type=int, default=3)
+    parser.add_argument("--per-run", type=int, default=10, help="per-run tenancy invokes per language (0: none)")
     parser.add_argument("--no-simulated", action="store_true")
+    parser.add_argument("--per-run-only", action="store_true", help="only the cold init and per-run tenancy rows")
     args = parser.parse_args()
     languages = ("python3", "nodejs")
-    modes = [("warm", 0.0, args.requests)]
-    if args.paced_requests:
+    modes = [] if args.per_run_only else [("warm", 0.0, args.requests)]
+    if args.paced_requests and not args.per_run_only:
         modes.append((f"paced {args.pace:g}/s", 1.0 / args.pace, args.paced_requests))
     rows: list[tuple[str, str, str]] = []
 
@@ -163,7 +217,9 @@ def main() -> None:
     instances = {language: start_function(language) for language in languages}
     invoke_api = InvokeAPI()
     for language, instance in instances.items():
-        invoke_api.add(f"sandlot-{language}", [instance])
+        invoke_api.add(f"sandlot-{language}", [instance])  # boto3 straight: no tenant id
+        # what `sandlot serve` invokes: deployed PER_TENANT as template.yaml does (auto: one shared, warm id here)
+        invoke_api.add_per_tenant(f"tenant-{language}", lambda tenant, language=language: start_function(language))
     sims = {}
     if simulated:
         from simulated import SIM_UID, start_simulated
@@ -177,13 +233,13 @@ def main() -> None:
         "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_ACCESS_KEY_ID": "bench",
         "AWS_SECRET_ACCESS_KEY": "bench",
-        "SANDLOT_LAMBDA_PYTHON3_FUNCTION": "sandlot-python3",
-        "SANDLOT_LAMBDA_NODEJS_FUNCTION": "sandlot-nodejs",
+        "SANDLOT_LAMBDA_PYTHON3_FUNCTION": "tenant-python3",
+        "SANDLOT_LAMBDA_NODEJS_FUNCTION": "tenant-nodejs",
     }
     os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
     client = LambdaInvoker({}, function_timeout=30).client  # configured as `sandlot serve` configures it
-    local = Service().start()
-    remote = Service(SANDLOT_BACKEND="lambda", **env).start()
+    local = Service().start() if modes else None
+    remote = Service(SANDLOT_BACKEND="lambda", **env).start() if modes else None
     try:
         for label, interval, count in modes:
             for language in languages:
@@ -208,9 +264,26 @@ def main() -> None:
                         client, f"sim-{language}", language, count, interval
                     )
                 add_rows(rows, language, measured, f"{label}, local service, HTTP")
+        if simulated and args.per_run:
+            for language in languages:
+                times, inits = per_run_tenancy(invoke_api, client, image, language, args.per_run)
+                p50 = statistics.median(times)
+                target = {"python3": 1.5, "nodejs": 2.5}[language]
+                rows.append(
+                    (
+                        f"{language} per-run tenancy, simulated Lambda, boto3 (fresh env)",
+                        ms(p50),
+                        f"{ms(percentile(times, 0.95))} (target {target:g} s: {'met' if p50 <= target else 'MISSED'})",
+                    )
+                )
+                for part in inits[0]:
+                    rows.append((f"{language}   init: {part}", ms(statistics.median([i[part] for i in inits])), ""))
+                spawn = statistics.median([i["spawn to first /next"] for i in inits])
+                rows.append((f"{language}   the invoke beyond the init (p50 - init p50)", ms(p50 - spawn), ""))
     finally:
-        local.stop()
-        remote.stop()
+        for service in (local, remote):
+            if service is not None:
+                service.stop()
         invoke_api.close()
         for instance in [*instances.values(), *sims.values()]:
             instance.stop()

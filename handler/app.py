@@ -16,12 +16,12 @@ from starlette.routing import Route
 
 from handler import envelope, run_path
 from handler.admission import Admission, ClientGone, Refused
-from handler.invoker import Invoker, LayerAdmin, LayerBuildError, SandboxUnavailable
+from handler.invoker import Invoker, LayerAdmin, LayerBuildError, Unavailable
 from handler.metrics import Metrics, metered, metrics_routes
 from handler.middleware import ObservabilityMiddleware
 from handler.openapi import openapi_routes
 from handler.settings import Settings
-from runtimes.payload import LANGUAGES, RunRequest
+from runtimes.payload import LANGUAGES, RunRequest, RunResult
 
 log = logging.getLogger("sandlot.api")
 
@@ -59,6 +59,8 @@ class SandboxAPI:
         self.admission = Admission(settings.MAX_REQUESTS, settings.MAX_WORKERS, settings.SANDLOT_QUEUE_TIMEOUT)
         self._key = settings.API_KEY.encode()
         self._starting: asyncio.Task | None = None
+        tenancy = settings.lambda_tenancy  # the header naming a request's tenant, if the lambda backend reads one
+        self._tenant_header = tenancy.header if settings.SANDLOT_BACKEND == "lambda" else ""
 
     # ---- plumbing -------------------------------------------------------------
 
@@ -153,12 +155,13 @@ class SandboxAPI:
         except RecursionError:
             return envelope.bad_request(TOO_DEEP)
 
-        async def invoke(run_request: RunRequest) -> dict:
+        async def invoke(run_request: RunRequest) -> RunResult:
             async with self.admission.worker(lambda: _until_disconnected(request)):
                 return await self.invoker.invoke(run_request)
 
         try:
-            reply = await run_path.run(data, self.settings.ENABLE_NETWORK, invoke)
+            tenant = request.headers.get(self._tenant_header) if self._tenant_header else None
+            reply = await run_path.run(data, self.settings.ENABLE_NETWORK, invoke, tenant)
         except ClientGone:
             return envelope.failure(-499, "client went away while waiting", 499)
         return reply.response()
@@ -176,7 +179,7 @@ class SandboxAPI:
             return envelope.unavailable("this service has no dependency layers to list")
         try:
             return envelope.success({"dependencies": await self.invoker.dependencies(language)})
-        except SandboxUnavailable as exc:
+        except Unavailable as exc:
             return envelope.unavailable(str(exc))
 
     async def update_dependencies(self, request: Request):
@@ -206,7 +209,7 @@ class SandboxAPI:
         try:
             await self.invoker.update_dependencies(language)
             return envelope.success(await answer())
-        except (LayerBuildError, SandboxUnavailable) as exc:
+        except (LayerBuildError, Unavailable) as exc:
             return envelope.unavailable(str(exc))
 
     async def _nothing(self) -> dict:

@@ -17,6 +17,7 @@ from layers import nodejs as node_layer
 from layers import python as python_layer
 from layers.manager import Layer, LayerManager
 from layers.store import LayerBuildError, LayerStore
+from runtimes.payload import RunOutcome, RunResult
 
 
 def layer_manager(settings: Settings) -> LayerManager:
@@ -200,7 +201,7 @@ def _print_result(envelope: dict) -> int:
         if own:
             print(f"sandlot: {own}", file=sys.stderr)
     sys.stderr.flush()
-    if exit_code == -1 and "error: timeout" in data.get("error", ""):
+    if data.get("outcome") == RunOutcome.TIMEOUT:
         return TIMED_OUT
     return exit_code if 0 <= exit_code <= 255 else 1
 
@@ -247,7 +248,7 @@ def _run_locally(request: dict) -> dict:
     return reply.body
 
 
-async def _invoke_once(settings: Settings, request) -> dict:
+async def _invoke_once(settings: Settings, request) -> RunResult:
     """Start the request's runtime (building its layer if missing), run once, stop."""
     from handler.local_invoker import LocalInvoker
     from runtimes.payload import Unavailable

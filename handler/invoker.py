@@ -6,6 +6,10 @@ optional part: the LocalInvoker (handler/local_invoker.py) manages its layers on
 this machine; the LambdaInvoker (handler/lambda_invoker.py) asks the runtime
 function to list its layer, which is baked into its image. Nothing above this
 seam knows which one is in use, and nothing here imports the jail.
+
+The contract: invoke() returns a RunResult, or raises one of runtimes.payload's
+errors (Unavailable, Throttled, InvalidRequest); each invoker turns whatever its
+own machinery raises (the jail, boto3) into these at its seam.
 """
 
 from __future__ import annotations
@@ -13,11 +17,9 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from layers.store import LayerBuildError
-from runtimes.payload import RunRequest, Throttled, Unavailable
+from runtimes.payload import RunRequest, RunResult, Throttled, Unavailable
 
-SandboxUnavailable = Unavailable  # the name the API has always used
-
-__all__ = ["Invoker", "LayerAdmin", "LayerBuildError", "SandboxUnavailable", "Throttled", "Unavailable"]
+__all__ = ["Invoker", "LayerAdmin", "LayerBuildError", "Throttled", "Unavailable"]
 
 
 class Invoker(Protocol):
@@ -25,7 +27,7 @@ class Invoker(Protocol):
 
     async def stop(self) -> None: ...
 
-    async def invoke(self, request: RunRequest) -> dict:
+    async def invoke(self, request: RunRequest) -> RunResult:
         """The run result; raises Unavailable, Throttled or InvalidRequest instead of a result."""
         ...
 

@@ -4,7 +4,9 @@ API Gateway events (HTTP API payload 2.0, REST 1.0, and ALB) go through Mangum,
 lifespan off, into the same Starlette app as the local service, whose invoker is
 the LambdaInvoker. Any other event is a direct invoke: a run request dict,
 answered with the envelope the HTTP route would give (IAM guards direct
-invokes, so no API key is asked for there).
+invokes, so no API key is asked for there). A direct invoke may name its tenant
+as `tenant_id` beside the request's fields: with SANDLOT_LAMBDA_TENANCY
+`header:<Name>` it counts as that header would (handler/tenancy.py).
 
 This module ships as a zip: importing it needs no libseccomp, no node and no
 jail module (a test checks it).
@@ -16,7 +18,7 @@ import asyncio
 
 from mangum import Mangum
 
-from handler import run_path
+from handler import envelope, run_path
 from handler.app import create_app
 from handler.lambda_invoker import LambdaInvoker
 from handler.settings import load_settings
@@ -39,7 +41,15 @@ def is_http_event(event: object) -> bool:
 
 def direct_invoke(event: object) -> dict:
     """A run request straight from another AWS service: the envelope's body."""
-    reply = loop.run_until_complete(run_path.run(event, settings.ENABLE_NETWORK, invoker.invoke))
+    tenant = None
+    if isinstance(event, dict) and "tenant_id" in event:
+        event = dict(event)
+        tenant = event.pop("tenant_id")
+        if not isinstance(tenant, str) or not tenant:
+            return envelope.bad_request_reply("tenant_id: must be a non-empty string").body
+        if invoker.tenancy.kind != "header":
+            tenant = None  # the operator chose ids that do not come from the caller
+    reply = loop.run_until_complete(run_path.run(event, settings.ENABLE_NETWORK, invoker.invoke, tenant))
     return reply.body
 
 

@@ -1,4 +1,10 @@
-"""The LocalInvoker: the runtimes in this process's care (the embedded default) and their layers."""
+"""The LocalInvoker: the runtimes in this process's care (the embedded default) and their layers.
+
+Its seam: a runtime's refusal is already the contract's Unavailable; anything
+else a runtime raises while running a request (an OSError of the jail's
+machinery, a bug) is logged with its traceback and becomes Unavailable naming
+it, so that a client gets the -500 envelope and the service keeps serving.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import logging
 
 from layers.manager import LayerManager, parse_interval
 from layers.store import LayerBuildError
-from runtimes.payload import RunRequest, Unavailable
+from runtimes.payload import InvalidRequest, RunRequest, RunResult, Throttled, Unavailable
 
 log = logging.getLogger("sandlot.invoker")
 
@@ -43,11 +49,17 @@ class LocalInvoker:
         for runtime in self.runtimes.values():
             await runtime.stop()
 
-    async def invoke(self, request: RunRequest) -> dict:
+    async def invoke(self, request: RunRequest) -> RunResult:
         runtime = self.runtimes.get(request.language)
         if runtime is None:
             raise Unavailable(f"no runtime for {request.language} on this service")
-        return await runtime.run(request)
+        try:
+            return await runtime.run(request)
+        except (Unavailable, Throttled, InvalidRequest):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the seam: a -500 naming it, never a crashed request
+            log.exception("the %s runtime failed a run", request.language)
+            raise Unavailable(f"the {request.language} runtime failed: {type(exc).__name__}: {exc}") from exc
 
     def ready(self) -> bool:
         """Every runtime this machine can have is serving (a missing node only refuses nodejs runs)."""

@@ -1,8 +1,8 @@
 """Prometheus metrics (prometheus-client): runs, waits, refusals, runtimes and layers.
 
-Runs are counted by language and outcome, classified from the run result
-alone (exit code and error text, as DESIGN.md fixes them), by a wrapper around
-whatever Invoker serves the API. Admission (in flight, waiting), the runtimes'
+Runs are counted by language and outcome, the result's own `outcome` (decided
+where the result is built), by a wrapper around whatever Invoker serves the API;
+a run that got no result (Unavailable, Throttled) counts as `refused`. Admission (in flight, waiting), the runtimes'
 zygote starts and the layer in use are read at scrape time from their status,
 so nothing below the invoker seam knows about metrics. Process metrics come
 from the library's own collectors.
@@ -35,28 +35,11 @@ from starlette.responses import Response
 from handler.admission import queue_wait
 from handler.logs import current_request
 from handler.settings import parse_metrics_setting
-from runtimes.payload import Throttled, Unavailable
+from runtimes.payload import RunOutcome, RunResult, Throttled, Unavailable
 
-OUTCOMES = ("ok", "error", "timeout", "forbidden_syscall", "output_limit", "memory_limit", "refused")
+OUTCOMES = tuple(outcome.value for outcome in RunOutcome)
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30)
-
-
-def classify(result: dict) -> str:
-    """A run's outcome from its result: the error text DESIGN.md fixes for each case."""
-    error = str(result.get("error") or "")
-    if result.get("exit_code") == 0 and not error:
-        return "ok"
-    lowered = error.lower()
-    if "error: timeout" in lowered:
-        return "timeout"
-    if "output limit exceeded" in lowered:
-        return "output_limit"
-    if "memoryerror" in lowered or "memory limit" in lowered or "heap out of memory" in lowered:
-        return "memory_limit"
-    if "operation not permitted" in lowered:
-        return "forbidden_syscall"
-    return "error"
 
 
 class Metrics:
@@ -171,7 +154,7 @@ class MeteredInvoker:
     def status(self) -> dict:
         return self.inner.status()
 
-    async def invoke(self, request) -> dict:
+    async def invoke(self, request) -> RunResult:
         waited = queue_wait.get()
         if waited is not None:
             self.metrics.queue_wait.observe(waited)
@@ -185,23 +168,22 @@ class MeteredInvoker:
         try:
             result = await self.inner.invoke(request)
         except (Unavailable, Throttled) as exc:
-            facts.update(outcome="refused", reason=str(exc))
-            self.metrics.runs.labels(request.language, "refused").inc()
+            facts.update(outcome=RunOutcome.REFUSED.value, reason=str(exc))
+            self.metrics.runs.labels(request.language, RunOutcome.REFUSED.value).inc()
             raise
         duration = time.monotonic() - started
-        outcome = classify(result)
-        self.metrics.runs.labels(request.language, outcome).inc()
+        self.metrics.runs.labels(request.language, result.outcome.value).inc()
         self.metrics.run_duration.labels(request.language).observe(duration)
         facts.update(
-            outcome=outcome,
+            outcome=result.outcome.value,
             duration=round(duration, 6),
-            exit_code=result.get("exit_code"),
-            stdout_bytes=len(str(result.get("stdout") or "").encode()),
-            stderr_bytes=len(str(result.get("stderr") or "").encode()),
-            truncated=bool(result.get("truncated")),
+            exit_code=result.exit_code,
+            stdout_bytes=len(result.stdout.encode()),
+            stderr_bytes=len(result.stderr.encode()),
+            truncated=result.truncated,
         )
         if self.log_payloads:
-            facts.update(stdout=result.get("stdout"), stderr=result.get("stderr"), error=result.get("error"))
+            facts.update(stdout=result.stdout, stderr=result.stderr, error=result.error)
         return result
 
 

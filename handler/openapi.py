@@ -17,25 +17,9 @@ from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from handler.models import RunBody
+from runtimes.payload import RunResult
 
-# ---- the bodies, as pydantic models (the run request is handler.models.RunBody) ----------------------------------
-
-
-class RunResult(BaseModel):
-    """`data` of a run's success envelope: also when the user's code failed."""
-
-    model_config = ConfigDict(extra="allow")
-
-    stdout: str = Field(description="the run's stdout, byte-exact (UTF-8, invalid bytes replaced)")
-    stderr: str = Field(description="the run's stderr, byte-exact")
-    error: str = Field(
-        description="empty when exit_code is 0; otherwise `process exited with code N`, the sandbox's own lines "
-        "(`error: timeout`, `error: output limit exceeded`, `error: operation not permitted`, "
-        "`error: memory limit exceeded`) and the full stderr"
-    )
-    exit_code: int = Field(description="the process's exit code; -1 on timeout or output cap; 128+N for signal N")
-    duration: float | None = Field(None, description="seconds the run took")
-    truncated: bool | None = Field(None, description="output was cut at the output cap")
+# ---- the bodies, as pydantic models (the run request is handler.models.RunBody, the result the contract's own) -----
 
 
 class Package(BaseModel):

@@ -12,17 +12,22 @@ from collections.abc import Awaitable, Callable
 from handler import envelope
 from handler.envelope import Reply
 from handler.models import RunBody
-from runtimes.payload import InvalidRequest, RunRequest, Throttled, Unavailable, parse_request
+from handler.tenancy import request_tenant
+from runtimes.payload import InvalidRequest, RunRequest, RunResult, Throttled, Unavailable, parse_request
 
-Invoke = Callable[[RunRequest], Awaitable[dict]]
+Invoke = Callable[[RunRequest], Awaitable[RunResult]]
 
 
-async def run(data: object, network_allowed: bool, invoke: Invoke) -> Reply:
-    """The envelope for one decoded run request (a dict from an HTTP body or a direct invoke)."""
+async def run(data: object, network_allowed: bool, invoke: Invoke, tenant: str | None = None) -> Reply:
+    """The envelope for one decoded run request (a dict from an HTTP body or a direct invoke).
+
+    tenant: the tenant the request names, if the caller knows one (handler/tenancy.py); the invoker reads it
+    from `request_tenant` while this request's run is invoked."""
     try:
         body = parse_request(data, network_allowed, model=RunBody)
     except InvalidRequest as exc:
         return envelope.bad_request_reply(str(exc), exc.http_status)
+    named = request_tenant.set(tenant)
     try:
         result = await invoke(body.run_request())
     except InvalidRequest as exc:  # a rule checked further down (a runtime function checks them too)
@@ -31,4 +36,6 @@ async def run(data: object, network_allowed: bool, invoke: Invoke) -> Reply:
         return envelope.too_many_requests_reply()
     except Unavailable as exc:
         return envelope.unavailable_reply(str(exc))
-    return envelope.success_reply(result)
+    finally:
+        request_tenant.reset(named)
+    return envelope.success_reply(result.to_wire())

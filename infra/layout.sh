@@ -9,7 +9,10 @@
 #   PREFIX/layers/python    the Python dependency layer (pip install --target), preloaded by the zygote
 #   PREFIX/layers/nodejs    the Node.js dependency layer (node_modules), when node is installed
 #
-# Environment: PYTHON (default python3), SANDLOT_PYTHON_REQUIREMENTS, SANDLOT_NODEJS_PACKAGE, NODEJS_PATH.
+# The layers are built by `sandlot layers build` (layers/), the same build the service runs.
+# Environment: PYTHON (default python3), and what that build reads: SANDLOT_PYTHON_REQUIREMENTS,
+# SANDLOT_NODEJS_PACKAGE, NODEJS_PATH (default /usr/bin/node; without it, no Node.js layer), PIP_MIRROR_URL,
+# SANDLOT_PIP_FIND_LINKS, proxies.
 set -euo pipefail
 
 PREFIX=${1:?usage: infra/layout.sh PREFIX [--project-only]}
@@ -40,22 +43,25 @@ mkdir -p "$PREFIX"
 "$PREFIX/venv/bin/python" -m pip install "${PIP_FLAGS[@]}" "$REPO[lambda]"
 project
 
-requirements=${SANDLOT_PYTHON_REQUIREMENTS:-$REPO/layers/python/requirements.txt}
-rm -rf "$PREFIX/layers/python"
-"$PREFIX/venv/bin/python" -m pip install "${PIP_FLAGS[@]}" --target "$PREFIX/layers/python" -r "$requirements"
-
-node=${NODEJS_PATH:-/usr/bin/node}
-if [ -x "$node" ]; then
-    package=${SANDLOT_NODEJS_PACKAGE:-$REPO/layers/nodejs/package.json}
-    rm -rf "$PREFIX/layers/nodejs"
-    mkdir -p "$PREFIX/layers/nodejs/node_modules"
-    cp "$package" "$PREFIX/layers/nodejs/package.json"
-    lock="$(dirname "$package")/package-lock.json"
-    [ -f "$lock" ] && cp "$lock" "$PREFIX/layers/nodejs/"
-    if grep -q '"dependencies": *{ *[^} ]' "$PREFIX/layers/nodejs/package.json"; then
-        (cd "$PREFIX/layers/nodejs" && npm install --omit=dev --ignore-scripts --no-audit --no-fund)
+# The dependency layers: the project's own build (`sandlot layers build`, as the service builds them: pip install
+# --target, npm ci with a lock or npm install, as an unprivileged uid in a tree of its own), into a scratch data
+# directory (not under /tmp, as SANDLOT_DATA_DIR may not be), then moved to where the functions read them.
+data=$(mktemp -d "$PREFIX/.layers-build.XXXXXX")
+trap 'rm -rf "$data"' EXIT
+SANDLOT_CONFIG=/nonexistent SANDLOT_DATA_DIR="$data" "$PREFIX/venv/bin/sandlot" layers build >/dev/null
+for language in python nodejs; do
+    rm -rf "${PREFIX:?}/layers/$language"
+    built=("$data/layers/$language"/*)
+    if [ -d "${built[0]}" ]; then
+        [ "${#built[@]}" -eq 1 ] || { echo "more than one $language layer in $data: ${built[*]}" >&2; exit 1; }
+        mkdir -p "$PREFIX/layers"
+        mv "${built[0]}" "$PREFIX/layers/$language"
     fi
-fi
+done
+# The functions read the layer read-only, so no interpreter can cache its bytecode there: compile it once here,
+# not at every cold start (the layer never changes after this, so the sources need not be checked)
+[ -d "$PREFIX/layers/python" ] && "$PREFIX/venv/bin/python" -m compileall -q -j 0 \
+    --invalidation-mode unchecked-hash "$PREFIX/layers/python" >/dev/null
 
 chmod -R a+rX,go-w "$PREFIX"
 echo "laid out under $PREFIX"

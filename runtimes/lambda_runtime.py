@@ -23,6 +23,17 @@ the answer, nothing of a run exists when the next event is fetched, and it is
 done before Lambda freezes the instance (an instance waiting for its next
 invocation gets no CPU, so work left for then would only happen once the next
 invocation is already waiting for it).
+
+Tenancy (the function is deployed with TenancyConfig PER_TENANT; the tenant id
+of an invocation is awslambdaric's `context.tenant_id`): where the seccomp
+filter is in force it keeps tenants apart, and any invocation is served. Where
+it cannot be installed, Lambda's tenant isolation takes its place, so with
+RequireSeccomp (the default) only invocations carrying a tenant id of their own
+are served (not the API's shared one, SHARED_TENANT, which means the caller
+counts on the filter): the environment is then that tenant's alone. Either way
+an environment pins the first tenant id it serves and refuses any other, which
+only a misdeployed function would hand it. The probe reports which of these
+the function relies on (`tenancy`).
 """
 
 from __future__ import annotations
@@ -40,14 +51,35 @@ from runtimes import tempdirs
 from runtimes.config import RuntimeConfig
 from runtimes.credentials import drop_credentials
 from runtimes.environment import ConfigError, function_environment
+from runtimes.jail.protections import platform_protections
 from runtimes.jail.runtime import JailedRuntime
 from runtimes.jail.sweep import StrayProcesses
-from runtimes.payload import LAMBDA_REQUEST_LIMIT, InvalidRequest, Unavailable, fit_result, parse_request
+from runtimes.payload import (
+    LAMBDA_REQUEST_LIMIT,
+    SHARED_TENANT,
+    InvalidRequest,
+    RunResult,
+    TenantRefused,
+    Unavailable,
+    fit_result,
+    parse_request,
+)
 
 log = logging.getLogger("sandlot.function")
 logging.getLogger("sandlot").setLevel(logging.INFO)  # the init report goes to the function's log
 
 DEADLINE_MARGIN = 1.0  # seconds kept back from Lambda's deadline to return a timed-out run's result
+
+
+def _process_age() -> float:
+    """Seconds since this process was started (an exec, such as drop_credentials', keeps the start), or NaN."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime") as f:
+            return float(f.read().split()[0]) - started
+    except (OSError, ValueError, IndexError):
+        return float("nan")
 
 
 class InitFailure(RuntimeError):
@@ -103,6 +135,14 @@ class RuntimeFunction:
         except ConfigError as exc:
             raise InitFailure(f"{exc} (check the function's environment in template.yaml)") from exc
         self.config = self.settings.runtime_config()
+        # RequireSeccomp here means: the filter, or tenant isolation in its place (checked per invocation, admit)
+        self.require_seccomp = self.config.require_seccomp
+        probing = time.monotonic()
+        self.probe_seconds = 0.0
+        if not platform_protections().seccomp:  # probed once per process; the runtime's start reads the same
+            self.config.require_seccomp = False
+        self.probe_seconds = time.monotonic() - probing
+        self.tenant: str | None = None  # the first tenant id served: the only one this environment serves
         self.runtime = runtime_class(self.config)
         self.list_layer = list_layer
         self.ascii_only = transport_escapes_non_ascii()
@@ -167,15 +207,23 @@ class RuntimeFunction:
         if not runtime.refused and not runtime.ready:
             reason = runtime.error or "unknown"
             await runtime.stop()
-            raise InitFailure(f"the {runtime.language} jail could not start here: {reason}")
-        # the function still answers the probe where runs are refused (no seccomp), saying why
+            if platform is None or platform.seccomp:
+                raise InitFailure(f"the {runtime.language} jail could not start here: {reason}")
+            # a platform that refuses seccomp (some kill the caller with SIGSYS) where the jail cannot start
+            # without it either: still answer the probe, and refuse runs saying why
+            runtime.refused = f"the seccomp filter cannot be installed here ({self._seccomp_error()}) and the jail "
+            runtime.refused += f"could not start without it: {reason}"
+        # the function still answers the probe where runs are refused, saying why
         self.between_hooked = between_invocations(self._between)
         log.info(
-            "%s runtime function ready in %.3f s (probe, zygote, first child); protections in force: %s; "
-            "platform: %s%s",
+            "%s runtime function ready in %.3f s (probe, zygote, first child); init %.3f s since the process "
+            "started (platform probe %.3f s); protections in force: %s; tenants kept apart by: %s; platform: %s%s",
             runtime.language,
             time.monotonic() - started,
+            _process_age(),
+            self.probe_seconds,
             runtime.protections(),
+            self.boundary(),
             platform.to_dict() if platform else None,
             f"; runs refused: {runtime.refused}" if runtime.refused else "",
         )
@@ -191,6 +239,7 @@ class RuntimeFunction:
             raise InvalidRequest(f"this function runs {runtime.language} code, not {request.language}")
         if runtime.refused:
             raise Unavailable(runtime.refused)
+        self.admit(getattr(context, "tenant_id", None))
         if not request.enable_network and not runtime.filter_in_force:
             raise Unavailable("enable_network false cannot be enforced here: no seccomp filter can be installed")
         timeout = self.config.clamp_timeout(request.timeout)
@@ -204,13 +253,55 @@ class RuntimeFunction:
             raise Unavailable(runtime.refused) from exc
         except Unavailable as exc:
             raise Unavailable(str(exc)) from exc  # one errorType for the invoker, whatever raised it
-        return fit_result(result, LAMBDA_REQUEST_LIMIT, self.ascii_only)
+        return fit_result(result, LAMBDA_REQUEST_LIMIT, self.ascii_only).to_wire()
 
-    async def _run(self, request, timeout: float) -> dict:
+    async def _run(self, request, timeout: float) -> RunResult:
         result = await self.runtime.run(request, max_seconds=timeout)
         if not self.between_hooked:
             await self.runtime.between()  # no later step to do it in: before the answer, then
         return result
+
+    # ---- tenancy ----------------------------------------------------------------
+
+    def boundary(self) -> str:
+        """What keeps this environment's runs from other tenants: `seccomp`, `tenant isolation` (no filter:
+        Lambda's environments per tenant id), or `none` (no filter and RequireSeccomp=false)."""
+        if self.runtime.filter_in_force:
+            return "seccomp"
+        return "tenant isolation" if self.require_seccomp else "none"
+
+    def admit(self, tenant: str | None) -> None:
+        """Raise TenantRefused unless this environment may run code for `tenant` (context.tenant_id); the first
+        tenant id admitted is the only one admitted from then on."""
+        boundary = self.boundary()
+        if boundary != "seccomp" and tenant == SHARED_TENANT:
+            raise TenantRefused(
+                f"the seccomp filter cannot be installed here ({self._seccomp_error()}): the tenant id "
+                f"{SHARED_TENANT!r} is the one the API shares between its runs where it counts on the filter; "
+                "runs here need a tenant id of their own (the API asks the probe again and uses one per run)"
+            )
+        if boundary == "tenant isolation" and not tenant:
+            raise TenantRefused(
+                f"the seccomp filter cannot be installed here ({self._seccomp_error()}) and this invocation carries "
+                "no tenant id: without the filter, runs are served only under Lambda's tenant isolation, each "
+                "tenant in environments of its own (deploy the function with TenancyConfig PER_TENANT and "
+                "invoke it with a TenantId, as the API does: SANDLOT_LAMBDA_TENANCY), or with RequireSeccomp=false"
+            )
+        if tenant:
+            if self.tenant is None:
+                self.tenant = tenant
+                log.info("this environment serves tenant %r, and only that tenant, from now on", tenant)
+            elif tenant != self.tenant:
+                raise TenantRefused(
+                    f"this environment serves tenant {self.tenant!r} only and refuses tenant {tenant!r}: Lambda "
+                    "hands an environment one tenant's invocations only; is the function deployed with "
+                    "TenancyConfig PER_TENANT?"
+                )
+
+    def _seccomp_error(self) -> str:
+        platform = self.runtime.platform
+        found = platform.errors.get("seccomp", "") if platform is not None else ""
+        return found or self.runtime.report.get("seccomp_error") or "refused by the platform"
 
     def action(self, event: dict) -> dict:
         name = event.get("action")
@@ -220,10 +311,16 @@ class RuntimeFunction:
                 "language": runtime.language,
                 "platform": runtime.platform.to_dict() if runtime.platform else None,
                 "protections": runtime.protections(),
-                "require_seccomp": self.config.require_seccomp,
+                "require_seccomp": self.require_seccomp,
                 "seccomp_error": runtime.report.get("seccomp_error", ""),
                 "refused": runtime.refused,
                 "one_run_at_a_time": self.config.one_run_at_a_time,
+                "tenancy": {
+                    "boundary": self.boundary(),
+                    "requires_tenant_id": self.boundary() == "tenant isolation",
+                    "shared_tenant": self.boundary() == "seccomp",  # whether SHARED_TENANT is served
+                    "tenant": self.tenant,
+                },
             }
         if name == "dependencies":
             return {"dependencies": self.list_layer(self.config)}

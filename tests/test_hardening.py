@@ -170,7 +170,10 @@ def test_the_page_cache_pair_passes_a_byte_between_plain_processes(tmp_path):
         subprocess.run(["rm", "-rf", directory], check=True)
     if "fadvise" not in sent:
         pytest.skip(f"this filesystem keeps pages fadvise asks to drop: {sent}")
-    assert f"nowait {hex(SECRET)}" in received.stdout, (sent, received.stdout, received.stderr)
+    # a busy machine can flip a bit of one probe's reading (readahead, reclaim): the byte crossing through
+    # either of them shows the channel
+    crossed = [probe for probe in ("nowait", "mincore") if f"{probe} {hex(SECRET)}" in received.stdout]
+    assert crossed, (sent, received.stdout, received.stderr)
 
 
 def test_two_runs_cannot_pass_a_byte_through_the_page_cache(jail):

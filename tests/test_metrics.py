@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 
 import httpx
@@ -46,6 +47,7 @@ def test_each_outcome_moves_its_own_counter_by_one(service):
         before = scrape(service.url + "/metrics", **key)
         envelope = service.run(code, **fields)
         assert envelope["code"] == 0, envelope
+        assert envelope["data"]["outcome"] == outcome, envelope["data"]
         after = scrape(service.url + "/metrics", **key)
         for other in (*OUTCOMES, "refused"):
             expected = 1 if other == outcome else 0
@@ -142,26 +144,28 @@ def test_a_failed_layer_build_is_counted(narrow):
 
 
 @pytest.mark.parametrize(
-    ("result", "outcome"),
+    ("ended", "outcome"),
     [
-        ({"exit_code": 0, "error": ""}, "ok"),
-        ({"exit_code": 2, "error": "process exited with code 2\nValueError: x"}, "error"),
-        ({"exit_code": -1, "error": "error: timeout"}, "timeout"),
-        ({"exit_code": -1, "error": "error: output limit exceeded"}, "output_limit"),
-        ({"exit_code": 1, "error": "process exited with code 1\nMemoryError"}, "memory_limit"),
-        ({"exit_code": -1, "error": "error: memory limit exceeded"}, "memory_limit"),
-        (
-            {"exit_code": 134, "error": "FATAL ERROR: Reached heap limit - JavaScript heap out of memory"},
-            "memory_limit",
-        ),
-        ({"exit_code": 1, "error": "PermissionError: [Errno 1] Operation not permitted"}, "forbidden_syscall"),
-        ({"exit_code": 159, "error": "error: operation not permitted"}, "forbidden_syscall"),
+        ({"status": 0, "stderr": b"a warning on stderr"}, "ok"),
+        ({"status": 2, "stderr": b"ValueError: x"}, "error"),
+        ({"status": 0, "timed_out": True}, "timeout"),
+        ({"status": 0, "truncated": True}, "output_limit"),
+        ({"status": 1, "stderr": b"Traceback ...\nMemoryError"}, "memory_limit"),
+        ({"status": 6, "stderr": b"FATAL ERROR: Reached heap limit - JavaScript heap out of memory"}, "memory_limit"),
+        ({"status": 1, "stderr": b"PermissionError: [Errno 1] Operation not permitted"}, "forbidden_syscall"),
+        ({"status": int(signal.SIGSYS), "signaled": True}, "forbidden_syscall"),  # the filter's kill
+        ({"status": 9, "signaled": True}, "error"),
     ],
 )
-def test_outcomes_are_read_from_the_result(result, outcome):
-    from handler.metrics import classify
+def test_the_outcome_is_decided_where_the_result_is_built(ended, outcome):
+    """The jail's own accounting first (timeout, cap, SIGSYS), then what only the interpreter can say."""
+    from runtimes.jail.outcome import Outcome
 
-    assert classify(result) == outcome
+    fields = {"stdout": b"", "stderr": b"", "signaled": False, "timed_out": False, "truncated": False, **ended}
+    result = Outcome(duration=0.01, **fields).to_result()
+    assert result.outcome == outcome
+    assert result.to_wire()["outcome"] == outcome
+    assert (result.error == "") == (outcome == "ok")
 
 
 @pytest.mark.parametrize(

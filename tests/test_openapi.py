@@ -80,7 +80,11 @@ def test_every_envelope_code_of_the_run_route_is_described(served):
     }
     assert body["properties"]["language"]["enum"] == ["python3", "nodejs"]
     result = served["components"]["schemas"]["RunResult"]
-    assert set(result["required"]) == {"stdout", "stderr", "error", "exit_code"}
+    assert set(result["required"]) == {"stdout", "stderr", "error", "exit_code", "outcome"}
+    outcome = served["components"]["schemas"]["RunOutcome"]
+    assert set(outcome["enum"]) == {"ok", "error", "timeout", "forbidden_syscall", "output_limit", "memory_limit"} | {
+        "refused"
+    }
 
 
 def test_the_docs_page_lists_every_route(service, served):

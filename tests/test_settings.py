@@ -77,6 +77,92 @@ def test_runs_never_get_unfiltered_egress_unless_asked(monkeypatch):
     assert load_settings().runtime_config().unfiltered_egress == "no-network"
 
 
+RUNTIME_ENVIRONMENT = {
+    "WORKER_TIMEOUT": "7",
+    "SANDLOT_MAX_TIMEOUT": "30",
+    "SANDLOT_MEMORY_LIMIT_MB": "256",
+    "SANDLOT_MAX_MEMORY_LIMIT_MB": "1024",
+    "SANDLOT_OUTPUT_LIMIT_BYTES": "65536",
+    "ENABLE_PRELOAD": "true",
+    "ALLOWED_SYSCALLS": "39",
+    "HTTP_PROXY": "http://proxy.example:3128",
+    "SOCKS5_PROXY": "socks5://proxy.example:1080",
+    "SANDLOT_JAIL": "userns",
+    "SANDLOT_REQUIRE_SECCOMP": "false",
+    "SANDLOT_EGRESS_ALLOW": "203.0.113.0/24, 2001:db8::/32",
+    "SANDLOT_PASTA": "/usr/bin/pasta",
+    "SANDLOT_UNFILTERED_EGRESS": "refuse",
+    "SANDLOT_UID_BASE": "2000000000",
+    "SANDLOT_TMP_SIZE_MB": "32",
+    "SANDLOT_TMP_FILES": "100",
+    "SANDLOT_ZYGOTE_MAX_FORKS": "50",
+    "SANDLOT_ZYGOTE_MAX_AGE": "60",
+    "SANDLOT_PYTHON_PRELOAD": "json, re",
+    "SANDLOT_DATA_DIR": "/var/lib/sandlot-elsewhere",
+}
+
+
+def test_the_service_and_a_runtime_function_tell_the_runtimes_the_same(monkeypatch):
+    """One declaration of the runtimes' settings, one mapping: nothing drifts between the two places."""
+    from dataclasses import asdict
+
+    from runtimes.environment import function_environment
+
+    monkeypatch.setenv("SANDLOT_CONFIG", "/nonexistent.yaml")
+    for name, value in RUNTIME_ENVIRONMENT.items():
+        monkeypatch.setenv(name, value)
+    service = asdict(load_settings().runtime_config())
+    function = asdict(function_environment(dict(RUNTIME_ENVIRONMENT)).runtime_config())
+    # what is each side's own: the layers it runs on, children kept ready, one run at a time
+    for own in ("python_layer", "nodejs_layer", "workers", "one_run_at_a_time"):
+        service.pop(own)
+        function.pop(own)
+    assert service == function
+    assert function["egress_allow"] == ("203.0.113.0/24", "2001:db8::/32") and function["jail"] == "userns"
+    assert function["run_env"]["ALL_PROXY"] == "socks5://proxy.example:1080"
+
+
+@pytest.mark.parametrize("value", ["auto", "full", "userns", "reduced", "chroot", "single", "paper"])
+def test_both_accept_the_same_jail_modes(monkeypatch, value):
+    from runtimes.environment import ConfigError, function_environment
+
+    monkeypatch.setenv("SANDLOT_CONFIG", "/nonexistent.yaml")
+    monkeypatch.setenv("SANDLOT_JAIL", value)
+    if value == "paper":
+        with pytest.raises(SettingsError, match="SANDLOT_JAIL"):
+            load_settings()
+        with pytest.raises(ConfigError, match="SANDLOT_JAIL"):
+            function_environment({"SANDLOT_JAIL": value})
+    else:
+        assert load_settings().SANDLOT_JAIL == function_environment({"SANDLOT_JAIL": value}).SANDLOT_JAIL == value
+
+
+def test_the_jail_modes_the_settings_accept_are_the_ones_the_jail_knows():
+    """Declared apart (the API function loads the settings without any jail module), kept equal here."""
+    from runtimes.jail import modes
+    from runtimes.settings import JAIL_MODES
+
+    assert set(JAIL_MODES) == set(modes.CHOICES)
+
+
+def test_layers_may_not_live_under_tmp_but_a_functions_scratch_does(monkeypatch):
+    from runtimes.environment import function_environment
+
+    monkeypatch.setenv("SANDLOT_CONFIG", "/nonexistent.yaml")
+    monkeypatch.setenv("SANDLOT_DATA_DIR", "/tmp/layers-here")
+    with pytest.raises(SettingsError, match="SANDLOT_DATA_DIR must not be under /tmp"):
+        load_settings()
+    assert load_settings(SANDLOT_BACKEND="lambda").SANDLOT_DATA_DIR == "/tmp/layers-here"  # no layers there
+    assert function_environment({"SANDLOT_DATA_DIR": "/tmp/x"}).runtime_config().data_dir == "/tmp/x"
+
+
+def test_a_functions_bad_syscall_list_is_refused_as_the_services_is():
+    from runtimes.environment import ConfigError, function_environment
+
+    with pytest.raises(ConfigError, match="ALLOWED_SYSCALLS"):
+        function_environment({"ALLOWED_SYSCALLS": "57"})
+
+
 def test_bad_value_stops_start_up_with_a_message():
     svc = Service(ALLOWED_SYSCALLS="57")  # fork
     result = subprocess.run(

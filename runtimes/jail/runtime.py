@@ -39,7 +39,7 @@ from runtimes.jail.uids import UidPool
 from runtimes.jail.userspace_net import REFUSED as REFUSED_PREFIX
 from runtimes.jail.userspace_net import NamespaceNetwork
 from runtimes.jail.userspace_net import plan as plan_network
-from runtimes.payload import RunRequest, Unavailable
+from runtimes.payload import RunRequest, RunResult, Unavailable
 from runtimes.tree import RUN_HOSTNAME, TreeSpec
 
 log = logging.getLogger("sandlot.runtime")
@@ -445,7 +445,7 @@ class JailedRuntime:
 
     # ---- runs -----------------------------------------------------------------
 
-    async def run(self, request: RunRequest, max_seconds: float | None = None) -> dict:
+    async def run(self, request: RunRequest, max_seconds: float | None = None) -> RunResult:
         """The one run path: a child from the schedule, the run, its outcome once the schedule lets it answer.
 
         A run that arrives while the runtime starts waits for it, within its own timeout. max_seconds: a

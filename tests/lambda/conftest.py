@@ -37,13 +37,16 @@ def functions(python_function, node_function):
 
 
 @pytest.fixture(scope="session")
-def invoke_api(python_function, node_function):
-    """Lambda's Invoke API on loopback, in front of the two runtime functions (one instance each)."""
+def invoke_api():
+    """Lambda's Invoke API on loopback, in front of the two runtime functions as template.yaml deploys them:
+    PER_TENANT, each tenant id's environments started on demand, one busy at a time (reserved concurrency 1)."""
+    if not IS_ROOT:
+        pytest.skip(OWN_UID)
     from emulation import InvokeAPI
 
     api = InvokeAPI()
-    api.add("sandlot-python3", [python_function])
-    api.add("sandlot-nodejs", [node_function])
+    api.add_per_tenant("sandlot-python3", lambda tenant: start_function("python3"))
+    api.add_per_tenant("sandlot-nodejs", lambda tenant: start_function("nodejs"))
     yield api
     api.close()
 

@@ -4,7 +4,8 @@ No package provides the Runtime Interface Emulator and there is no Docker here,
 so this speaks the documented protocols on loopback:
 
 - RuntimeAPI: `GET /2018-06-01/runtime/invocation/next` (one invocation at a
-  time: a second /next while one is in flight is refused), `POST
+  time: a second /next while one is in flight is refused; the invocation's
+  tenant id, if any, as `Lambda-Runtime-Aws-Tenant-Id`), `POST
   .../invocation/{id}/response|error` (202; 413 over 6291556 bytes; an unknown or
   finished id is refused), `POST /2018-06-01/runtime/init/error`.
 - FunctionInstance: a real `python -m awslambdaric <handler>` process on its own
@@ -14,6 +15,14 @@ so this speaks the documented protocols on loopback:
   forwarding to idle instances; 429 TooManyRequestsException when every instance
   is busy, 413 RequestTooLargeException over 6291456 bytes, 404 for an unknown
   function, `X-Amz-Function-Error: Unhandled` on a function error.
+  Tenant isolation (TenancyConfig PER_TENANT, `add_per_tenant`): the caller's
+  `X-Amz-Tenant-Id` (boto3's TenantId) picks the environments; each tenant id gets
+  environments of its own, started on demand (a cold start) and never used for
+  another tenant; idle ones are reclaimed beyond a number kept. As Lambda does,
+  an invoke without a tenant id of such a function, or with one of a function
+  without tenant isolation, is InvalidParameterValueException (400), and an id
+  outside Lambda's format (1-256 of `a-zA-Z0-9._:/=+-@` and space) is a
+  ValidationException.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +39,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -37,12 +48,14 @@ RESPONSE_LIMIT = 6_291_556
 PREFIX = "/2018-06-01/runtime"
 REGION = "us-east-1"
 ACCOUNT = "000000000000"
+TENANT_ID = re.compile(r"[a-zA-Z0-9._:/=+\-@ ]{1,256}")  # botocore's model of Invoke's TenantId
 
 
 @dataclass
 class Invocation:
     payload: bytes
     deadline_ms: int
+    tenant_id: str | None = None
     request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     done: threading.Event = field(default_factory=threading.Event)
     kind: str = ""  # "response" | "error" | "timeout" | "crash"
@@ -131,17 +144,16 @@ class RuntimeAPI:
             return
         with self.lock:
             self.in_flight = invocation
-        request._answer(
-            200,
-            invocation.payload,
-            {
-                "Content-Type": "application/json",
-                "Lambda-Runtime-Aws-Request-Id": invocation.request_id,
-                "Lambda-Runtime-Deadline-Ms": str(invocation.deadline_ms),
-                "Lambda-Runtime-Invoked-Function-Arn": self.function_arn,
-                "Lambda-Runtime-Trace-Id": f"Root=1-{uuid.uuid4().hex[:8]}-{uuid.uuid4().hex[:24]};Sampled=0",
-            },
-        )
+        headers = {
+            "Content-Type": "application/json",
+            "Lambda-Runtime-Aws-Request-Id": invocation.request_id,
+            "Lambda-Runtime-Deadline-Ms": str(invocation.deadline_ms),
+            "Lambda-Runtime-Invoked-Function-Arn": self.function_arn,
+            "Lambda-Runtime-Trace-Id": f"Root=1-{uuid.uuid4().hex[:8]}-{uuid.uuid4().hex[:24]};Sampled=0",
+        }
+        if invocation.tenant_id is not None:
+            headers["Lambda-Runtime-Aws-Tenant-Id"] = invocation.tenant_id
+        request._answer(200, invocation.payload, headers)
 
     def _post(self, request: _Handler) -> None:
         path = request.path
@@ -177,8 +189,8 @@ class RuntimeAPI:
         invocation.kind, invocation.body = kind, body
         invocation.done.set()
 
-    def submit(self, payload: bytes, timeout: float) -> Invocation:
-        invocation = Invocation(payload, int((time.time() + timeout) * 1000))
+    def submit(self, payload: bytes, timeout: float, tenant_id: str | None = None) -> Invocation:
+        invocation = Invocation(payload, int((time.time() + timeout) * 1000), tenant_id)
         self.pending.put(invocation)
         return invocation
 
@@ -221,6 +233,8 @@ class FunctionInstance:
         self.log_path = ""
         self.final_output = ""
         self.tmp = ""  # the instance's temp dir (its TMPDIR), removed when it stops for good
+        self.tenant_id: str | None = None  # under tenant isolation: the tenant this environment belongs to
+        self.served = 0  # invocations answered
 
     def start(self, wait: bool = True, init_timeout: float = 60) -> FunctionInstance:
         self.api = RuntimeAPI(self.arn)
@@ -263,10 +277,14 @@ class FunctionInstance:
     def ready(self) -> bool:
         return self.api is not None and self.api.waiting.is_set() and self.process.poll() is None
 
-    def invoke(self, event: object | bytes) -> Invocation:
-        """One invocation, as Lambda would run it on this instance (restarted after a timeout or crash)."""
+    def invoke(self, event: object | bytes, tenant_id: str | None = None) -> Invocation:
+        """One invocation, as Lambda would run it on this instance (restarted after a timeout or crash).
+
+        tenant_id: what the Runtime API hands the function as the invocation's tenant (Lambda only ever
+        hands an environment its own tenant's; a test may hand another, as a misdeployment would)."""
         payload = event if isinstance(event, bytes) else json.dumps(event).encode()
-        invocation = self.api.submit(payload, self.timeout)
+        self.served += 1
+        invocation = self.api.submit(payload, self.timeout, tenant_id)
         deadline = time.monotonic() + self.timeout
         while not invocation.done.wait(0.05):
             if time.monotonic() > deadline:
@@ -318,13 +336,36 @@ def _log_file(name: str) -> tuple[int, str]:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), path
 
 
+@dataclass
+class _Function:
+    """A function as the Invoke API sees it: fixed instances, or environments per tenant started on demand."""
+
+    name: str
+    instances: list[FunctionInstance] = field(default_factory=list)
+    start: Callable[[str], FunctionInstance] | None = None  # per tenant: starts an environment for a tenant id
+    concurrency: int = 1  # environments busy at once, across tenants (reserved concurrency)
+    keep: int = 4  # idle environments kept; the least recently used beyond that are reclaimed
+    environments: dict[str, list[FunctionInstance]] = field(default_factory=dict)
+    starting: int = 0
+    last_used: dict[int, float] = field(default_factory=dict)  # id(instance) -> when it last finished
+
+    @property
+    def per_tenant(self) -> bool:
+        return self.start is not None
+
+    def busy(self) -> int:
+        return self.starting + sum(i.busy for envs in self.environments.values() for i in envs)
+
+
 class InvokeAPI:
     """Lambda's Invoke API on loopback, for boto3 (`endpoint_url`), forwarding to function instances."""
 
     def __init__(self):
-        self.functions: dict[str, list[FunctionInstance]] = {}
+        self.functions: dict[str, _Function] = {}
         self.lock = threading.Lock()
         self.invocations = 0
+        self.calls: list[tuple[str, str | None, int]] = []  # (function, tenant id, pid of the environment)
+        self.stopping: list[threading.Thread] = []  # reclaimed environments being stopped
         api = self
 
         class Handler(_Handler):
@@ -336,9 +377,22 @@ class InvokeAPI:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def add(self, name: str, instances: list[FunctionInstance]) -> None:
-        self.functions[name] = instances
+        """A function without tenant isolation, served by these instances (the caller starts and stops them)."""
+        self.functions[name] = _Function(name, instances=instances, concurrency=len(instances))
 
-    def _lookup(self, name: str) -> list[FunctionInstance] | None:
+    def add_per_tenant(
+        self, name: str, start: Callable[[str], FunctionInstance], concurrency: int = 1, keep: int = 4
+    ) -> None:
+        """A function deployed with TenancyConfig PER_TENANT: `start(tenant_id)` starts an environment (and
+        waits for its init); the Invoke API stops the environments it started."""
+        self.functions[name] = _Function(name, start=start, concurrency=concurrency, keep=keep)
+
+    def environments(self, name: str) -> dict[str, list[FunctionInstance]]:
+        """A per-tenant function's live environments by tenant id."""
+        with self.lock:
+            return {tenant: list(envs) for tenant, envs in self.functions[name].environments.items()}
+
+    def _lookup(self, name: str) -> _Function | None:
         name = urllib.parse.unquote(name)
         if name.startswith("arn:"):
             name = name.split(":function:", 1)[-1].split(":")[0]
@@ -361,26 +415,107 @@ class InvokeAPI:
                 request, 413, "RequestTooLargeException", f"Request must be smaller than {REQUEST_LIMIT} bytes"
             )
             return
-        instances = self._lookup(parts[3])
-        if instances is None:
+        function = self._lookup(parts[3])
+        if function is None:
             self._aws_error(request, 404, "ResourceNotFoundException", f"Function not found: {parts[3]}")
             return
-        with self.lock:
-            idle = next((i for i in instances if not i.busy), None)
-            if idle is None:
-                self._aws_error(request, 429, "TooManyRequestsException", "Rate Exceeded.")
-                return
-            idle.busy = True
-            self.invocations += 1
+        tenant = request.headers.get("X-Amz-Tenant-Id")
+        if (tenant is None) == function.per_tenant:
+            self._aws_error(
+                request,
+                400,
+                "InvalidParameterValueException",
+                "Tenant ID configuration not specified or passed to a function when tenant isolation is not enabled.",
+            )
+            return
+        if tenant is not None and not TENANT_ID.fullmatch(tenant):
+            self._aws_error(
+                request, 400, "ValidationException", f"1 validation error detected: Value '{tenant}' at 'tenantId'"
+            )
+            return
         try:
-            invocation = idle.invoke(body)
+            instance = self._take(function, tenant)
+        except Exception as exc:  # noqa: BLE001 - an environment that could not even start
+            self._aws_error(request, 500, "ServiceException", f"could not start an environment: {exc}")
+            return
+        if instance is None:
+            self._aws_error(request, 429, "TooManyRequestsException", "Rate Exceeded.")
+            return
+        try:
+            if not instance.ready:  # an environment whose init failed
+                invocation = Invocation(body, 0, tenant, kind="error")
+                invocation.body = json.dumps(instance.api.init_error or {"errorType": "Runtime.ExitError"}).encode()
+            else:
+                invocation = instance.invoke(body, tenant)
+            self.calls.append((function.name, tenant, instance.process.pid))
         finally:
-            idle.busy = False
+            with self.lock:
+                instance.busy = False
+                function.last_used[id(instance)] = time.monotonic()
+            self._reclaim(function)
         headers = {"Content-Type": "application/json", "X-Amz-Executed-Version": "$LATEST"}
         if invocation.kind != "response":
             headers["X-Amz-Function-Error"] = "Unhandled"
         request._answer(200, invocation.body, headers)
 
+    def _take(self, function: _Function, tenant: str | None) -> FunctionInstance | None:
+        """An idle instance (of the tenant's environments), marked busy; a new environment for the tenant when
+        none is idle and the function's concurrency allows; None when it does not (429)."""
+        with self.lock:
+            pool = function.environments.setdefault(tenant, []) if function.per_tenant else function.instances
+            idle = next((i for i in pool if not i.busy), None)
+            if idle is not None:
+                idle.busy = True
+                self.invocations += 1
+                return idle
+            if not function.per_tenant or function.busy() >= function.concurrency:
+                return None
+            function.starting += 1
+            self.invocations += 1
+        try:
+            instance = function.start(tenant)  # the cold start: this invocation waits for the init
+            instance.tenant_id = tenant
+            instance.busy = True
+        finally:
+            with self.lock:
+                function.starting -= 1
+        with self.lock:
+            function.environments.setdefault(tenant, []).append(instance)
+        return instance
+
+    def _reclaim(self, function: _Function) -> None:
+        """Stop environments that cannot serve, and the least recently used idle ones beyond `keep` (in the
+        background, as Lambda reclaims them)."""
+        if not function.per_tenant:
+            return
+        with self.lock:
+            idle = [
+                (function.last_used.get(id(i), 0.0), tenant, i)
+                for tenant, envs in function.environments.items()
+                for i in envs
+                if not i.busy
+            ]
+            idle.sort(key=lambda entry: entry[0])
+            dead = [entry for entry in idle if not entry[2].ready]  # its init failed, or it exited: never reused
+            alive = [entry for entry in idle if entry[2].ready]
+            retired = dead + alive[: max(0, len(alive) - function.keep)]
+            for _, tenant, instance in retired:
+                function.environments[tenant].remove(instance)
+                if not function.environments[tenant]:
+                    del function.environments[tenant]
+        for _, _, instance in retired:
+            stopping = threading.Thread(target=instance.stop, daemon=True)
+            stopping.start()
+            self.stopping.append(stopping)
+
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        for stopping in self.stopping:
+            stopping.join()
+        for function in self.functions.values():
+            if function.per_tenant:
+                for envs in function.environments.values():
+                    for instance in envs:
+                        instance.stop()
+                function.environments.clear()

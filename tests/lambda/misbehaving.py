@@ -13,3 +13,10 @@ def raises(event, context):
 
 def answers_garbage(event, context):
     return "not a run result"
+
+
+def who(event, context):
+    """Not misbehaving: says which environment (pid) served the invocation, for which tenant."""
+    import os
+
+    return {"tenant_id": context.tenant_id, "pid": os.getpid()}

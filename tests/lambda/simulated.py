@@ -95,6 +95,20 @@ def start_simulated(
     return instance.start()
 
 
+TENANT_UIDS = range(SIM_UID + 100, SIM_UID + 1100)  # one per environment started for a tenant
+_next_tenant_uid = iter(TENANT_UIDS)
+
+
+def tenant_environments(image: str, language: str, **env: str):
+    """`start(tenant_id)` for InvokeAPI.add_per_tenant: each tenant's environment a simulated instance with a uid
+    of its own (as each is a microVM of its own on Lambda, and each sweeps its uid after every run)."""
+
+    def start(tenant: str) -> FunctionInstance:
+        return start_simulated(image, language, uid=next(_next_tenant_uid), **env)
+
+    return start
+
+
 def processes_of_sim_uid() -> list[tuple[int, int, str]]:
     """(pid, parent, command) of every live process of the simulated uid."""
     return live_processes_of(SIM_UID)

@@ -99,6 +99,25 @@ def test_direct_invoke_answers_with_the_envelope(api_function):
     assert envelope["code"] == -400
 
 
+def test_a_direct_invoke_may_name_its_tenant(api_function, invoke_api):
+    """With SANDLOT_LAMBDA_TENANCY=header:<Name>, a direct invoke's `tenant_id` counts as that header would;
+    under another policy it is not the caller's to choose."""
+    from handler.tenancy import TenancyPolicy
+
+    event = {"language": "python3", "code": "print('mine')", "tenant_id": "acme"}
+    assert api_function.handler(event, None)["data"]["stdout"] == "mine\n"
+    assert invoke_api.calls[-1][1] == "shared"  # auto, where the filter is in force: acme's name is not used
+    saved = api_function.invoker.tenancy
+    api_function.invoker.tenancy = TenancyPolicy("header", "X-Tenant")
+    try:
+        assert api_function.handler(event, None)["data"]["stdout"] == "mine\n"
+        assert invoke_api.calls[-1][1] == "t:acme"
+    finally:
+        api_function.invoker.tenancy = saved
+    envelope = api_function.handler({**event, "tenant_id": 7}, None)
+    assert envelope["code"] == -400 and "tenant_id" in envelope["message"]
+
+
 def test_importing_the_api_function_needs_no_jail():
     """It ships as a zip: no libseccomp, no ctypes wrappers, no node."""
     code = (

@@ -18,6 +18,7 @@ from test_cases import CASES, check  # noqa: E402
 
 from handler import run_path  # noqa: E402
 from handler.lambda_invoker import LambdaInvoker  # noqa: E402
+from handler.tenancy import TenancyPolicy  # noqa: E402
 from runtimes.payload import RunRequest  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -90,16 +91,16 @@ def test_a_request_over_lambdas_payload_limit_is_a_clear_400(invoke_api):
 
 @pytest.fixture(scope="module")
 def misbehaving(invoke_api):
-    instances = {}
+    def starter(name: str):
+        def start(tenant: str) -> FunctionInstance:
+            env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": HERE}
+            return FunctionInstance(f"misbehaving.{name}", env, name=name, timeout=2, cwd=HERE).start()
+
+        return start
+
     for name in ("sleeps", "raises", "answers_garbage"):
-        instance = FunctionInstance(
-            f"misbehaving.{name}", {"PATH": "/usr/bin:/bin", "PYTHONPATH": HERE}, name=name, timeout=2, cwd=HERE
-        )
-        instances[name] = instance.start()
-        invoke_api.add(name, [instance])
-    yield instances
-    for instance in instances.values():
-        instance.stop()
+        invoke_api.add_per_tenant(name, starter(name))
+    yield  # the Invoke API stops the environments it started
 
 
 def envelope_from(invoke_api, function_name: str) -> dict:
@@ -107,7 +108,8 @@ def envelope_from(invoke_api, function_name: str) -> dict:
     saved = dict(os.environ)
     os.environ.update(env)
     try:
-        invoker = LambdaInvoker({"python3": function_name}, function_timeout=2)
+        # per-run: these functions are not Sandlot's and have no probe to ask
+        invoker = LambdaInvoker({"python3": function_name}, function_timeout=2, tenancy=TenancyPolicy("per-run"))
         invoker.connect()
     finally:
         os.environ.clear()

@@ -62,10 +62,10 @@ def test_the_probe_reports_the_platform(strict):
     assert probe["protections"]["seccomp"] is False and probe["protections"]["own_uid"] is False
 
 
-def test_runs_are_refused_by_default_saying_why(strict):
+def test_runs_without_a_tenant_id_are_refused_by_default_saying_why(strict):
     error = error_of(strict, {"language": "python3", "code": "print(1)", "enable_network": True})
-    assert error["errorType"] == "Unavailable"
-    assert "seccomp filter cannot be installed" in error["errorMessage"]
+    assert error["errorType"] == "TenantRefused"  # an Unavailable: nothing of the run was executed
+    assert "seccomp filter cannot be installed" in error["errorMessage"] and "tenant id" in error["errorMessage"]
 
 
 def test_a_refusal_by_sigsys_is_reported_and_refused_too(image):
@@ -76,7 +76,7 @@ def test_a_refusal_by_sigsys_is_reported_and_refused_too(image):
         assert probe["platform"]["seccomp"] is False
         assert "SIGSYS" in probe["platform"]["errors"]["seccomp"]
         error = error_of(instance, {"language": "python3", "code": "print(1)", "enable_network": True})
-        assert error["errorType"] == "Unavailable" and "seccomp" in error["errorMessage"]
+        assert error["errorType"] in ("Unavailable", "TenantRefused") and "seccomp" in error["errorMessage"]
     finally:
         instance.stop()
 
@@ -278,6 +278,14 @@ def test_the_image_layout_is_what_the_functions_need(image):
     for package in ("awslambdaric", "pyseccomp.py", "runtimes", "layers"):
         assert any(name.startswith(package) for name in os.listdir(venv_site)), package
     assert os.stat(os.path.join(venv_site, "runtimes")).st_mode & 0o022 == 0
+    # the layers are the project's own build (`sandlot layers build`), not a second one in the script
+    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "..", "infra", "layout.sh")) as f:
+        script = "\n".join(line for line in f if not line.lstrip().startswith("#"))
+    assert 'sandlot" layers build' in script and "npm" not in script and "--target" not in script
+    assert os.path.isdir(os.path.join(image, "layers", "nodejs", "node_modules"))
+    # compiled once there: a read-only layer cannot cache bytecode at a cold start
+    requests = os.path.join(image, "layers", "python", "requests", "__pycache__")
+    assert any(name.endswith(".pyc") for name in os.listdir(requests))
 
 
 def test_no_process_prepared_for_a_later_invocation_exists_while_a_run_executes(lenient):

@@ -116,6 +116,36 @@ def test_function_timeouts_leave_room_above_the_longest_run(template):
     assert template["Parameters"]["RequireSeccomp"]["Default"] == "true"
 
 
+def test_runtime_functions_are_deployed_per_tenant(template):
+    """Lambda's tenant isolation: each tenant id's invocations only in environments of that id's own. It cannot be
+    combined with provisioned concurrency, SnapStart or function URLs, and of event sources only API Gateway's."""
+    for name in ("PythonFunction", "NodeFunction"):
+        properties = template["Resources"][name]["Properties"]
+        assert properties["TenancyConfig"] == {"TenantIsolationMode": "PER_TENANT"}
+        for incompatible in ("ProvisionedConcurrencyConfig", "SnapStart", "FunctionUrlConfig", "AutoPublishAlias"):
+            assert incompatible not in properties, (name, incompatible)
+        assert "Events" not in properties  # invoked by the API function only
+    assert "TenancyConfig" not in template["Resources"]["ApiFunction"]["Properties"]  # API Gateway's target
+
+
+@pytest.mark.parametrize(
+    "value", ["auto", "per-run", "header:X-Tenant-Id", "header:x_tenant", "shared", "header:", "header:a b", "per run"]
+)
+def test_the_api_tenancy_parameter_takes_what_the_service_accepts(template, value):
+    from handler.tenancy import TenancyPolicy
+
+    parameter = template["Parameters"]["ApiTenancy"]
+    assert parameter["Default"] == "auto"
+    setting = template["Resources"]["ApiFunction"]["Properties"]["Environment"]["Variables"]["SANDLOT_LAMBDA_TENANCY"]
+    assert setting.tag == "Ref" and setting.value == "ApiTenancy"
+    try:
+        TenancyPolicy.parse(value)
+        accepted = True
+    except ValueError:
+        accepted = False
+    assert bool(re.fullmatch(parameter["AllowedPattern"], value)) == accepted
+
+
 @pytest.mark.parametrize("language", sorted(DOCKERFILES))
 def test_dockerfiles_lay_out_the_image_with_the_tested_script(language):
     with open(os.path.join(REPO, DOCKERFILES[language])) as f:

@@ -1,0 +1,192 @@
+"""The runtimes' settings: one definition for the service and the runtime functions.
+
+The HTTP service (handler/settings.py) and a Lambda runtime function
+(runtimes/environment.py) run the same runtimes, so what the runtimes are told
+(limits, network, seccomp, jail mode, egress, zygote life) is declared once
+here, with dify-sandbox's names where it has one, and mapped to a RuntimeConfig
+once (`to_runtime_config`). Each side adds only what is its own: the service its
+port, admission and backend; a function its baked layers. Nothing here imports
+the jail at import time: the API function on Lambda (a zip, no libseccomp)
+loads the service's settings.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, IPvAnyNetwork, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from runtimes.config import RuntimeConfig, comma_list, default_data_dir, default_python
+
+# SANDLOT_JAIL's values: modes.CHOICES (runtimes/jail/modes.py, which decides what each gives on this platform);
+# not imported from there, so that loading the settings loads no jail module (tests/test_settings.py keeps them equal)
+JAIL_MODES = ("auto", "full", "userns", "reduced", "chroot", "single")
+
+
+def describe_invalid(exc: ValidationError) -> str:
+    """A settings validation error as one line naming each setting and what is wrong with it."""
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}" for err in exc.errors())
+
+
+class RuntimeSettings(BaseSettings):
+    """What the runtimes are told, wherever they run."""
+
+    model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", populate_by_name=True)
+
+    # dify-sandbox's settings
+    WORKER_TIMEOUT: float = Field(15, gt=0, description="default run timeout, seconds")
+    ENABLE_NETWORK: bool = Field(True, description="whether runs may ask for network")
+    ENABLE_PRELOAD: bool = Field(False, description="run the request's `preload` (inside the jail, before the code)")
+    ALLOWED_SYSCALLS: Annotated[list[int], NoDecode] = Field(
+        [],
+        description="comma-separated numbers added to the allow-list; start-up refuses what would reopen the "
+        "jail: process creation, exec, ptrace, mount, namespaces, sockets, io_uring, memfd, SysV and POSIX IPC, "
+        "inotify, and the calls the filter narrows by argument (kill, ioctl, fcntl, flock, pid-taking calls)",
+    )
+    HTTP_PROXY: str = Field("", description="handed to user code (visible to it)")
+    HTTPS_PROXY: str = Field("", description="handed to user code (visible to it)")
+    SOCKS5_PROXY: str = Field("", description="handed to user code as `ALL_PROXY` (visible to it)")
+    PYTHON_PATH: str = Field(
+        default_factory=default_python,
+        description="interpreter of the runs",
+        json_schema_extra={"shown_default": "the service's interpreter"},
+    )
+    NODEJS_PATH: str = Field(
+        "/usr/bin/node", description="node binary; without it nodejs runs get `-500` and Python still serves"
+    )
+
+    # Sandlot's own
+    SANDLOT_DATA_DIR: str = Field(
+        default_factory=default_data_dir,
+        description="where layers live (not under /tmp)",
+        json_schema_extra={"shown_default": "/var/lib/sandlot (root), ~/.cache/sandlot"},
+    )
+    SANDLOT_PYTHON_PRELOAD: Annotated[list[str], NoDecode] = Field(
+        [], description="comma-separated modules the Python zygote imports; empty: every module of the layer"
+    )
+    SANDLOT_MAX_TIMEOUT: float = Field(60, gt=0, description="cap on a request's `timeout`, seconds")
+    SANDLOT_MEMORY_LIMIT_MB: int = Field(512, ge=16, description="default `memory_limit_mb` of a run")
+    SANDLOT_MAX_MEMORY_LIMIT_MB: int = Field(2048, ge=16, description="cap on a request's `memory_limit_mb`")
+    SANDLOT_OUTPUT_LIMIT_BYTES: int = Field(4 * 1024 * 1024, ge=1024, description="stdout + stderr cap of a run")
+    SANDLOT_TMP_SIZE_MB: int = Field(
+        64, ge=1, description="size of a run's `/tmp` (a tmpfs; in the chroot jail a directory the service caps)"
+    )
+    SANDLOT_TMP_FILES: int = Field(
+        2048, ge=16, description="files in a run's `/tmp` (a tmpfs's inodes; in the chroot jail counted by the service)"
+    )
+    SANDLOT_REQUIRE_SECCOMP: bool = Field(
+        True,
+        description="refuse runs when the seccomp filter cannot be installed (a Lambda runtime function then "
+        "serves only invocations that carry a tenant id: see the README's tenancy)",
+    )
+    SANDLOT_JAIL: Literal[JAIL_MODES] = Field(  # type: ignore[valid-type]
+        "auto",
+        description="jail mode: `full` (root: a uid per run), `userns` (user namespaces per run; `reduced` is its "
+        "older name), `chroot` (root without namespaces, a container on default privileges: a uid per run in a "
+        "materialized tree), `single` (one run at a time only, e.g. Lambda), `auto` (from the protections record)",
+    )
+    SANDLOT_UID_BASE: int = Field(
+        1_500_000_000, ge=65536, le=4_000_000_000, description="first uid of the run uid blocks (1024 uids each)"
+    )
+    SANDLOT_ZYGOTE_MAX_FORKS: int = Field(2000, ge=10, description="forks before the zygote is replaced")
+    SANDLOT_ZYGOTE_MAX_AGE: float = Field(
+        300, ge=0, description="seconds before the zygote is replaced (fresh hash secret, addresses); 0: by forks only"
+    )
+    SANDLOT_EGRESS_ALLOW: Annotated[list[IPvAnyNetwork], NoDecode] = Field(
+        [],
+        description="comma-separated CIDRs runs with network may reach although refused by default (the host's "
+        "own addresses, loopback, link-local, private and other special-purpose ranges are)",
+    )
+    SANDLOT_UNFILTERED_EGRESS: Literal["no-network", "allow", "refuse"] = Field(
+        "no-network",
+        description="runs asking for network where their egress cannot be filtered (no `NET_ADMIN` in a container; "
+        "no pasta without root): `no-network` serves them without network, their socket calls failing with the "
+        "reason; `allow` gives them the network unfiltered (the host's loopback, private networks and metadata "
+        "address too); `refuse` answers them with `-500`",
+    )
+    SANDLOT_PASTA: str = Field(
+        "pasta",
+        description="without root: pasta (Debian package `passt`), command or path, which gives runs with network "
+        "their way out of a network namespace of their own; empty or missing: runs with network are refused",
+    )
+
+    @field_validator("ALLOWED_SYSCALLS", "SANDLOT_PYTHON_PRELOAD", "SANDLOT_EGRESS_ALLOW", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        return comma_list(value)
+
+    @field_validator("ALLOWED_SYSCALLS")
+    @classmethod
+    def _syscalls_stay_closed(cls, value: list[int]) -> list[int]:
+        if value:  # imported only then: pyseccomp loads libseccomp
+            from runtimes.jail.seccomp_policy import check_extra_syscalls
+
+            check_extra_syscalls(value)
+        return value
+
+    def keeps_layers(self) -> bool:
+        """Whether layers are built and kept in SANDLOT_DATA_DIR (then it must outlive runs: not under /tmp)."""
+        return True
+
+    @model_validator(mode="after")
+    def _data_dir_outlives_runs(self) -> RuntimeSettings:
+        if self.keeps_layers() and self.SANDLOT_DATA_DIR:
+            from runtimes.tree import under_tmp
+
+            if under_tmp(self.SANDLOT_DATA_DIR):
+                raise ValueError(
+                    "SANDLOT_DATA_DIR must not be under /tmp: every run gets a /tmp of its own, which would hide "
+                    "the layers"
+                )
+        return self
+
+    def proxies(self) -> dict[str, str]:
+        """The proxy variables handed to user code, in both spellings tools read."""
+        found = {}
+        for name, value in (("HTTP_PROXY", self.HTTP_PROXY), ("HTTPS_PROXY", self.HTTPS_PROXY)):
+            if value:
+                found[name] = found[name.lower()] = value
+        if self.SOCKS5_PROXY:
+            found["ALL_PROXY"] = found["all_proxy"] = self.SOCKS5_PROXY
+        return found
+
+    def to_runtime_config(
+        self,
+        *,
+        python_layer: str = "",
+        nodejs_layer: str = "",
+        workers: int = 4,
+        data_dir: str | None = None,
+        one_run_at_a_time: bool = False,
+    ) -> RuntimeConfig:
+        """The one mapping to what the runtimes read; the caller says what the settings cannot (layers in use,
+        children kept ready, one run at a time)."""
+        return RuntimeConfig(
+            python_path=self.PYTHON_PATH,
+            nodejs_path=self.NODEJS_PATH,
+            data_dir=self.SANDLOT_DATA_DIR if data_dir is None else data_dir,
+            python_layer=python_layer,
+            nodejs_layer=nodejs_layer,
+            python_preload=tuple(self.SANDLOT_PYTHON_PRELOAD),
+            workers=workers,
+            default_timeout=self.WORKER_TIMEOUT,
+            max_timeout=max(self.SANDLOT_MAX_TIMEOUT, self.WORKER_TIMEOUT),
+            default_memory_mb=self.SANDLOT_MEMORY_LIMIT_MB,
+            max_memory_mb=max(self.SANDLOT_MAX_MEMORY_LIMIT_MB, self.SANDLOT_MEMORY_LIMIT_MB),
+            output_limit=self.SANDLOT_OUTPUT_LIMIT_BYTES,
+            tmp_size_mb=self.SANDLOT_TMP_SIZE_MB,
+            tmp_files=self.SANDLOT_TMP_FILES,
+            enable_preload=self.ENABLE_PRELOAD,
+            require_seccomp=self.SANDLOT_REQUIRE_SECCOMP,
+            extra_syscalls=tuple(self.ALLOWED_SYSCALLS),
+            jail=self.SANDLOT_JAIL,
+            one_run_at_a_time=one_run_at_a_time,
+            uid_base=self.SANDLOT_UID_BASE,
+            zygote_max_forks=self.SANDLOT_ZYGOTE_MAX_FORKS,
+            zygote_max_age=self.SANDLOT_ZYGOTE_MAX_AGE,
+            run_env=self.proxies(),
+            egress_allow=tuple(str(network) for network in self.SANDLOT_EGRESS_ALLOW),
+            pasta=self.SANDLOT_PASTA,
+            unfiltered_egress=self.SANDLOT_UNFILTERED_EGRESS,
+        )
