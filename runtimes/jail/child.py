@@ -59,6 +59,13 @@ class ChildPlan:
     tmp_huge_pages: bool = False  # set by the zygote when this kernel's tmpfs takes huge=within_size
     time_namespace: bool = False  # a time namespace per run, its clocks from zero (timens.py)
     bounding_set_dropped: bool = False  # set by the zygote when its children inherit its empty bounding set
+    # What the platform's record found possible at all (protections.py): where a call is refused it is not
+    # made, since some platforms (Lambda, reportedly) kill a caller of a refused call with SIGSYS instead of
+    # failing it. A mode that needs one of them is refused before any zygote starts (modes.py).
+    dumpable: bool = True  # PR_SET_DUMPABLE (the zygote's)
+    pdeathsig: bool = True  # PR_SET_PDEATHSIG
+    no_new_privs: bool = True  # PR_SET_NO_NEW_PRIVS
+    seccomp: bool = True  # a seccomp filter (the signal fence, the runner's allow-list)
 
     @classmethod
     def from_dict(cls, data: dict) -> ChildPlan:
@@ -66,12 +73,6 @@ class ChildPlan:
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "mode": self.mode.to_dict()}
-
-    @property
-    def platform_may_refuse_prctl(self) -> bool:
-        """Whether a refused prctl (no parent-death signal, no no_new_privs) is the platform's known answer
-        (a mode that needs neither: Lambda), rather than a failure to confine."""
-        return "pdeathsig" not in self.mode.needs
 
 
 @dataclass(frozen=True)
@@ -117,12 +118,8 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
         namespaces.clear_capabilities()
-    try:
+    if plan.pdeathsig:  # without it (Lambda), the serial schedule kills and reaps every run itself
         linux.set_parent_death_signal(signal.SIGKILL)  # after the last credential change, which would clear it
-    except OSError:
-        if not plan.platform_may_refuse_prctl:
-            raise
-        # Lambda: prctl refused, as the record says; its runs are killed and reaped by the serial schedule
     if select.select([handles.lifeline], [], [], 0)[0]:
         os._exit(1)  # the zygote died before the signal was armed: nobody would ever stop this child
 
@@ -134,12 +131,8 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
     if mode.tmp != TMPFS:
         os.environ["HOME"] = os.environ["TMPDIR"] = tmpdir
     os.chdir(tmpdir)
-    try:
+    if plan.no_new_privs:  # without it no filter loads either: the runner refuses unless seccomp is optional
         linux.set_no_new_privs()
-    except OSError:
-        if not plan.platform_may_refuse_prctl:
-            raise
-        # Lambda: prctl refused; then no filter loads either, and the runner refuses unless seccomp is optional
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (plan.max_open_files, plan.max_open_files))
@@ -155,9 +148,11 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
         landlock.restrict(plan.landlock, writable=(tmpdir,), devices=DEVICES)
 
 
-def fence_signals(program: linux.SeccompProgram | None = None) -> None:
+def fence_signals(plan: ChildPlan, program: linux.SeccompProgram | None = None) -> None:
     """In the child, last: signals and rlimit changes for itself only (program: the fence for its pid, made
     ahead by the zygote where every child is pid 1 of its PID namespace)."""
+    if not plan.seccomp:
+        return  # no seccomp here: the runner refuses to run, unless the operator opted out of seccomp
     try:
         (program or seccomp_policy.fence_program(os.getpid())).load()
     except OSError:

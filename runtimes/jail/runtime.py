@@ -90,7 +90,11 @@ class JailedRuntime:
         return RUN_HOSTNAME
 
     def runner_config(self) -> dict:
-        return {"require_seccomp": self.config.require_seccomp, "extra_syscalls": list(self.config.extra_syscalls)}
+        return {
+            "require_seccomp": self.config.require_seccomp,
+            "extra_syscalls": list(self.config.extra_syscalls),
+            "seccomp": bool(self.platform is None or self.platform.seccomp),  # seccomp_policy.prepared
+        }
 
     def encode(self, request: RunRequest, timeout: float, network_refused: str = "") -> bytes:
         """What the child reads on stdin for this run (timeout: the run's own, already capped; network_refused:
@@ -307,6 +311,10 @@ class JailedRuntime:
                 "max_open_files": config.max_open_files,
                 "max_threads": config.max_threads,
                 "max_file_bytes": config.max_file_mb * MIB,
+                **{
+                    call: bool(getattr(self.platform, call, True))
+                    for call in ("dumpable", "pdeathsig", "no_new_privs", "seccomp")
+                },
             },
         }
 

@@ -101,8 +101,18 @@ class Scratch:
                 removed.append(remove(os.path.join(self.runs_parent, name)))
         return removed
 
-    def tampered(self) -> bool:
-        return self._prints() != self.prints
+    def tampered(self) -> list[str] | None:
+        """None when the runtime's own files are as they were; else what appeared among them since (a run's
+        plants: removed here, as no run's file may outlive it), [] when only existing ones changed."""
+        now = self._prints()
+        if now == self.prints:
+            return None
+        planted = sorted((path for path in now if path not in self.prints), key=len)
+        removed: list[str] = []
+        for path in planted:
+            if not any(path.startswith(parent + "/") for parent in removed):  # gone with its directory
+                removed.append(remove(path))
+        return removed
 
     def rebase(self) -> None:
         self.prints = self._prints()

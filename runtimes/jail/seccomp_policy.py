@@ -576,3 +576,18 @@ def probe(program: SeccompProgram) -> str | None:
         program.load()
 
     return in_child(load)[1] or None
+
+
+def prepared(config: dict, allow_exec: bool = False) -> tuple[dict[bool, SeccompProgram], str | None]:
+    """A runner's filters by network flag, checked to load here, and why not (None when they do).
+
+    config["seccomp"] false: the platform's record found seccomp refused, and nothing of libseccomp is
+    touched (it asks the kernel through seccomp() what it supports, and some platforms kill a caller of a
+    refused call with SIGSYS).
+    """
+    if not config.get("seccomp", True):
+        return {}, "refused by the platform (the protections record)"
+    filters = programs(tuple(config.get("extra_syscalls", ())), allow_exec=allow_exec)
+    error = probe(filters[False])
+    return (filters if error is None else {}), error
+

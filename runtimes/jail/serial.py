@@ -147,7 +147,10 @@ class SerialSchedule:
             removed = self.scratch.clean()
             if removed:
                 log.info("removed what a run left behind: %s", removed)
-            if self.scratch.tampered():
+            planted = self.scratch.tampered()
+            if planted is not None:
+                if planted:
+                    log.info("removed what a run planted among the runtime's own files: %s", planted)
                 await self._replace_zygote("a run touched the runtime's own files")
 
     async def _replace_zygote(self, why: str) -> None:

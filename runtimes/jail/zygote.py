@@ -192,7 +192,7 @@ class Zygote:
         try:
             # stdin, stdout, stderr, ready
             confine(self.plan, uid, tmpdir, tuple(fds), Handles(self.lifeline, self.proc, self.ids))
-            fence_signals(self.fence)
+            fence_signals(self.plan, self.fence)
             os.write(3, b"1")
             if not getattr(self.runner, "REPORTS_EXIT", False):
                 os.close(3)
@@ -245,10 +245,8 @@ class _VmSize:
 
 def main(config: dict) -> None:
     try:
-        try:
+        if config["plan"].get("dumpable", True):  # refused (Lambda): not tried (ChildPlan.dumpable)
             linux.set_dumpable(False)
-        except OSError:
-            pass  # prctl refused (Lambda): the protections record reports dumpable false
         os.umask(0o022)
         zygote = Zygote(config)
         zygote.confine_tree(config)

@@ -45,10 +45,9 @@ class State:
 
 
 def prepare(config: dict) -> State:
-    filters = seccomp_policy.programs(tuple(config.get("extra_syscalls", ())), allow_exec=True)
-    error = seccomp_policy.probe(filters[False])
+    filters, error = seccomp_policy.prepared(config, allow_exec=True)
     state = State(
-        filters=filters if error is None else {},
+        filters=filters,
         required=config.get("require_seccomp", True),
         node=config["node"],
         wrapper=config["wrapper"],

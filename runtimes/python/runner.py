@@ -86,10 +86,9 @@ def bound_thread_memory() -> None:
 
 def prepare(config: dict) -> State:
     bound_thread_memory()
-    filters = seccomp_policy.programs(tuple(config.get("extra_syscalls", ())))
-    seccomp_error = seccomp_policy.probe(filters[False])
+    filters, seccomp_error = seccomp_policy.prepared(config)
     state = State(
-        filters=filters if seccomp_error is None else {},
+        filters=filters,
         required=config.get("require_seccomp", True),
         preload_modules=list(config.get("preload", ())),
         layer_path=config.get("layer_path", ""),

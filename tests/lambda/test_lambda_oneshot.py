@@ -72,9 +72,15 @@ def test_the_runtimes_own_files_are_watched(tmp_path):
     own.mkdir()
     (own / "snapshot").write_text("x")
     scratch = Scratch([], RUN_UID, own=[str(own)], runs_parent="")
-    assert not scratch.tampered()
+    assert scratch.tampered() is None
     (own / "snapshot").write_text("y")
-    assert scratch.tampered()
+    assert scratch.tampered() == []  # changed: the serial schedule replaces the zygote
+    scratch.rebase()
+    (own / "planted").mkdir()
+    (own / "planted" / "inside").write_text("x")
+    (own / "also").write_text("x")
+    assert scratch.tampered() == sorted([str(own / "also"), str(own / "planted")], key=len)  # and removes them
+    assert sorted(os.listdir(own)) == ["snapshot"]
 
 
 def processes_of(uid: int) -> list[int]:

@@ -69,6 +69,8 @@ def test_runs_without_a_tenant_id_are_refused_by_default_saying_why(strict):
 
 
 def test_a_refusal_by_sigsys_is_reported_and_refused_too(image):
+    """Where refused calls kill the caller with SIGSYS (prctl, seccomp), the record says so and nothing of the
+    runtime makes them: runs without a tenant id are refused, and a tenant's are served."""
     instance = start_simulated(image, "python3", sigsys=True)
     try:
         assert instance.ready, instance.output()
@@ -77,6 +79,11 @@ def test_a_refusal_by_sigsys_is_reported_and_refused_too(image):
         assert "SIGSYS" in probe["platform"]["errors"]["seccomp"]
         error = error_of(instance, {"language": "python3", "code": "print(1)", "enable_network": True})
         assert error["errorType"] in ("Unavailable", "TenantRefused") and "seccomp" in error["errorMessage"]
+        event = {"language": "python3", "code": "import os\nprint(os.getpid() > 1)", "enable_network": True}
+        for _ in range(2):  # the next run's child too: prepared between runs, with no refused call either
+            invocation = instance.invoke(event, tenant_id="tenant-a")
+            assert invocation.kind == "response", (invocation.body, instance.output()[-3000:])
+            assert invocation.json()["stdout"] == "True\n"
     finally:
         instance.stop()
 
@@ -223,6 +230,8 @@ def test_without_landlock_the_hunt_finds_the_event_in_the_runtime_clients_memory
         assert _tamper(instance) == "planted\n"
         replaced = "a run touched the runtime's own files: replacing the zygote"
         assert wait_for(lambda: replaced in instance.output(), 10), instance.output()
+        (data_dir,) = glob.glob(os.path.join(instance.tmp, "sandlot-data-*"))
+        assert not os.path.exists(os.path.join(data_dir, "planted"))  # and what it planted is gone
         assert (
             result_of(instance, {"language": "python3", "code": "print(7)", "enable_network": True})["stdout"] == "7\n"
         )
