@@ -223,16 +223,26 @@ def exiting_or_gone(pid: int, pidfd: int) -> bool:
     return _all_exiting(pid)
 
 
+SPIN_SECONDS = 0.003  # how long inert() polls without yielding (asyncio cannot sleep under a millisecond)
+
+
 async def inert(pid: int, pidfd: int, timeout: float = 5.0) -> None:
     """Wait until every thread of the process (sent SIGKILL already) has entered exit.
 
-    Raises StrayProcesses if one has not within timeout (a task stuck in the kernel).
+    A killed process is usually there within tens of microseconds, and the event loop cannot wait less than a
+    millisecond (epoll's resolution): the first SPIN_SECONDS are polled in short sleeps that keep the loop
+    (one run at a time: nothing else is waiting on it), the rest with asyncio's. Raises StrayProcesses if
+    one has not within timeout (a task stuck in the kernel).
     """
-    delay = 0.0001
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    started = loop.time()
+    delay = 0.00005
     while not exiting_or_gone(pid, pidfd):
-        if loop.time() > deadline:
+        waited = loop.time() - started
+        if waited > timeout:
             raise StrayProcesses(f"process {pid} did not enter exit within {timeout:g} s of SIGKILL")
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.005)
+        if waited < SPIN_SECONDS:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.0005)
+        else:
+            await asyncio.sleep(0.001)
