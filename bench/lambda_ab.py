@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, os.path.join(REPO, "tests", "lambda"))
 
 from emulation import FunctionInstance, InvokeAPI  # noqa: E402
-from functions import HANDLERS, function_env  # noqa: E402
+from functions import HANDLERS, boto_environment, function_env  # noqa: E402
 from service import API_KEY, Service  # noqa: E402
 
 WORKLOADS = {"python3": 'print("hi")', "nodejs": 'console.log("hi")'}
@@ -88,13 +88,7 @@ def main() -> None:
         assert instance.ready, instance.output()
         names[label] = f"ab-{number}"
         invoke_api.add(names[label], [instance])
-    os.environ.update(
-        AWS_ENDPOINT_URL_LAMBDA=invoke_api.url,
-        AWS_REGION="us-east-1",
-        AWS_DEFAULT_REGION="us-east-1",
-        AWS_ACCESS_KEY_ID="bench",
-        AWS_SECRET_ACCESS_KEY="bench",
-    )
+    os.environ.update({k: v for k, v in boto_environment(invoke_api).items() if k.startswith("AWS_")})
     client = LambdaInvoker({}, function_timeout=30).client
     payload = json.dumps({"language": language, "code": WORKLOADS[language], "enable_network": True})
     local = Service().start()

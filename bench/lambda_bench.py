@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "lambda"))
 
 from emulation import InvokeAPI  # noqa: E402
-from functions import start_function  # noqa: E402
+from functions import boto_environment, start_function  # noqa: E402
 from service import API_KEY, Service  # noqa: E402
 
 WORKLOADS = {"python3": 'print("hi")', "nodejs": 'console.log("hi")'}
@@ -228,11 +228,7 @@ def main() -> None:
             sims[language] = start_simulated(image, language, uid=SIM_UID + offset, SANDLOT_REQUIRE_SECCOMP="false")
             invoke_api.add(f"sim-{language}", [sims[language]])
     env = {
-        "AWS_ENDPOINT_URL_LAMBDA": invoke_api.url,
-        "AWS_REGION": "us-east-1",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ACCESS_KEY_ID": "bench",
-        "AWS_SECRET_ACCESS_KEY": "bench",
+        **boto_environment(invoke_api),
         "SANDLOT_LAMBDA_PYTHON3_FUNCTION": "tenant-python3",
         "SANDLOT_LAMBDA_NODEJS_FUNCTION": "tenant-nodejs",
     }

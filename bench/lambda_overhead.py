@@ -31,7 +31,7 @@ REPO = os.path.dirname(HERE)
 sys.path[:0] = [REPO, os.path.join(REPO, "tests"), os.path.join(REPO, "tests", "lambda")]
 
 from emulation import FunctionInstance, InvokeAPI  # noqa: E402
-from functions import function_env  # noqa: E402
+from functions import boto_environment, function_env  # noqa: E402
 
 WORKLOADS = {"python3": 'print("hi")', "nodejs": 'console.log("hi")'}
 MODULES = {"python3": "python", "nodejs": "nodejs"}
@@ -121,13 +121,7 @@ def main() -> None:
     for where, instance in functions.items():
         assert instance.ready, instance.output()
         invoke_api.add(f"overhead-{where.replace(' ', '-')}", [instance])
-    os.environ.update(
-        AWS_ENDPOINT_URL_LAMBDA=invoke_api.url,
-        AWS_REGION="us-east-1",
-        AWS_DEFAULT_REGION="us-east-1",
-        AWS_ACCESS_KEY_ID="bench",
-        AWS_SECRET_ACCESS_KEY="bench",
-    )
+    os.environ.update({k: v for k, v in boto_environment(invoke_api).items() if k.startswith("AWS_")})
     client = LambdaInvoker({}, function_timeout=30).client
     event = {"language": language, "code": WORKLOADS[language], "enable_network": True}
     request = RunRequest(**event)

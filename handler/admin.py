@@ -261,31 +261,26 @@ class AdminPage:
         return self.respond(response)
 
     async def add(self, request: Request) -> Response:
-        checked = await self.guarded_post(request)
-        if isinstance(checked, Response):
-            return checked
-        nonce, fields = checked
-        language, spec = fields.get("language", ""), fields.get("spec", "")
-        try:
-            build, _changes = self.packages.add(self.packages.language(language), [spec])
-        except PackageError as exc:
-            context = await self.context(nonce, add_error=str(exc), add_language=language, add_spec=spec)
-            return self.page("admin.html", status=exc.status, **context)
-        notice = quote(f"build {build.id}: add {spec.strip()} ({language})")
-        return self.respond(RedirectResponse(f"/admin?notice={notice}#build-{language}", status_code=303))
+        return await self._change(request, "spec", "add", self.packages.add)
 
     async def remove(self, request: Request) -> Response:
+        return await self._change(request, "name", "remove", self.packages.remove)
+
+    async def _change(self, request: Request, field: str, verb: str, apply) -> Response:
+        """An add or remove form: its change queued (then back to the page, saying which build carries it),
+        or the page again with the refusal beside the form."""
         checked = await self.guarded_post(request)
         if isinstance(checked, Response):
             return checked
         nonce, fields = checked
-        language, name = fields.get("language", ""), fields.get("name", "")
+        language, value = fields.get("language", ""), fields.get(field, "")
         try:
-            build, _changes = self.packages.remove(self.packages.language(language), [name])
+            build, _changes = apply(self.packages.language(language), [value])
         except PackageError as exc:
-            context = await self.context(nonce, add_error=str(exc), add_language=language)
+            kept = {"add_spec": value} if verb == "add" else {}  # an add form keeps what was typed
+            context = await self.context(nonce, add_error=str(exc), add_language=language, **kept)
             return self.page("admin.html", status=exc.status, **context)
-        notice = quote(f"build {build.id}: remove {name} ({language})")
+        notice = quote(f"build {build.id}: {verb} {value.strip()} ({language})")
         return self.respond(RedirectResponse(f"/admin?notice={notice}#build-{language}", status_code=303))
 
     async def try_code(self, request: Request) -> Response:

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
@@ -198,3 +199,26 @@ def expected_processes(svc) -> int:
             pasta = 1 if rt["protections"].get("network_namespace") and rt["protections"]["egress_filter"] else 0
             total += 1 + pasta + rt["ready_children"]
     return total
+
+
+def output(svc: Service, code: str, language: str = "python3", **fields) -> str:
+    """What a run printed and its error lines, from an envelope that must say success."""
+    envelope = svc.run(code, language=language, **fields)
+    assert envelope["code"] == 0, envelope
+    return envelope["data"]["stdout"] + envelope["data"]["error"]
+
+
+def together(svc: Service, first, second, delay: float = 1.0) -> list[str]:
+    """Two runs at once, the second posted `delay` seconds after the first; each a Python code, or
+    (language, code). Their outputs (output())."""
+
+    def post(index: int) -> str:
+        run = (first, second)[index]
+        language, code = run if isinstance(run, tuple) else ("python3", run)
+        if index:
+            time.sleep(delay)
+        return output(svc, code, language=language, timeout=20)
+
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(post, range(2)))
+

@@ -34,7 +34,7 @@ import test_cases
 import test_layers
 from conftest import needs_root
 from outer_filter import DOCKER_DEFAULT_CAPS
-from service import DOCKER_DEFAULT, IS_ROOT, Service, processes_with_uid_in, standin, wait_for
+from service import DOCKER_DEFAULT, IS_ROOT, Service, output, processes_with_uid_in, standin, together, wait_for
 
 NO_SECCOMP = [*DOCKER_DEFAULT, "--eperm", "seccomp,prctl:22"]
 
@@ -172,11 +172,6 @@ def container():
     svc.stop()
     shutil.rmtree(svc.env["SANDLOT_DATA_DIR"], ignore_errors=True)
 
-
-def output(svc: Service, code: str, language: str = "python3", **fields) -> str:
-    envelope = svc.run(code, language=language, **fields)
-    assert envelope["code"] == 0, envelope
-    return envelope["data"]["stdout"] + envelope["data"]["error"]
 
 
 @needs_root
@@ -338,18 +333,6 @@ def test_nodejs_in_the_chroot_jail(container, name):
     code, expected = CHROOT_NODE_CASES[name]
     assert output(container, code, language="nodejs", enable_network=True) == expected
 
-
-def together(svc: Service, first: tuple[str, str], second: tuple[str, str], delay: float = 1.0) -> list[str]:
-    """Two runs at once: the second posted `delay` seconds after the first."""
-
-    def post(index: int) -> str:
-        language, code = (first, second)[index]
-        if index:
-            time.sleep(delay)
-        return output(svc, code, language=language, timeout=20)
-
-    with ThreadPoolExecutor(2) as pool:
-        return list(pool.map(post, range(2)))
 
 
 @needs_root

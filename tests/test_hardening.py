@@ -16,11 +16,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import unprivileged
-from service import DOCKER_DEFAULT, IS_ROOT, Service, standin
+from service import DOCKER_DEFAULT, IS_ROOT, Service, output, standin, together
 
 from runtimes.tree import run_hosts
 
@@ -61,22 +60,6 @@ def jail(request):
     svc.stop()
 
 
-def output(svc: Service, code: str, language: str = "python3", **fields) -> str:
-    envelope = svc.run(code, language=language, **fields)
-    assert envelope["code"] == 0, envelope
-    return envelope["data"]["stdout"] + envelope["data"]["error"]
-
-
-def together(svc: Service, first: str, second: str, delay: float = 1.0, language: str = "python3") -> list[str]:
-    """Two runs at once: the second posted `delay` seconds after the first."""
-
-    def post(index: int) -> str:
-        if index:
-            time.sleep(delay)
-        return output(svc, (first, second)[index], language=language, timeout=20)
-
-    with ThreadPoolExecutor(2) as pool:
-        return list(pool.map(post, range(2)))
 
 
 # ---- the page cache ------------------------------------------------------------------------------

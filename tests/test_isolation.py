@@ -9,12 +9,9 @@ cases run two runs at once.
 
 from __future__ import annotations
 
-import time
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 import unprivileged
-from service import IS_ROOT, Service
+from service import IS_ROOT, Service, output, together
 
 MODES = ["auto", "reduced", "unprivileged"]
 
@@ -36,11 +33,6 @@ def jail(request):
     yield svc
     svc.stop()
 
-
-def output(svc: Service, code: str, language: str = "python3", **fields) -> str:
-    envelope = svc.run(code, language=language, **fields)
-    assert envelope["code"] == 0, envelope
-    return envelope["data"]["stdout"] + envelope["data"]["error"]
 
 
 PYTHON_CASES = {
@@ -196,18 +188,6 @@ def test_nodejs(jail, name):
     assert output(jail, code, language="nodejs", enable_network=True) == expected
 
 
-def _together(svc: Service, first: tuple[str, str], second: tuple[str, str], delay: float = 1.0) -> list[str]:
-    """Two runs at once: the second posted `delay` seconds after the first."""
-
-    def post(index: int) -> str:
-        language, code = (first, second)[index]
-        if index:
-            time.sleep(delay)
-        return output(svc, code, language=language, timeout=20)
-
-    with ThreadPoolExecutor(2) as pool:
-        return list(pool.map(post, range(2)))
-
 
 def test_concurrent_runs_do_not_see_each_others_files_or_processes(jail):
     holder = (
@@ -226,7 +206,7 @@ def test_concurrent_runs_do_not_see_each_others_files_or_processes(jail):
         "        pass\n"
         "print(alive)"
     )
-    a, b = _together(jail, ("python3", holder), ("python3", looker))
+    a, b = together(jail, ("python3", holder), ("python3", looker))
     assert a == "['secret-a']\n"
     assert b == "['secret-b'] [False, False, False, False]\n[]\n[]\n"
 
@@ -242,7 +222,7 @@ def test_a_run_cannot_signal_a_concurrent_run_through_f_setown(jail):
         "    os.write(w, b'x')\n    os.read(r, 1)\n"
         "print(owned)"
     )
-    a, b = _together(jail, ("python3", victim), ("python3", attacker))
+    a, b = together(jail, ("python3", victim), ("python3", attacker))
     assert a == "survived\n"
     assert b == "0\n"  # F_SETOWN is refused outright (seccomp); the PID namespace would leave only its own init
 
@@ -256,7 +236,7 @@ def test_a_run_cannot_reach_the_node_waiting_for_the_next_run(jail):
         "print(opened)"
     )
     waiting = "const t = Date.now(); while (Date.now() - t < 1500) {}; console.log('mine')"
-    a, b = _together(jail, ("python3", attacker), ("nodejs", waiting), delay=0.1)
+    a, b = together(jail, ("python3", attacker), ("nodejs", waiting), delay=0.1)
     assert a == "[]\n"
     assert b == "mine\n"
     assert output(jail, "console.log('next tenant')", language="nodejs") == "next tenant\n"
