@@ -22,6 +22,7 @@ import resource
 import signal
 import stat
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -300,11 +301,16 @@ def probe() -> Protections:
 
 
 _cached: Protections | None = None
+_probing = threading.Lock()
 
 
 def platform_protections() -> Protections:
-    """This process's record, probed on first use."""
+    """This process's record, probed on first use. Runtimes start at once, each asking from a thread of its
+    own: one probes, the others wait for its record. (Two probing at once would fork from one thread while
+    the other's child, or the other thread itself, holds the loader's or a library's lock: a child forked
+    then can wait on it forever.)"""
     global _cached
-    if _cached is None:
-        _cached = probe()
+    with _probing:
+        if _cached is None:
+            _cached = probe()
     return _cached
