@@ -95,7 +95,13 @@ class Settings(RuntimeSettings):
         "", description="the `X-Api-Key` clients must send; `sandlot serve` prints a random one when unset"
     )
     SANDBOX_PORT: int = Field(8194, ge=1, le=65535, description="port")
-    MAX_WORKERS: int = Field(4, ge=1, le=256, description="runs executing at once (also children kept ready)")
+    MAX_WORKERS: int = Field(
+        4,
+        ge=1,
+        le=256,
+        description="runs executing at once; children kept ready for as many (up to twice while runs find none "
+        "ready, one when idle)",
+    )
     MAX_REQUESTS: int = Field(50, ge=1, description="requests in flight; more get HTTP 503")
     PIP_MIRROR_URL: str = Field("", description="index used when building the Python layer")
     PYTHON_DEPS_UPDATE_INTERVAL: str = Field(
