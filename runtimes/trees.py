@@ -86,7 +86,8 @@ def _stats(path: str, hidden: set[str]):
 def devices_work(directory: str) -> str:
     """ "" if a device node made in directory can be opened here (CAP_MKNOD, no nodev, a device cgroup that
     lets null through), else why not."""
-    path = os.path.join(directory, f".sandlot-null-{os.getpid()}")
+    # a name of this call's own: each runtime of a service opens its store at once, from threads of one process
+    path = os.path.join(directory, f".sandlot-null-{os.getpid()}-{threading.get_ident()}")
     try:
         os.mknod(path, stat.S_IFCHR | 0o600, os.stat("/dev/null").st_rdev)
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)

@@ -9,6 +9,8 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import needs_root
@@ -332,3 +334,19 @@ def test_a_noexec_data_directory_is_refused_naming_it(place, monkeypatch):
     monkeypatch.setattr(os, "statvfs", noexec)
     with pytest.raises(trees.TreeUnusable, match="noexec"):
         trees.TreeStore(os.path.join(place, "trees"))
+
+
+def test_runtimes_opening_their_stores_at_once_get_the_same_answer_about_devices(tmp_path):
+    """Each runtime of a service opens its tree store from a thread of its own, at the same moment: the probe of
+    one must not take the other's device node away (which left a runtime unavailable at start)."""
+    alone = trees.devices_work(str(tmp_path))
+    start = threading.Barrier(4)
+
+    def probe() -> set[str]:
+        start.wait()
+        return {trees.devices_work(str(tmp_path)) for _ in range(200)}
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = set().union(*pool.map(lambda _: probe(), range(4)))
+    assert answers == {alone}
+    assert os.listdir(tmp_path) == []
