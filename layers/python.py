@@ -2,9 +2,10 @@
 
 The requirements file (layers/python/requirements.txt, SANDLOT_PYTHON_REQUIREMENTS or
 dify-sandbox's dependencies/python-requirements.txt) is the base; requested packages
-(layers/packages.py) are added on top: the build reads one requirements file that
-includes the base (`-r`) and lists them, so pip resolves both together and every
-constraint must hold.
+(layers/packages.py) are added on top: the build reads one requirements file, a
+copy of the base with them listed after it, so pip resolves both together and
+every constraint must hold. The service writes that copy for the build, whose uid
+may not be allowed to read the operator's own file.
 """
 
 from __future__ import annotations
@@ -48,10 +49,10 @@ def build(
 ) -> None:
     """pip install --target scratch, as an unprivileged user (see layers.isolation): the base requirements and
     the requested lines (already validated: layers/specs.py)."""
-    source = requirements
-    if requested:
-        source = scratch / MERGED
-        source.write_text(f"-r {requirements}\n" + "".join(f"{line}\n" for line in requested))
+    # the build's own copy, written by the service: the build's uid may not be able to read the operator's file
+    # (a file only root can read, or a directory closed to others, where there is no tree to bind it into)
+    source = scratch / MERGED
+    source.write_text(copied(requirements) + "".join(f"{line}\n" for line in requested or ()))
     argv = [
         os.path.join(sys.prefix, "bin", "python"),
         "-m",
@@ -78,8 +79,7 @@ def build(
     env.update({"HOME": str(scratch), "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1"})
     dynload = next((p for p in sys.path if p.endswith("lib-dynload")), "")
     result = isolation.run(argv, str(scratch), [*readable, dynload], env, build_uid, on_output)
-    if source != requirements:
-        source.unlink(missing_ok=True)
+    source.unlink(missing_ok=True)
     if result.returncode != 0:
         raise LayerBuildError(f"pip failed with code {result.returncode}: {what_went_wrong(result.stdout)}")
 
@@ -94,6 +94,22 @@ def installed(layer: str) -> list[dict[str, str]]:
         if name:
             found[name.lower()] = {"name": name, "version": dist.version}
     return [found[key] for key in sorted(found)]
+
+
+INCLUDES = ("--requirement", "--constraint", "-r", "-c")  # a file named by these is relative to the one naming it
+
+
+def copied(requirements: Path) -> str:
+    """The requirements file's text, its includes made absolute (they then name the same files from a copy)."""
+    lines = []
+    for raw in requirements.read_text().splitlines():
+        line = raw.strip()
+        option = next((o for o in INCLUDES if line.startswith(o)), "")
+        if option:
+            named = line.removeprefix(option).lstrip("= ").split(" #", 1)[0].strip()
+            raw = f"{option} {requirements.parent / named}"
+        lines.append(raw + "\n")
+    return "".join(lines)
 
 
 def base_names(requirements: Path) -> set[str]:

@@ -51,9 +51,26 @@ def readable(path: Path) -> None:
         p.chmod(0o755 if p.is_dir() else 0o644)
 
 
+def reachable_place(prefix: str):
+    """Where a build without a tree (a container on default privileges: nothing can be mounted for it) reaches
+    what it reads by the real path, as its unprivileged uid: not under pytest's mode-700 /tmp/pytest-of-root."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def tmp_path():
+    """This module's tmp_path: one a build's uid can reach (reachable_place)."""
+    yield from reachable_place("sandlot-layers-")
+
+
 @pytest.fixture(scope="module")
-def wheelhouse(tmp_path_factory):
-    house = tmp_path_factory.mktemp("wheelhouse")
+def wheelhouse():
+    places = reachable_place("sandlot-wheelhouse-")
+    house = next(places) / "wheelhouse"
+    house.mkdir()
     subprocess.run(
         [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(house), "requests", "httpx", "jinja2"],
         check=True,
@@ -65,8 +82,8 @@ def wheelhouse(tmp_path_factory):
         {"sandlot_probe.py": "VALUE = 'probe-ok'\n", "sandlot_broken.py": "raise ImportError('broken on purpose')\n"},
     )
     readable(house)
-    os.chmod(house.parent, 0o755)
-    return house
+    yield house
+    next(places, None)  # removed
 
 
 @pytest.fixture
@@ -295,8 +312,8 @@ def test_layers_build_and_serve_with_the_root_directory_as_working_directory(tmp
 
 
 @needs_root
-def test_builds_run_unprivileged_in_a_tree_of_their_own(tmp_path):
-    work = tmp_path / "work"
+def test_builds_run_unprivileged_in_a_tree_of_their_own(tmp_path_factory):
+    work = tmp_path_factory.mktemp("build") / "work"  # under /tmp: the tree shows no /var
     work.mkdir()
     code = (
         "import os\nprint(os.getuid(), os.getgid(), os.getgroups())\nprint(sorted(os.listdir('/')))\n"
@@ -310,6 +327,19 @@ def test_builds_run_unprivileged_in_a_tree_of_their_own(tmp_path):
     assert "proc" not in lines[1] and "var" not in lines[1]
     assert lines[2].startswith("denied")
     assert (work / "inside").read_text() == "x"
+
+
+def test_the_builds_copy_of_the_requirements_names_the_same_included_files(tmp_path):
+    from layers import python as python_layer
+
+    base = tmp_path / "requirements.txt"
+    base.write_text("-r extra.txt\n--constraint=pins.txt\nrequests>=2  # pinned below\n-c /etc/pins.txt\n")
+    assert python_layer.copied(base).splitlines() == [
+        f"-r {tmp_path}/extra.txt",
+        f"--constraint {tmp_path}/pins.txt",
+        "requests>=2  # pinned below",
+        "-c /etc/pins.txt",
+    ]
 
 
 IN_A_DEFAULT_CONTAINER = """
@@ -341,6 +371,7 @@ def test_without_mount_namespaces_builds_run_as_the_build_uid_and_say_so(wheelho
     work = place / "work"
     work.mkdir()
     readable(place)
+    requirements.chmod(0o600)  # the operator's file may be root's alone: the build reads the service's copy
     result = subprocess.run(
         [
             *standin(DOCKER_DEFAULT),
