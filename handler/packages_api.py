@@ -63,6 +63,19 @@ class PackageError(Exception):
         return envelope.failure(-self.status, str(self), self.status)
 
 
+def _within_limits(items: list, when_empty: str, what: str) -> None:
+    """One request changes at least one package and at most MAX_SPECS."""
+    if not items:
+        raise PackageError(400, when_empty)
+    if len(items) > MAX_SPECS:
+        raise PackageError(400, f"at most {MAX_SPECS} {what} in one request")
+
+
+def _started(build, changes: list) -> dict:
+    """The answer to a change: the build it joined (without its log) and what changed."""
+    return {"build": build.to_dict(log=False), "changes": changes}
+
+
 def admin_key(settings) -> str:
     """The key of the package routes: the admin key, or the API key where none is set."""
     return settings.SANDLOT_ADMIN_KEY or settings.API_KEY
@@ -244,12 +257,10 @@ class PackagesAPI:
             if ("spec" in data) == ("specs" in data):
                 raise PackageError(400, "give `spec` (a string) or `specs` (a list of strings)")
             specs = [data["spec"]] if "spec" in data else data["specs"]
-            if not isinstance(specs, list) or not specs:
+            if not isinstance(specs, list):
                 raise PackageError(400, "`specs` must be a non-empty list of strings")
-            if len(specs) > MAX_SPECS:
-                raise PackageError(400, f"at most {MAX_SPECS} specs in one request")
-            build, changes = self.packages.add(language, specs)
-            return {"build": build.to_dict(log=False), "changes": changes}
+            _within_limits(specs, "`specs` must be a non-empty list of strings", "specs")
+            return _started(*self.packages.add(language, specs))
 
         return await self._answer(request, handle)
 
@@ -257,12 +268,8 @@ class PackagesAPI:
         async def handle():
             language = self.packages.language(request.query_params.get("language", "python3"))
             names = request.query_params.getlist("name")
-            if not names:
-                raise PackageError(400, "give the package to remove as `name` (it may repeat)")
-            if len(names) > MAX_SPECS:
-                raise PackageError(400, f"at most {MAX_SPECS} names in one request")
-            build, changes = self.packages.remove(language, names)
-            return {"build": build.to_dict(log=False), "changes": changes}
+            _within_limits(names, "give the package to remove as `name` (it may repeat)", "names")
+            return _started(*self.packages.remove(language, names))
 
         return await self._answer(request, handle)
 
