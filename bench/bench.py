@@ -235,9 +235,16 @@ class Subject:
         env = {"MAX_WORKERS": "4", "MAX_REQUESTS": "100", **({"SANDLOT_JAIL": self.jail} if self.jail else {})}
         service = unprivileged.service(**env) if self.unprivileged else Service(**env)
         service.source = service.cwd = self.source
-        container = standin(DOCKER_DEFAULT) if self.container else []
+        # a container's own PID namespace too: its /proc, which the chroot jail's uid sweep reads, holds its own
+        container = standin([*DOCKER_DEFAULT, "--pid-namespace"]) if self.container else []
         service.launcher = (cgroup.launcher() if cgroup is not None else []) + container
         return service
+
+    def root(self) -> int:
+        """The service's main process: in the container stand-in, pid 1 of its namespace below the launcher,
+        which stands for the container runtime and is not counted."""
+        pid = self.service.process.pid
+        return descendants(pid)[0] if self.container else pid
 
     def add(self, row: str, *values: float) -> None:
         self.samples.setdefault(row, []).extend(values)
@@ -382,11 +389,11 @@ def main() -> None:
             drive(subject.service.port, "nodejs", NODE_HELLO, 4, 40)
         time.sleep(5)  # what the service holds just after load
         for subject in subjects:
-            memory[f"{subject.label} after load"] = tree_memory(subject.service.process.pid)
+            memory[f"{subject.label} after load"] = tree_memory(subject.root())
         time.sleep(IDLE_PAUSE - 5)  # idle: what it holds at rest
         for subject in subjects:
-            memory[subject.label] = tree_memory(subject.service.process.pid)
-            root = subject.service.process.pid
+            memory[subject.label] = tree_memory(subject.root())
+            root = subject.root()
             memory[f"{subject.label} alone"] = (alone_memory([root, *descendants(root)]), [])
         loads = []
         for _ in range(args.blocks):

@@ -2,7 +2,7 @@
 
     python tests/outer_filter.py [--caps docker-default|NAME,...] [--uid N] [--eperm prctl,seccomp]
                                  [--enosys NAME,...] [--sigsys NAME,...] [--profile docker-default]
-                                 -- command ...
+                                 [--pid-namespace] -- command ...
 
 A call may be NAME:N, refused only when its first argument is N (`prctl:22`,
 PR_SET_SECCOMP, refuses seccomp filters through prctl and leaves the rest of
@@ -19,6 +19,13 @@ namespace, mount, key, bpf and perf calls (EPERM), clone with any CLONE_NEW*
 flag (EPERM, one masked-argument rule per flag, as Docker's
 `flags & 0x7E020000 == 0` condition), and clone3 (ENOSYS, so that libc falls
 back to clone, whose flags a filter can read).
+
+`--pid-namespace` first gives the command what every container has and the
+other options do not make: a PID namespace of its own, in which it is pid 1,
+with a /proc of its own (in a mount namespace of its own). This process stays
+outside, as a container runtime does: it passes SIGTERM, SIGINT and SIGHUP on,
+and ends as pid 1 ended; if it is killed, pid 1 is killed with it (and with pid
+1, the kernel kills the rest of the namespace).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import argparse
 import ctypes
 import errno
 import os
+import signal
 import sys
 
 import pyseccomp
@@ -164,6 +172,37 @@ def keep_only(capabilities: list[str]) -> None:
             raise OSError(err, f"cannot drop capability {name or number}: {os.strerror(err)}")
 
 
+CLONE_NEWNS, CLONE_NEWPID = 0x20000, 0x20000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
+PR_SET_PDEATHSIG = 1
+
+
+def own_pid_namespace() -> None:
+    """Returns in pid 1 of a new PID namespace with its own /proc; the caller's process waits outside."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(result: int, what: str) -> None:
+        if result != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+
+    check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID), "unshare")
+    pid = os.fork()
+    if pid == 0:
+        check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl")
+        check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+        check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
+        return
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(number, lambda received, _frame: os.kill(pid, received))
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:  # killed by a signal: so is this process
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code)
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--caps", type=_caps, default=None)
@@ -172,11 +211,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--enosys", type=_names, default=[])
     parser.add_argument("--sigsys", type=_names, default=[])
     parser.add_argument("--profile", choices=["docker-default"], default=None)
+    parser.add_argument("--pid-namespace", action="store_true")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command")
+    if args.pid_namespace:
+        own_pid_namespace()
     if args.caps is not None:
         keep_only(args.caps)
     if args.uid is not None:
