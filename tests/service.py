@@ -25,6 +25,22 @@ if STANDIN not in STANDINS:
     raise RuntimeError(f"SANDLOT_TEST_CONTAINER={STANDIN!r}: one of {', '.join(filter(None, STANDINS))}")
 
 
+# What a test that asserts a jail with namespaces says under the stand-in switch, where it skips
+NAMESPACES_ONLY = (
+    f"SANDLOT_TEST_CONTAINER={STANDIN}: every service is the chroot jail there, without NET_ADMIN, and this "
+    "asserts a jail with namespaces or nft egress rules (the chroot jail's own corpus: tests/test_container.py)"
+)
+
+
+def require_namespaces(mode: str = "") -> None:
+    """In a fixture that builds a jail with namespaces (mode: one other than `container`): skip under the
+    stand-in switch, where no namespace can be made."""
+    if STANDIN and mode != "container":
+        import pytest
+
+        pytest.skip(NAMESPACES_ONLY)
+
+
 def standin(restriction: list[str]) -> list[str]:
     """The launcher that starts a command under outer_filter.py's restriction (none: no launcher)."""
     return [sys.executable, OUTER_FILTER, *restriction, "--"] if restriction else []
@@ -221,4 +237,3 @@ def together(svc: Service, first, second, delay: float = 1.0) -> list[str]:
 
     with ThreadPoolExecutor(2) as pool:
         return list(pool.map(post, range(2)))
-

@@ -7,10 +7,12 @@ mount, umount2, pivot_root, ...; clone with any CLONE_NEW* flag; clone3 with
 ENOSYS) refused. The protections record says what is left.
 `SANDLOT_TEST_CONTAINER=docker-default` starts every service of a test run in
 the same stand-in (tests/service.py).
-Neither namespaced jail can be built there, so runs are refused, saying why,
-whatever SANDLOT_REQUIRE_SECCOMP says (opting out of seccomp never opts out of
-the rest of the jail; the opt-out itself is shown where a mode can serve, in
-tests/lambda/test_lambda_simulated.py).
+Neither namespaced jail can be built there: the record chooses the chroot jail,
+which serves. Where seccomp is refused as well, the chroot jail cannot be built
+either (without namespaces, seccomp is what keeps a run from making processes),
+so runs are refused, saying why, whatever SANDLOT_REQUIRE_SECCOMP says (opting
+out of seccomp never opts out of the rest of the jail; the opt-out itself is
+shown where a mode can serve, in tests/lambda/test_lambda_simulated.py).
 """
 
 from __future__ import annotations

@@ -152,6 +152,7 @@ def test_a_zygote_killed_while_the_service_cannot_act_still_takes_its_runs(svc):
     assert serves(svc)
 
 
+@pytest.mark.namespaces
 @pytest.mark.parametrize("language", ["python3", "nodejs"])
 def test_kill_9_of_a_running_child(svc, language):
     uids = uid_range(svc, language)

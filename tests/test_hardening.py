@@ -19,7 +19,7 @@ import time
 
 import pytest
 import unprivileged
-from service import DOCKER_DEFAULT, IS_ROOT, Service, output, standin, together
+from service import DOCKER_DEFAULT, IS_ROOT, Service, output, require_namespaces, standin, together
 
 from runtimes.tree import run_hosts
 
@@ -52,6 +52,7 @@ MODES = {"auto": _auto, "reduced": _reduced, "unprivileged": _unprivileged, "con
 
 @pytest.fixture(scope="module", params=list(MODES))
 def jail(request):
+    require_namespaces(request.param)  # under the stand-in switch `auto` is `container` as well
     svc = MODES[request.param]()
     svc.started_at = time.time()
     svc.start()
@@ -352,6 +353,7 @@ TEMP_DIRS = ("/tmp", "/var/tmp")
 def test_after_sigterm_to_the_main_process_nothing_of_the_service_is_left_in_tmp(mode):
     """Its TMPDIR is a directory of the test's own (other tests and services come and go in /tmp meanwhile):
     empty after the stop; and nothing in /tmp or /var/tmp carries the service's pid (its tree mount points)."""
+    require_namespaces(mode)
     svc = MODES[mode]()
     own_tmp = tempfile.mkdtemp(prefix="hardening-tmpdir-", dir="/var/tmp")
     os.chmod(own_tmp, 0o1777)  # a service as nobody writes there too

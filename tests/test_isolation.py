@@ -14,6 +14,7 @@ import unprivileged
 from service import IS_ROOT, Service, output, together
 
 MODES = ["auto", "reduced", "unprivileged"]
+pytestmark = pytest.mark.namespaces  # every mode here has them
 
 
 @pytest.fixture(scope="module", params=MODES)

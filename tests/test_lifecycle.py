@@ -7,7 +7,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import needs_root
-from service import IS_ROOT, Service, descendants, expected_processes, processes_with_uid_in, wait_for
+from service import (
+    IS_ROOT,
+    Service,
+    descendants,
+    expected_processes,
+    processes_with_uid_in,
+    require_namespaces,
+    wait_for,
+)
 
 SECCOMP_REFUSED = """
 import errno, os, sys, pyseccomp
@@ -32,6 +40,7 @@ def test_a_thousand_runs_leave_nothing_behind():
             results = list(pool.map(one, range(1000)))
         assert all(r["code"] == 0 for r in results)
         assert sum(r["data"]["exit_code"] == -1 for r in results) == 250
+
         def settled() -> bool:  # as many ready as it keeps now (4 or more: it follows the load), nothing else
             python = svc.detail()["runtimes"]["python3"]
             ready = python["ready_children"]
@@ -139,6 +148,7 @@ def _safe_detail(svc):
 
 @pytest.fixture(scope="module")
 def reduced():
+    require_namespaces()
     svc = Service(SANDLOT_JAIL="reduced").start()
     yield svc
     svc.stop()

@@ -35,7 +35,7 @@ from netns import (
 )
 from service import IS_ROOT, Service, descendants, wait_for
 
-pytestmark = needs_root
+pytestmark = [needs_root, pytest.mark.namespaces]  # the chroot jail's network: tests/test_container.py
 
 REFUSED = "refused"
 

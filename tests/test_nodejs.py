@@ -94,6 +94,7 @@ def test_internal_bindings_cannot_spawn(service):
 
 
 @needs_root
+@pytest.mark.namespaces  # a tmpfs /tmp, the tree mounted
 def test_tmp_is_noexec_so_planted_code_cannot_load(service):
     # a real shared object from the tree, copied to /tmp: loads from the tree, not from /tmp
     code = (
@@ -135,6 +136,7 @@ def test_no_network_without_network(service):
 
 
 @needs_root
+@pytest.mark.namespaces  # a tmpfs /tmp, the tree mounted
 def test_filesystem_is_the_tree_and_tmp(service):
     code = (
         "const fs = require('fs');\n"
@@ -344,6 +346,7 @@ def test_no_run_can_read_the_snapshot_it_started_from(service):
 
 
 @needs_root
+@pytest.mark.namespaces  # a tmpfs /tmp, the tree mounted
 def test_a_tmp_too_small_for_the_snapshot_starts_node_on_the_plain_wrapper():
     svc = Service(SANDLOT_TMP_SIZE_MB="2", MAX_WORKERS="1").start()
     try:

@@ -218,6 +218,7 @@ def test_preload_is_ignored_when_disabled(service):
     assert data["stdout"] == "absent\n"
 
 
+@pytest.mark.namespaces  # network for runs: nft rules or a namespace of their own
 def test_network_calls_only_with_network(service):
     code = "import socket\ns = socket.socket()\ns.close()\nprint('socket ok')"
     assert service.run(code, enable_network=True)["data"]["stdout"] == "socket ok\n"
@@ -228,6 +229,7 @@ def test_network_calls_only_with_network(service):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: egress rules match the runs' own uids")
+@pytest.mark.namespaces  # nft egress rules need NET_ADMIN
 def test_egress_allow_names_reachable_ranges(service):
     allowed = Service(SANDLOT_EGRESS_ALLOW="127.0.0.1/32").start()
     try:

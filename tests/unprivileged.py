@@ -42,7 +42,8 @@ def unavailable() -> str:
 def _dependencies() -> list[str]:
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)["project"]
-    return sorted(project["dependencies"])
+    # the lambda extra too: a stand-in service may be started with SANDLOT_BACKEND=lambda (boto3)
+    return sorted([*project["dependencies"], *project["optional-dependencies"]["lambda"]])
 
 
 def venv_python() -> str:
