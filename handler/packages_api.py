@@ -152,18 +152,16 @@ class Packages:
         return self.manager
 
     def add(self, language: str, specs: list[object]) -> tuple[Build, list[dict]]:
-        manager = self._refuse_unless_editable(language)
-        try:
-            return manager.add(language, specs)
-        except SpecError as exc:
-            raise PackageError(400, str(exc)) from None
-        except PackageRefused as exc:
-            raise PackageError(exc.status, str(exc)) from None
+        return self._change(self._refuse_unless_editable(language).add, language, specs)
 
     def remove(self, language: str, names: list[object]) -> tuple[Build, list[dict]]:
-        manager = self._refuse_unless_editable(language)
+        return self._change(self._refuse_unless_editable(language).remove, language, names)
+
+    @staticmethod
+    def _change(change, language: str, items: list[object]) -> tuple[Build, list[dict]]:
+        """A change of the manager's, its refusals as answers."""
         try:
-            return manager.remove(language, names)
+            return change(language, items)
         except SpecError as exc:
             raise PackageError(400, str(exc)) from None
         except PackageRefused as exc:

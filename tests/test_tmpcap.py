@@ -151,38 +151,25 @@ def test_one_file_stops_at_the_size_cap_by_rlimit(run_dir):
     assert result["seen"].bytes == 8 * MIB
 
 
-DEEP_DIRECTORIES = """
-os.makedirs("d/" * 60)
-os.chdir("d/" * 60)
+# each writes 1 MiB files without end, from a directory far below the run's /tmp
+FAR_BELOW = {
+    "deep below new directories": 'os.makedirs("d/" * 60)\nos.chdir("d/" * 60)\n',
+    # 40 names of 250 bytes: 10000 bytes of path, more than PATH_MAX
+    "below a path longer than PATH_MAX": 'for _ in range(40):\n    os.mkdir("n" * 250)\n    os.chdir("n" * 250)\n',
+}
+FILL = """
 chunk = b"x" * (1 << 20)
 n = 0
 while True:
-    with open(f"deep{n}", "wb") as f:
+    with open(f"file{n}", "wb") as f:
         f.write(chunk)
     n += 1
 """
 
 
-def test_writes_deep_below_new_directories_are_seen(run_dir):
-    result = watch_run(run_dir, DEEP_DIRECTORIES, 8 * MIB, 2048)
-    assert result["ended"] == ["error: /tmp size limit exceeded (8 MiB)"] and result["killed"]
-
-
-PAST_PATH_MAX = """
-for _ in range(40):  # 40 names of 250 bytes: 10000 bytes of path, more than PATH_MAX
-    os.mkdir("n" * 250)
-    os.chdir("n" * 250)
-chunk = b"x" * (1 << 20)
-n = 0
-while True:
-    with open(f"far{n}", "wb") as f:
-        f.write(chunk)
-    n += 1
-"""
-
-
-def test_writes_below_a_path_longer_than_path_max_are_seen(run_dir):
-    result = watch_run(run_dir, PAST_PATH_MAX, 8 * MIB, 2048)
+@pytest.mark.parametrize("place", FAR_BELOW)
+def test_writes_far_below_the_runs_tmp_are_seen(run_dir, place):
+    result = watch_run(run_dir, FAR_BELOW[place] + FILL, 8 * MIB, 2048)
     assert result["ended"] == ["error: /tmp size limit exceeded (8 MiB)"] and result["killed"]
 
 
