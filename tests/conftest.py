@@ -49,3 +49,11 @@ def narrow():
     svc.start()
     yield svc
     svc.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_temp_places_stay_as_they_were():
+    """No test may change who can use /tmp or /var/tmp: services and builds of other uids need them as they are."""
+    before = {place: os.stat(place).st_mode for place in ("/tmp", "/var/tmp")}
+    yield
+    assert {place: os.stat(place).st_mode for place in before} == before

@@ -91,7 +91,6 @@ def requirements(tmp_path):
     path = tmp_path / "requirements.txt"
     path.write_text("requests\nhttpx\njinja2\n")
     readable(tmp_path)
-    os.chmod(tmp_path.parent, 0o755)
     return path
 
 
@@ -273,7 +272,6 @@ def local_node_package(tmp_path: Path) -> Path:
         )
     )
     readable(tmp_path)
-    os.chmod(tmp_path.parent, 0o755)
     return package
 
 
