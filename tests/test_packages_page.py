@@ -189,24 +189,23 @@ def present(driver, css: str):
     return driver.find_elements(By.CSS_SELECTOR, css)
 
 
-def add_through_form(driver, spec: str, language: str = "python3") -> None:
+def submit(driver, form: str, field: str, text: str, language: str) -> None:
+    """Fill one of the page's forms (ids `<form>-language`, `<form>-<field>`, `<form>-button`) and press it."""
     from selenium.webdriver.support.ui import Select
 
-    Select(by_id(driver, "add-language")).select_by_value(language)
-    field = by_id(driver, "add-spec")
-    field.clear()
-    field.send_keys(spec)
-    by_id(driver, "add-button").click()
+    Select(by_id(driver, f"{form}-language")).select_by_value(language)
+    box = by_id(driver, f"{form}-{field}")
+    box.clear()
+    box.send_keys(text)
+    by_id(driver, f"{form}-button").click()
+
+
+def add_through_form(driver, spec: str, language: str = "python3") -> None:
+    submit(driver, "add", "spec", spec, language)
 
 
 def try_code(driver, code: str, language: str = "python3") -> None:
-    from selenium.webdriver.support.ui import Select
-
-    Select(by_id(driver, "try-language")).select_by_value(language)
-    box = by_id(driver, "try-code")
-    box.clear()
-    box.send_keys(code)
-    by_id(driver, "try-button").click()
+    submit(driver, "try", "code", code, language)
     wait(driver, lambda d: present(d, "#try-result"), 60)
 
 

@@ -59,6 +59,21 @@ def start_function(language: str, timeout: float = 30, **extra: str) -> Function
     return instance.start()
 
 
+def boto_client(invoke_api, **config):
+    """A boto3 Lambda client pointed at the emulation (config: botocore Config options)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "lambda",
+        endpoint_url=invoke_api.url,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        config=Config(**config),
+    )
+
+
 def boto_environment(invoke_api) -> dict[str, str]:
     """What points boto3 (and so the LambdaInvoker) at the emulation."""
     return {

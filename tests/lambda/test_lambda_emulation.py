@@ -2,11 +2,10 @@
 
 import os
 
-import boto3
 import pytest
-from botocore.config import Config
 from botocore.exceptions import ClientError
 from emulation import FunctionInstance, InvokeAPI
+from functions import boto_client
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -29,14 +28,7 @@ def api():
 
 @pytest.fixture(scope="module")
 def client(api):
-    return boto3.client(
-        "lambda",
-        endpoint_url=api.url,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        config=Config(retries={"total_max_attempts": 1}, parameter_validation=False),
-    )
+    return boto_client(api, retries={"total_max_attempts": 1}, parameter_validation=False)
 
 
 def invoke(client, name: str, tenant: str | None = None) -> dict:

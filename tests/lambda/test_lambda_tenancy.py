@@ -15,7 +15,7 @@ import sys
 import httpx
 import pytest
 from emulation import InvokeAPI
-from functions import boto_environment
+from functions import boto_client, boto_environment
 from simulated import SYSTEM_PYTHON, lay_out_image, start_simulated, tenant_environments
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
@@ -167,7 +167,7 @@ def test_tenant_a_leaves_a_process_files_and_a_change_to_the_runtimes_files_and_
     function, is in another environment and finds nothing of it, not even by A's paths."""
     api = InvokeAPI()
     api.add_per_tenant("sim", tenant_environments(image, "python3", landlock=False), concurrency=2)
-    client = _client(api)
+    client = boto_client(api)
     marker = "sandlot-left-by-a-" + os.urandom(6).hex()
     try:
         left = _invoke(client, "sim", "t:a", LEAVE.format(marker=marker))
@@ -188,18 +188,6 @@ def test_tenant_a_leaves_a_process_files_and_a_change_to_the_runtimes_files_and_
 
 
 # ---- the invoker ---------------------------------------------------------------------------------------------
-
-
-def _client(api: InvokeAPI):
-    import boto3
-
-    return boto3.client(
-        "lambda",
-        endpoint_url=api.url,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
 
 
 def _invoke(client, name: str, tenant: str, code: str) -> dict:
