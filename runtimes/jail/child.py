@@ -12,9 +12,11 @@ code.
 Order matters: the ids of a new user namespace first, then the private /tmp
 (needs the namespace's capabilities), then the identity and capability drop
 (after which nothing can be undone), then the parent-death signal (the kernel
-clears it on a credential change), then descriptors, limits and Landlock. The
-allow-list filter is loaded by the language runner once it has read the run's
-options from its pipe, before the first line of user code.
+clears it on a credential change), then no_new_privs and Landlock (its fixed
+rules prepared by the zygote, on descriptors of the zygote's that the child
+closes next), then descriptors and limits. The allow-list filter is loaded by
+the language runner once it has read the run's options from its pipe, before
+the first line of user code.
 
 Where /tmp is a directory (no mount namespace) the child works in a directory
 of its own: under the service's (a Lambda function), or /tmp/<uid> of the
@@ -82,6 +84,9 @@ class Handles:
     lifeline: int  # a pidfd of the zygote: readable once it has exited
     proc: int  # an open /proc (the tree has none), for the ids of a new user namespace
     ids: tuple[int, int]  # the zygote's uid and gid (userns: the run's too)
+    landlock: landlock.Prepared | None = None  # the fixed part of the run's Landlock domain (plan.landlock)
+    # signals the zygote ignores since whoever started the service did (SIGTERM, SIGHUP): not the run
+    ignored: tuple[int, ...] = ()
 
 
 def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handles: Handles) -> None:
@@ -90,10 +95,8 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
     fds become descriptors 0, 1, 2, ... in that order; every other one is closed.
     """
     os.setsid()
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(signum) == signal.SIG_IGN:  # ignored by whoever started the service: not the run
-            signal.signal(signum, signal.SIG_DFL)
+    for signum in handles.ignored:
+        signal.signal(signum, signal.SIG_DFL)
     mode = plan.mode
     gid = uid
     if mode.identity == USER_NAMESPACE:
@@ -122,6 +125,17 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
         linux.set_parent_death_signal(signal.SIGKILL)  # after the last credential change, which would clear it
     if select.select([handles.lifeline], [], [], 0)[0]:
         os._exit(1)  # the zygote died before the signal was armed: nobody would ever stop this child
+    if plan.no_new_privs:  # without it no filter loads either: the runner refuses unless seccomp is optional
+        linux.set_no_new_privs()
+    if plan.landlock:
+        # sharing the runtime's uid (Lambda): the run's directory is its only writable place, and (Landlock's
+        # ptrace rule) no process outside its domain, the runtime client and the zygote included, can be
+        # traced or have its memory, descriptors or environment opened, although they stay dumpable.
+        # Before the descriptors below are closed: the prepared rules hold some of the zygote's.
+        if handles.landlock is not None:
+            handles.landlock.restrict(writable=(tmpdir,))
+        else:
+            landlock.restrict(plan.landlock, writable=(tmpdir,), devices=DEVICES)
 
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in fds]
     for target, fd in enumerate(high):
@@ -131,8 +145,6 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
     if mode.tmp != TMPFS:
         os.environ["HOME"] = os.environ["TMPDIR"] = tmpdir
     os.chdir(tmpdir)
-    if plan.no_new_privs:  # without it no filter loads either: the runner refuses unless seccomp is optional
-        linux.set_no_new_privs()
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (plan.max_open_files, plan.max_open_files))
@@ -141,11 +153,6 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
     if mode.identity != SHARED:  # counted per uid, or per user namespace: the run's own either way
         resource.setrlimit(resource.RLIMIT_NPROC, (plan.max_threads, plan.max_threads))
-    if plan.landlock:
-        # sharing the runtime's uid (Lambda): the run's directory is its only writable place, and (Landlock's
-        # ptrace rule) no process outside its domain, the runtime client and the zygote included, can be
-        # traced or have its memory, descriptors or environment opened, although they stay dumpable
-        landlock.restrict(plan.landlock, writable=(tmpdir,), devices=DEVICES)
 
 
 def fence_signals(plan: ChildPlan, program: linux.SeccompProgram | None = None) -> None:

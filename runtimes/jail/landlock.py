@@ -40,10 +40,12 @@ SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
 SCOPE_SIGNAL = 1 << 1
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_syscall = _libc.syscall  # resolved here, once: in the zygote, not in every child
+_RULE = struct.Struct("<Qi")  # struct landlock_path_beneath_attr: allowed_access, parent_fd
 
 
 def _call(number: int, *args) -> int:
-    result = _libc.syscall(ctypes.c_long(number), *args)
+    result = _syscall(ctypes.c_long(number), *args)
     if result < 0:
         err = ctypes.get_errno()
         raise OSError(err, f"landlock ({number}): {os.strerror(err)}")
@@ -64,33 +66,69 @@ def _filesystem_rights(abi: int) -> int:
     return rights  # device ioctls (ABI 5) stay unhandled: terminals' and pipes' ioctls are harmless
 
 
-def restrict(abi: int, writable: tuple[str, ...], devices: tuple[str, ...]) -> None:
-    """Confine the calling process (no_new_privs must be set) to the rules above."""
-    handled_fs = _filesystem_rights(abi)
-    attr = struct.pack("<Q", handled_fs)
-    if abi >= 4:
-        attr += struct.pack("<Q", BIND_TCP)
-    if abi >= 6:
-        attr += struct.pack("<Q", SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL)
-    buffer = ctypes.create_string_buffer(attr, len(attr))
-    ruleset = _call(_SYS_CREATE_RULESET, buffer, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
-    try:
+class Prepared:
+    """The part of a domain that is the same for every run of a zygote, made once by the zygote inside its
+    tree: the ruleset's attributes, and the tree's root and device nodes held open (O_PATH, close-on-exec)
+    with their rules packed. A child then only adds its own writable place and enters the domain
+    (`restrict`), then closes what it inherited of this before user code (child.confine)."""
+
+    def __init__(self, abi: int, devices: tuple[str, ...]):
+        self.abi = abi
+        self.handled_fs = _filesystem_rights(abi)
+        attr = struct.pack("<Q", self.handled_fs)
+        if abi >= 4:
+            attr += struct.pack("<Q", BIND_TCP)
+        if abi >= 6:
+            attr += struct.pack("<Q", SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL)
+        self._attr = ctypes.create_string_buffer(attr, len(attr))
+        self._attr_size = ctypes.c_size_t(len(attr))
         file_rights = WRITE_FILE | READ_FILE | (TRUNCATE if abi >= 3 else 0)
-        _allow(ruleset, "/", EXECUTE | READ_FILE | READ_DIR)
-        for path in writable:
-            _allow(ruleset, path, handled_fs & ~EXECUTE)
-        for path in devices:
-            if os.path.exists(path):
-                _allow(ruleset, path, file_rights)
-        _call(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0))
-    finally:
-        os.close(ruleset)
+        wanted = [("/", EXECUTE | READ_FILE | READ_DIR)] + [(d, file_rights) for d in devices if os.path.exists(d)]
+        self._fds: list[int] = []
+        self._rules = []
+        try:
+            for path, rights in wanted:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                self._fds.append(fd)
+                self._rules.append(_rule(rights, fd))
+        except BaseException:
+            self.close()
+            raise
+
+    def restrict(self, writable: tuple[str, ...]) -> None:
+        """Confine the calling process (no_new_privs must be set): the fixed rules, and writable places."""
+        ruleset = _call(_SYS_CREATE_RULESET, self._attr, self._attr_size, ctypes.c_uint32(0))
+        try:
+            for rule in self._rules:
+                _add_rule(ruleset, rule)
+            for path in writable:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                try:
+                    _add_rule(ruleset, _rule(self.handled_fs & ~EXECUTE, fd))
+                finally:
+                    os.close(fd)
+            _call(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0))
+        finally:
+            os.close(ruleset)
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
 
 
-def _allow(ruleset: int, path: str, rights: int) -> None:
-    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+def restrict(abi: int, writable: tuple[str, ...], devices: tuple[str, ...]) -> None:
+    """Confine the calling process (no_new_privs must be set) to the rules above, in one step."""
+    prepared = Prepared(abi, devices)
     try:
-        rule = ctypes.create_string_buffer(struct.pack("<Qi", rights, fd), 12)
-        _call(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH), rule, ctypes.c_uint32(0))
+        prepared.restrict(writable)
     finally:
-        os.close(fd)
+        prepared.close()
+
+
+def _rule(rights: int, fd: int) -> ctypes.Array:
+    return ctypes.create_string_buffer(_RULE.pack(rights, fd), _RULE.size)
+
+
+def _add_rule(ruleset: int, rule: ctypes.Array) -> None:
+    _call(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH), rule, ctypes.c_uint32(0))

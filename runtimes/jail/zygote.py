@@ -39,10 +39,12 @@ import sys
 import traceback
 
 from runtimes import linux, tree
-from runtimes.jail import namespaces, nftables, protocol, seccomp_policy, timens
+from runtimes.jail import landlock, namespaces, nftables, protocol, seccomp_policy, timens
 from runtimes.jail.child import ChildPlan, Handles, confine, fence_signals, tmpfs_takes_huge_pages
+from runtimes.jail.forkhooks import ForkHooks
 from runtimes.jail.modes import CHROOT, PIVOT, UID_PER_RUN, USER_NAMESPACE
 from runtimes.jail.protections import in_child
+from runtimes.tree import DEVICES
 
 CHILD_SETUP_FAILED = 125
 
@@ -63,6 +65,11 @@ class Zygote:
         # a child's namespaces, made by the fork itself (its PID namespace: it is that namespace's pid 1)
         self.clone_flags = mode.clone_flags | (linux.CLONE_NEWPID if mode.pid_namespace else 0)
         self.fence = None  # where every child is pid 1: its signal fence, made once (child.fence_signals)
+        self.fork_hooks = ForkHooks()
+        self.landlock: landlock.Prepared | None = None  # the fixed part of every child's domain (confine_tree)
+        # an ignored SIGCHLD (from whoever started the service) would have the kernel reap the children first
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        self.ignored: tuple[int, ...] = ()  # what the children set back to its default action (serve)
         self.state = self.runner.prepare(config["runner_config"])
         self.report: dict = {"mode": mode.name, **self.state.report}
 
@@ -97,6 +104,8 @@ class Zygote:
             namespaces.drop_bounding_set()
             self.plan = dataclasses.replace(self.plan, bounding_set_dropped=True)
         self.ids = (os.getuid(), os.getgid())
+        if self.plan.landlock:  # inside the tree: its root and device nodes are the rules' places
+            self.landlock = landlock.Prepared(self.plan.landlock, DEVICES)
         for path in config["import_paths"]:
             while path in sys.path:
                 sys.path.remove(path)
@@ -126,6 +135,9 @@ class Zygote:
             self.fence = seccomp_policy.fence_program(1)
         if self.plan.mode.pid_namespace and hasattr(self.runner, "as_pid_one"):
             self.runner.as_pid_one(self.state)  # once here, not in every child: each will be a pid 1
+        # ignored by whoever started the service (and not handled since by the runner): not by the runs
+        self.ignored = tuple(s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) == signal.SIG_IGN)
+        self.fork_hooks.quiet()  # last: what the runner imported has registered its hooks
         gc.collect()
         gc.freeze()  # children then share the warm heap instead of copying it
         self.control.send(protocol.ready(self.report))
@@ -189,9 +201,11 @@ class Zygote:
         self.poller.register(pidfd, select.POLLIN)
 
     def _become_child(self, uid: int, tmpdir: str, variant: dict, fds: list[int], address_space: int) -> None:
+        self.fork_hooks.restore()
         try:
             # stdin, stdout, stderr, ready
-            confine(self.plan, uid, tmpdir, tuple(fds), Handles(self.lifeline, self.proc, self.ids))
+            handles = Handles(self.lifeline, self.proc, self.ids, self.landlock, self.ignored)
+            confine(self.plan, uid, tmpdir, tuple(fds), handles)
             fence_signals(self.plan, self.fence)
             os.write(3, b"1")
             if not getattr(self.runner, "REPORTS_EXIT", False):

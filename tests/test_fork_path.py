@@ -1,0 +1,132 @@
+"""What the zygote prepares once so that each child does less: the at-fork hooks made cheap
+(runtimes/jail/forkhooks.py), the fixed part of the Landlock domain (landlock.Prepared), and the
+exit of a run that started no thread. Each must leave a run exactly as it was."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from runtimes.jail import landlock
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def python(source: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(source)],
+        env={**os.environ, "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_hooks_are_cheap_in_the_zygote_and_the_modules_own_again_in_each_child():
+    done = python(
+        """
+        import logging, os, threading
+        from runtimes.jail.forkhooks import ForkHooks
+        def codes():
+            return threading._after_fork.__code__, logging._after_at_fork_child_reinit_locks.__code__
+        own = codes()
+        hooks = ForkHooks()
+        print(hooks.quiet())
+        print(*(now is before for now, before in zip(codes(), own)))
+        pid = os.fork()
+        if pid == 0:
+            hooks.restore()
+            print(*(now is before for now, before in zip(codes(), own)))
+            # the child's locks work: logging's module lock was released by the cheap hook, threads start and join
+            logging.basicConfig(format="%(message)s", level=logging.INFO)
+            worker = threading.Thread(target=lambda: logging.info("logged from a thread"))
+            worker.start()
+            worker.join(5)
+            print("joined", not worker.is_alive(), flush=True)
+            os._exit(0)
+        print("child", os.waitpid(pid, 0)[1])
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    expected = ["['threading', 'logging']", "False False", "True True", "joined True", "child 0"]
+    assert done.stdout.splitlines() == expected
+    assert done.stderr == "logged from a thread\n"
+
+
+def test_nothing_is_swapped_while_another_thread_lives():
+    done = python(
+        """
+        import threading, time
+        from runtimes.jail.forkhooks import ForkHooks
+        own = threading._after_fork.__code__
+        stop = threading.Event()
+        threading.Thread(target=stop.wait).start()
+        print(ForkHooks().quiet(), threading._after_fork.__code__ is own)
+        stop.set()
+        """
+    )
+    assert done.stdout == "[] True\n", done.stderr
+
+
+@pytest.fixture
+def abi():
+    try:
+        return landlock.abi_version()
+    except OSError as exc:
+        pytest.skip(f"no Landlock here: {exc}")
+
+
+def test_a_prepared_domain_allows_what_restrict_allows_in_every_child(abi, tmp_path):
+    """Made once by the zygote, entered by many children: each may write its own place and the devices,
+    nothing else, and the prepared rules survive every child."""
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    mine.mkdir()
+    other.mkdir()
+    done = python(
+        f"""
+        import os
+        from runtimes import linux
+        from runtimes.jail import landlock
+        prepared = landlock.Prepared({abi}, ("/dev/null",))
+        for _ in range(3):
+            pid = os.fork()
+            if pid == 0:
+                linux.set_no_new_privs()
+                prepared.restrict(writable=({str(mine)!r},))
+                results = []
+                for path in ({str(mine / "f")!r}, {str(other / "f")!r}, "/dev/null"):
+                    try:
+                        with open(path, "a") as f:
+                            f.write("x")
+                        results.append("written")
+                    except PermissionError:
+                        results.append("refused")
+                print(*results, flush=True)
+                os._exit(0)
+            os.waitpid(pid, 0)
+        """
+    )
+    assert done.stdout == "written refused written\n" * 3, done.stderr
+
+
+def test_a_run_ends_as_a_script_does_with_and_without_threads(service):
+    """Threads joined before the exit hooks, the exit hooks run, logging's output flushed; a run that
+    started none ends the same way without threading's own exit."""
+    code = (
+        "import atexit, concurrent.futures, logging, sys, threading, time\n"
+        "logging.basicConfig(level=logging.INFO, format='%(message)s', stream=sys.stdout)\n"
+        "atexit.register(lambda: print('atexit'))\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()\n"
+        "pool = concurrent.futures.ThreadPoolExecutor(1)\n"
+        "pool.submit(lambda: (time.sleep(0.3), print('worker')))\n"
+        "logging.getLogger('urllib3').warning('through the logger of a layer library')\n"
+        "logging.info('logged')\n"
+        "print('main')\n"
+    )
+    data = service.run(code)["data"]
+    assert data["stdout"] == "through the logger of a layer library\nlogged\nmain\nthread\nworker\natexit\n"
+    assert data["stderr"] == ""
+    plain = service.run("import atexit\natexit.register(lambda: print('atexit'))\nprint('main')")["data"]
+    assert plain["stdout"] == "main\natexit\n"
