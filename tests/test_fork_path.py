@@ -130,3 +130,37 @@ def test_a_run_ends_as_a_script_does_with_and_without_threads(service):
     assert data["stderr"] == ""
     plain = service.run("import atexit\natexit.register(lambda: print('atexit'))\nprint('main')")["data"]
     assert plain["stdout"] == "main\natexit\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: namespaces made by unshare and setns")
+def test_the_unshare_way_gives_each_child_namespaces_of_its_own_and_the_zygote_keeps_its_own():
+    done = python(
+        """
+        import os, socket
+        from runtimes import linux
+        from runtimes.jail.namespaces import Forker
+        forker = Forker(linux.CLONE_NEWPID | linux.CLONE_NEWNS | linux.CLONE_NEWUTS | linux.CLONE_NEWIPC)
+        print(forker._own_pid_namespace >= 0)  # the unshare way, not the raw clone
+        own = {kind: os.stat(f"/proc/self/ns/{kind}").st_ino for kind in ("pid", "mnt", "uts", "ipc")}
+        seen = []
+        for n in range(3):
+            hold, release = os.pipe()
+            pid = forker.fork()
+            if pid == 0:
+                os.read(hold, 1)  # alive until the zygote has looked at its PID namespace
+                forker.child()
+                socket.sethostname(f"child{n}")
+                mine = [os.stat(f"/proc/self/ns/{kind}").st_ino for kind in ("mnt", "uts", "ipc")]
+                os._exit(0 if os.getpid() == 1 and not set(mine) & set(own.values()) else 1)
+            seen.append(os.readlink(f"/proc/{pid}/ns/pid"))
+            os.write(release, b"x")
+            print(os.waitpid(pid, 0)[1], end=" ")
+        print(len(set(seen)), socket.gethostname() != "child2")
+        # the zygote's next plain child is in the zygote's own PID namespace again
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if os.getpid() != 1 else 1)
+        print(os.waitpid(pid, 0)[1], os.stat("/proc/self/ns/pid").st_ino == own["pid"])
+        """
+    )
+    assert done.stdout.splitlines() == ["True", "0 0 0 3 True", "0 True"], done.stderr

@@ -63,7 +63,7 @@ class Zygote:
         needs_proc = mode.identity == USER_NAMESPACE or self.plan.time_namespace
         self.proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if needs_proc else -1
         # a child's namespaces, made by the fork itself (its PID namespace: it is that namespace's pid 1)
-        self.clone_flags = mode.clone_flags | (linux.CLONE_NEWPID if mode.pid_namespace else 0)
+        self.forker = namespaces.Forker(mode.clone_flags | (linux.CLONE_NEWPID if mode.pid_namespace else 0))
         self.fence = None  # where every child is pid 1: its signal fence, made once (child.fence_signals)
         self.fork_hooks = ForkHooks()
         self.landlock: landlock.Prepared | None = None  # the fixed part of every child's domain (confine_tree)
@@ -185,7 +185,7 @@ class Zygote:
         try:
             if self.times is not None:
                 self.times.next()  # the run is the first process to enter it
-            pid = namespaces.fork_into(self.clone_flags) if self.clone_flags else os.fork()
+            pid = self.forker.fork()
         except OSError as exc:
             self.control.send(protocol.FORK_FAILED + str(exc).encode())
             for fd in fds:
@@ -203,6 +203,7 @@ class Zygote:
     def _become_child(self, uid: int, tmpdir: str, variant: dict, fds: list[int], address_space: int) -> None:
         self.fork_hooks.restore()
         try:
+            self.forker.child()
             # stdin, stdout, stderr, ready
             handles = Handles(self.lifeline, self.proc, self.ids, self.landlock, self.ignored)
             confine(self.plan, uid, tmpdir, tuple(fds), handles)
