@@ -70,7 +70,10 @@ class Forker:
         linux.unshare(CLONE_NEWPID)  # the namespace the next child starts in, as its pid 1
         pid = os.fork()
         if pid:
-            linux.setns(self._own_pid_namespace, CLONE_NEWPID)
+            try:  # its own again at once: a fork of anything else meanwhile is not put in the child's
+                linux.setns(self._own_pid_namespace, CLONE_NEWPID)
+            except OSError:
+                pass  # the child is made and must be reported: set again before the next fork
         return pid
 
     def child(self) -> None:
