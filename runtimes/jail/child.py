@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from runtimes import linux
 from runtimes.jail import landlock, namespaces, seccomp_policy
 from runtimes.jail.modes import PIVOT, SHARED, TMPFS, USER_NAMESPACE, Mode
-from runtimes.tree import DEVICES, RUN_HOSTNAME
+from runtimes.tree import RUN_HOSTNAME
 
 
 @dataclass(frozen=True)
@@ -84,9 +84,9 @@ class Handles:
     lifeline: int  # a pidfd of the zygote: readable once it has exited
     proc: int  # an open /proc (the tree has none), for the ids of a new user namespace
     ids: tuple[int, int]  # the zygote's uid and gid (userns: the run's too)
-    landlock: landlock.Prepared | None = None  # the fixed part of the run's Landlock domain (plan.landlock)
+    landlock: landlock.Prepared | None  # the fixed part of the run's Landlock domain (where plan.landlock)
     # signals the zygote ignores since whoever started the service did (SIGTERM, SIGHUP): not the run
-    ignored: tuple[int, ...] = ()
+    ignored: tuple[int, ...]
 
 
 def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handles: Handles) -> None:
@@ -132,10 +132,7 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
         # ptrace rule) no process outside its domain, the runtime client and the zygote included, can be
         # traced or have its memory, descriptors or environment opened, although they stay dumpable.
         # Before the descriptors below are closed: the prepared rules hold some of the zygote's.
-        if handles.landlock is not None:
-            handles.landlock.restrict(writable=(tmpdir,))
-        else:
-            landlock.restrict(plan.landlock, writable=(tmpdir,), devices=DEVICES)
+        handles.landlock.restrict(writable=(tmpdir,))
 
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in fds]
     for target, fd in enumerate(high):

@@ -73,7 +73,6 @@ class Prepared:
     (`restrict`), then closes what it inherited of this before user code (child.confine)."""
 
     def __init__(self, abi: int, devices: tuple[str, ...]):
-        self.abi = abi
         self.handled_fs = _filesystem_rights(abi)
         attr = struct.pack("<Q", self.handled_fs)
         if abi >= 4:

@@ -135,14 +135,15 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
-# Made here, in the zygote, not in each child that clears its capabilities: the empty sets never change.
-_prctl, _capset = _libc.prctl, _libc.capset
+# Made here, in the zygote, not in each child that clears its capabilities: capset resolved (the zygote never
+# calls it), and the empty sets, which never change.
+_capset = _libc.capset
 _NO_CAPABILITIES = (_CapData * 2)()
 
 
 def clear_capabilities() -> None:
     """Empty effective, permitted, inheritable and ambient sets."""
-    if _prctl(_PR_CAP_AMBIENT, ctypes.c_ulong(_PR_CAP_AMBIENT_CLEAR_ALL), 0, 0, 0) < 0:
+    if _libc.prctl(_PR_CAP_AMBIENT, ctypes.c_ulong(_PR_CAP_AMBIENT_CLEAR_ALL), 0, 0, 0) < 0:
         err = ctypes.get_errno()
         if err != errno.EINVAL:  # a kernel without ambient capabilities has none to clear
             raise OSError(err, f"PR_CAP_AMBIENT: {os.strerror(err)}")

@@ -69,7 +69,6 @@ class Zygote:
         self.landlock: landlock.Prepared | None = None  # the fixed part of every child's domain (confine_tree)
         # an ignored SIGCHLD (from whoever started the service) would have the kernel reap the children first
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        self.ignored: tuple[int, ...] = ()  # what the children set back to its default action (serve)
         self.state = self.runner.prepare(config["runner_config"])
         self.report: dict = {"mode": mode.name, **self.state.report}
 
@@ -135,8 +134,10 @@ class Zygote:
             self.fence = seccomp_policy.fence_program(1)
         if self.plan.mode.pid_namespace and hasattr(self.runner, "as_pid_one"):
             self.runner.as_pid_one(self.state)  # once here, not in every child: each will be a pid 1
-        # ignored by whoever started the service (and not handled since by the runner): not by the runs
-        self.ignored = tuple(s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) == signal.SIG_IGN)
+        # what each child is lent, the same for all: made once here, not in every child. The signals ignored
+        # by whoever started the service (and not handled since by the runner) are not ignored by the runs.
+        ignored = tuple(s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) == signal.SIG_IGN)
+        self.handles = Handles(self.lifeline, self.proc, self.ids, self.landlock, ignored)
         self.fork_hooks.quiet()  # last: what the runner imported has registered its hooks
         gc.collect()
         gc.freeze()  # children then share the warm heap instead of copying it
@@ -205,8 +206,7 @@ class Zygote:
         try:
             self.forker.child()
             # stdin, stdout, stderr, ready
-            handles = Handles(self.lifeline, self.proc, self.ids, self.landlock, self.ignored)
-            confine(self.plan, uid, tmpdir, tuple(fds), handles)
+            confine(self.plan, uid, tmpdir, tuple(fds), self.handles)
             fence_signals(self.plan, self.fence)
             os.write(3, b"1")
             if not getattr(self.runner, "REPORTS_EXIT", False):
