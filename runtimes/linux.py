@@ -35,6 +35,8 @@ MS_RELATIME = 1 << 21
 
 MNT_DETACH = 0x2
 
+MADV_COLLAPSE = 25
+
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
@@ -55,6 +57,10 @@ def _b(path: str | None) -> bytes | None:
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     _check(_libc.mount(_b(source), _b(target), _b(fstype), ctypes.c_ulong(flags), _b(data)), f"mount {target}")
+
+
+def madvise(address: int, length: int, advice: int) -> None:
+    _check(_libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), ctypes.c_int(advice)), "madvise")
 
 
 def umount2(target: str, flags: int = 0) -> None:

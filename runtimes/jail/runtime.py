@@ -419,6 +419,7 @@ class JailedRuntime:
             "platform": self.platform.to_dict() if self.platform else None,
             "preloaded": self.report.get("preloaded", []),
             "preload_failed": self.report.get("preload_failed", {}),
+            "huge_pages": self.report.get("huge_pages", 0),  # of the zygote's warm heap (jail/warmheap.py)
             **(self.pool.status() if self.pool else {}),
             **(self.schedule.status() if self.schedule else {"ready_children": 0}),
         }

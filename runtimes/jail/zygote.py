@@ -39,7 +39,7 @@ import sys
 import traceback
 
 from runtimes import linux, tree
-from runtimes.jail import landlock, namespaces, nftables, protocol, seccomp_policy, timens
+from runtimes.jail import landlock, namespaces, nftables, protocol, seccomp_policy, timens, warmheap
 from runtimes.jail.child import ChildPlan, Handles, confine, fence_signals, tmpfs_takes_huge_pages
 from runtimes.jail.forkhooks import ForkHooks
 from runtimes.jail.modes import CHROOT, PIVOT, UID_PER_RUN, USER_NAMESPACE
@@ -57,6 +57,7 @@ class Zygote:
         self.children: dict[int, int] = {}  # pidfd -> pid
         self.poller = select.poll()
         self.vm_size = _VmSize()
+        self.maps = warmheap.Maps()  # the tree has no /proc
         self.lifeline = os.pidfd_open(os.getpid())  # children learn through it whether the zygote still lives
         mode = self.plan.mode
         # for a new user namespace's ids and the runs' time namespaces (the tree has no /proc)
@@ -141,6 +142,8 @@ class Zygote:
         self.fork_hooks.quiet()  # last: what the runner imported has registered its hooks
         gc.collect()
         gc.freeze()  # children then share the warm heap instead of copying it
+        self.report["huge_pages"] = warmheap.collapse(self.maps)
+        self.maps.close()
         self.control.send(protocol.ready(self.report))
         self.poller.register(self.control, select.POLLIN)
         while True:
