@@ -1,4 +1,4 @@
-"""The zygote's warm heap in huge pages, so that each fork and each run's end cost less.
+"""The zygote's warm heap made cheap to fork: fewer pages, and in huge pages where they can be.
 
 Every fork copies the page table entries of the zygote's anonymous memory and
 takes a reference on each page; every run's end drops them again. A page that is
@@ -10,12 +10,19 @@ aligned 2 MiB of its anonymous memory into one huge page (MADV_COLLAPSE, Linux
 fork still copies 4 KiB only: the huge page is split in the writer's page
 table, and stays one folio for the batching.
 
-Nothing depends on it: a kernel or platform that refuses it (older kernels, a
-seccomp policy, no memory for a huge page) leaves the heap as it was.
+Before that, `trim` gives back to the kernel the pages of malloc's heap that
+only hold freed memory (the imports' garbage): they are neither copied at a fork
+nor counted at a run's end, and a child that allocates there (outside a huge
+page) gets a zero page instead of a copy.
+
+Nothing depends on either: a kernel, C library or platform that refuses them
+(older kernels, musl, a seccomp policy, no memory for a huge page) leaves the
+heap as it was.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 
@@ -52,6 +59,15 @@ class Maps:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def trim() -> bool:
+    """malloc_trim(0): the free pages of malloc's heap back to the kernel (glibc only)."""
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except AttributeError:
+        return False
+    return bool(malloc_trim(0))
 
 
 def collapse(maps: Maps) -> int:

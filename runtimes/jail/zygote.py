@@ -142,6 +142,7 @@ class Zygote:
         self.fork_hooks.quiet()  # last: what the runner imported has registered its hooks
         gc.collect()
         gc.freeze()  # children then share the warm heap instead of copying it
+        warmheap.trim()
         self.report["huge_pages"] = warmheap.collapse(self.maps)
         self.maps.close()
         self.control.send(protocol.ready(self.report))
