@@ -59,6 +59,14 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
     _check(_libc.mount(_b(source), _b(target), _b(fstype), ctypes.c_ulong(flags), _b(data)), f"mount {target}")
 
 
+def open_own(name: str) -> int:
+    """/proc/self/<name> open for reading (ahead of entering a tree that has no /proc), or -1 without one."""
+    try:
+        return os.open(f"/proc/self/{name}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+
+
 def madvise(address: int, length: int, advice: int) -> None:
     _check(_libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), ctypes.c_int(advice)), "madvise")
 

@@ -35,10 +35,7 @@ class Maps:
     """/proc/self/maps, opened before the zygote enters a tree that has no /proc."""
 
     def __init__(self) -> None:
-        try:
-            self.fd = os.open("/proc/self/maps", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            self.fd = -1
+        self.fd = linux.open_own("maps")
 
     def anonymous(self) -> list[tuple[int, int]]:
         """The private, writable, anonymous mappings (the heap, malloc's and the interpreter's arenas)."""

@@ -250,10 +250,7 @@ class _VmSize:
     """The zygote's own address-space size; a child's memory limit is counted on top of it."""
 
     def __init__(self) -> None:
-        try:
-            self.fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            self.fd = -1
+        self.fd = linux.open_own("statm")
         self.page = os.sysconf("SC_PAGE_SIZE")
 
     def read(self) -> int:
