@@ -67,6 +67,14 @@ def open_own(name: str) -> int:
         return -1
 
 
+def malloc_trim() -> bool:
+    """glibc's malloc_trim(0): the free pages of malloc's heap back to the kernel; False without it (musl)."""
+    try:
+        return bool(_libc.malloc_trim(0))
+    except AttributeError:
+        return False
+
+
 def madvise(address: int, length: int, advice: int) -> None:
     _check(_libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), ctypes.c_int(advice)), "madvise")
 

@@ -22,7 +22,6 @@ heap as it was.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 
@@ -59,12 +58,8 @@ class Maps:
 
 
 def trim() -> bool:
-    """malloc_trim(0): the free pages of malloc's heap back to the kernel (glibc only)."""
-    try:
-        malloc_trim = ctypes.CDLL(None).malloc_trim
-    except AttributeError:
-        return False
-    return bool(malloc_trim(0))
+    """The free pages of malloc's heap back to the kernel (glibc only)."""
+    return linux.malloc_trim()
 
 
 def collapse(maps: Maps) -> int:
