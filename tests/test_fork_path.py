@@ -3,6 +3,7 @@
 exit of a run that started no thread. Each must leave a run exactly as it was."""
 
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -225,3 +226,22 @@ def test_the_pages_malloc_only_holds_freed_memory_in_go_back_to_the_kernel():
     if trimmed == "False":
         pytest.skip("no malloc_trim in this C library")
     assert int(freed_kib) > 20 * 1024  # most of the 40 MB freed went back
+
+
+def test_a_fork_request_carries_its_uid_tmpdir_and_variant_and_a_cut_short_one_is_refused():
+    from runtimes.jail import protocol
+
+    tmpdir = "/var/lib/sandlot/trees/k\u00e9y/tmp/70001"  # any path the data dir may have
+    for variant in ({}, {"memory_mb": 256, "network": True}, {"network": False, "memory_mb": 128}):
+        request = protocol.fork_request(70001, tmpdir, variant)
+        assert request[:1] == protocol.FORK
+        uid, path, parsed = protocol.parse_fork_request(request[1:])
+        assert (uid, path, dict(parsed)) == (70001, tmpdir, variant)
+        with pytest.raises(TypeError):
+            parsed["network"] = True  # one object serves every request naming it: nobody may change it
+    again = protocol.parse_fork_request(protocol.fork_request(70002, "/tmp", {"network": True, "memory_mb": 256})[1:])
+    assert dict(again[2]) == {"memory_mb": 256, "network": True} and again[:2] == (70002, "/tmp")
+    many = [protocol.parse_fork_request(protocol.fork_request(7, "/t", {"memory_mb": n})[1:]) for n in range(100)]
+    assert [dict(v) for _u, _t, v in many] == [{"memory_mb": n} for n in range(100)]  # past those kept, still right
+    with pytest.raises((ValueError, struct.error)):
+        protocol.parse_fork_request(protocol.fork_request(7, tmpdir, {})[1:20])

