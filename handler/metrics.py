@@ -79,9 +79,19 @@ class Metrics:
             ["language", "result"],
             registry=self.registry,
         )
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         for outcome in OUTCOMES:  # every outcome shows from the first scrape, at 0
             for language in ("python3", "nodejs"):
-                self.runs.labels(language, outcome)
+                self.child(self.runs, language, outcome)
+
+    def child(self, metric: Any, *values: str) -> Any:
+        """metric.labels(*values), looked up once: prometheus-client's labels() takes a lock and builds its key on
+        every call, and every request counts three. The values are few (routes, statuses, languages, outcomes)."""
+        key = (id(metric), values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
 
     def watch(self, admission: Any, invoker: Any) -> None:
         """Read admission's and the runtimes' state at every scrape."""
@@ -169,11 +179,11 @@ class MeteredInvoker:
             result = await self.inner.invoke(request)
         except (Unavailable, Throttled) as exc:
             facts.update(outcome=RunOutcome.REFUSED.value, reason=str(exc))
-            self.metrics.runs.labels(request.language, RunOutcome.REFUSED.value).inc()
+            self.metrics.child(self.metrics.runs, request.language, RunOutcome.REFUSED.value).inc()
             raise
         duration = time.monotonic() - started
-        self.metrics.runs.labels(request.language, result.outcome.value).inc()
-        self.metrics.run_duration.labels(request.language).observe(duration)
+        self.metrics.child(self.metrics.runs, request.language, result.outcome.value).inc()
+        self.metrics.child(self.metrics.run_duration, request.language).observe(duration)
         facts.update(
             outcome=result.outcome.value,
             duration=round(duration, 6),

@@ -78,7 +78,7 @@ class ObservabilityMiddleware:
             await self.app(scope, receive_and_keep if is_run else receive, send_with_id)
         finally:
             route = path if path in self.routes else "other"
-            self.metrics.http_responses.labels(route, str(status)).inc()
+            self.metrics.child(self.metrics.http_responses, route, str(status)).inc()
             fields = {
                 "event": "run" if is_run else "request",
                 "method": scope.get("method", ""),
@@ -91,7 +91,7 @@ class ObservabilityMiddleware:
                 if "outcome" not in run:  # it never reached a runtime
                     run = {"language": _language_of(body), "outcome": _NOT_RUN.get(status, "rejected")}
                     if status == 503:
-                        self.metrics.runs.labels(run["language"], "refused").inc()
+                        self.metrics.child(self.metrics.runs, run["language"], "refused").inc()
                 fields.update(run)
             level = logging.DEBUG if path in _QUIET_PATHS else logging.INFO
             log.log(level, fields["event"], extra=fields)
