@@ -211,14 +211,14 @@ def test_the_zygote_reports_its_huge_pages_and_runs_are_unchanged(service):
 def test_the_pages_malloc_only_holds_freed_memory_in_go_back_to_the_kernel():
     done = python(
         """
-        from runtimes.jail import warmheap
+        from runtimes import linux
         def rss():
             return int(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("RssAnon")))
         chunks = [bytearray(1000) for _ in range(40000)]  # malloc's heap (too big for the interpreter's own)
         last = bytearray(1000)  # keeps the heap's top in use: malloc itself gives back only its top
         del chunks
         before = rss()
-        print(warmheap.trim(), before - rss(), len(last))
+        print(linux.malloc_trim(), before - rss(), len(last))
         """
     )
     assert done.returncode == 0, done.stderr

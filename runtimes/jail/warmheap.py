@@ -10,10 +10,10 @@ aligned 2 MiB of its anonymous memory into one huge page (MADV_COLLAPSE, Linux
 fork still copies 4 KiB only: the huge page is split in the writer's page
 table, and stays one folio for the batching.
 
-Before that, `trim` gives back to the kernel the pages of malloc's heap that
-only hold freed memory (the imports' garbage): they are neither copied at a fork
-nor counted at a run's end, and a child that allocates there (outside a huge
-page) gets a zero page instead of a copy.
+Before that, the zygote gives back to the kernel the pages of malloc's heap that
+only hold freed memory (the imports' garbage; `linux.malloc_trim`): they are
+neither copied at a fork nor counted at a run's end, and a child that allocates
+there (outside a huge page) gets a zero page instead of a copy.
 
 Nothing depends on either: a kernel, C library or platform that refuses them
 (older kernels, musl, a seccomp policy, no memory for a huge page) leaves the
@@ -55,11 +55,6 @@ class Maps:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-
-def trim() -> bool:
-    """The free pages of malloc's heap back to the kernel (glibc only)."""
-    return linux.malloc_trim()
 
 
 def collapse(maps: Maps) -> int:

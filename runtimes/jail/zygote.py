@@ -143,7 +143,7 @@ class Zygote:
         self.fork_hooks.quiet()  # last: what the runner imported has registered its hooks
         gc.collect()
         gc.freeze()  # children then share the warm heap instead of copying it
-        warmheap.trim()
+        linux.malloc_trim()  # malloc's free pages back first: neither copied nor counted (warmheap.py)
         self.report["huge_pages"] = warmheap.collapse(self.maps)
         self.maps.close()
         self.control.send(protocol.ready(self.report))
