@@ -119,8 +119,8 @@ class _StateCollector:
         ready = GaugeMetricFamily("sandlot_runtime_ready", "1 when the language's runtime serves", labels=["language"])
         starts = CounterMetricFamily(
             "sandlot_zygote_starts",
-            "Zygotes started per runtime (the first, replacements after max forks, restarts after a crash, "
-            "new layers): restarts are starts - 1",
+            "Zygotes started per runtime (the first ones, two for Python: lean and preloaded; then replacements "
+            "after max forks, restarts after a crash, new layers)",
             labels=["language"],
         )
         children = GaugeMetricFamily("sandlot_ready_children", "Jailed children waiting for a run", labels=["language"])

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import hashlib
 import json
 import os
 import re
@@ -136,6 +135,8 @@ def _ldd_key(elf_files: list[str]) -> str:
             identities.append([path])
             continue
         identities.append([path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns])
+    import hashlib  # here, not at the top: the zygotes import this module, and hashlib loads libcrypto
+
     return hashlib.sha256(json.dumps(identities).encode()).hexdigest()
 
 

@@ -206,14 +206,14 @@ def uid_of(pid: int) -> int:
 
 
 def expected_processes(svc) -> int:
-    """What should live below the service: each running runtime's zygote and its ready children (each the
-    first process of its PID namespace, where runs have one); and without root the pasta of each zygote
-    (the runs' way out of their network namespace)."""
+    """What should live below the service: each running runtime's zygotes (Python's two, lean and preloaded)
+    and its ready children (each the first process of its PID namespace, where runs have one); and without
+    root the pasta of each zygote (the runs' way out of their network namespace)."""
     total = 0
     for rt in svc.detail()["runtimes"].values():
         if rt["zygote"] == "running":
             pasta = 1 if rt["protections"].get("network_namespace") and rt["protections"]["egress_filter"] else 0
-            total += 1 + pasta + rt["ready_children"]
+            total += rt["zygotes"] * (1 + pasta) + rt["ready_children"]
     return total
 
 

@@ -53,7 +53,8 @@ def test_a_thousand_runs_leave_nothing_behind():
             alive = processes_with_uid_in(*uid_range)
             assert len(alive) == python["ready_children"], alive  # exactly the ready children
         assert len(descendants(svc.process.pid)) == expected_processes(svc)  # zygotes and ready children
-        assert python["zygote_forks"] + 2000 * (python["zygote_generation"] - 1) >= 1000
+        replaced = python["zygote_generation"] - python["zygotes"]  # zygotes started beyond the first ones
+        assert python["zygote_forks"] + 2000 * replaced >= 1000
     finally:
         svc.stop()
     assert descendants(svc.process.pid) == []
@@ -71,7 +72,7 @@ def test_zygote_is_replaced_and_runs_go_on():
             assert data["exit_code"] == 0
             seeds.add(data["stdout"])
         python = svc.detail()["runtimes"]["python3"]
-        assert python["zygote_generation"] >= 2
+        assert python["zygote_generation"] > python["zygotes"]  # one replaced at least
         assert len(seeds) >= 2  # a new zygote, a new hash seed
         assert wait_for(lambda: len(descendants(svc.process.pid)) == expected_processes(svc))  # old zygotes left
     finally:

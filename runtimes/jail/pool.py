@@ -11,6 +11,12 @@ the old one leaves once its last child has ended: in the background as soon as
 it is worn out (`rotate_in_background`, the server), or when the owner says so
 (`replace_zygote`, the serial schedule, between runs).
 
+A runtime may keep more than one kind of zygote, each rotated, restarted and
+replaced on its own: a child's variant names its kind (`KIND`), and a variant
+that names none is the main zygote's. The first kind listed is started first
+and serves every kind of run until the others are up (the runtime's `variant`
+decides: python/runtime.py keeps a lean zygote beside the preloaded one).
+
 Which children are kept ready, and when a run may answer, is a schedule's
 business (schedule.py, serial.py).
 """
@@ -24,6 +30,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from runtimes.jail import sweep
 from runtimes.jail.execution import kill
@@ -36,13 +43,32 @@ log = logging.getLogger("sandlot.jail")
 
 READY_TIMEOUT = 30.0
 
-Variant = tuple  # ((name, value), ...): hashable, and dict() of it is what the runner gets
+Variant = tuple  # ((name, value), ...): hashable, and dict() of it (less KIND) is what the runner gets
+KIND = "zygote"  # a variant's name for the kind of zygote that forks it
+MAIN = ""  # the kind of a variant that names none
+
+
+def kind_of(variant: Variant) -> str:
+    for name, value in variant:
+        if name == KIND:
+            return value
+    return MAIN
+
+
+@dataclass
+class _Line:
+    """One kind of zygote: the one serving now, since when, and whether its replacement is under way."""
+
+    zygote: Zygote | None = None
+    born: float = 0.0  # time.monotonic() when it took over
+    rotating: bool = False
+    restart_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class ChildPool:
     def __init__(
         self,
-        start_zygote: Callable[[], Awaitable[Zygote]],
+        start_zygote: Callable[[str], Awaitable[Zygote]],  # a new zygote of the kind given
         uids: UidPool | None,
         tmp_parent: str | None,
         max_forks: int,
@@ -50,6 +76,7 @@ class ChildPool:
         sweep_uids: bool = False,  # a run's processes are ended by a sweep of its uid before the uid goes back
         rotate_in_background: bool = True,
         run_dirs: RunDirectories | None = None,  # each run's /tmp, a directory in its zygote's tree (chroot)
+        kinds: tuple[str, ...] = (MAIN,),  # the kinds of zygote kept, the first started first
     ):
         self._start_zygote = start_zygote
         self._uids = uids
@@ -59,14 +86,12 @@ class ChildPool:
         self._sweep_uids = sweep_uids
         self._rotate_in_background = rotate_in_background
         self._run_dirs = run_dirs
-        self._zygote_born = 0.0  # time.monotonic() when the current zygote took over
-        self._zygote: Zygote | None = None
+        self._lines = {kind: _Line() for kind in kinds}
+        self._first = kinds[0]
         self._owner: dict[int, Zygote] = {}  # child pid -> the zygote that forked it
         self._retired: list[Zygote] = []
         self._tasks: set[asyncio.Task] = set()  # zygote restarts and rotations
         self._releases: set[asyncio.Task] = set()  # children being given back once dead
-        self._restart_lock = asyncio.Lock()
-        self._rotating = False
         self._stopping = False
         self.on_retired: list[Callable[[Zygote], None]] = []  # each retired zygote, once it has exited
         self.on_replaced: list[Callable[[Zygote], None]] = []  # the zygote that is no longer current
@@ -75,32 +100,51 @@ class ChildPool:
         self.last_error = ""
 
     async def start(self) -> dict:
-        """Start the first zygote; if it cannot start, keep trying in the background."""
+        """Start the first kind's zygote (the others in the background); if it cannot start, keep trying."""
         try:
-            await self._restart()
+            await self._restart(self._first)
         except Unavailable:
-            self.background(self._recover())
+            self.background(self._recover(self._first))
             raise
-        return self._zygote.report if self._zygote else {}
+        finally:
+            for kind in self._lines:
+                if kind != self._first:
+                    self.background(self._recover(kind))
+        return self.report
 
     @property
     def running(self) -> bool:
-        return self._zygote is not None and self._zygote.alive
+        """The first kind's zygote is serving (it can serve any run)."""
+        return self.kind_running(self._first)
+
+    def kind_running(self, kind: str) -> bool:
+        line = self._lines.get(kind)
+        return line is not None and line.zygote is not None and line.zygote.alive
 
     @property
     def report(self) -> dict:
-        return self._zygote.report if self._zygote else {}
+        """What the main zygote said when it was ready (the first kind's until the main one is up)."""
+        line = self._lines.get(MAIN)
+        if line is None or line.zygote is None:
+            line = self._lines[self._first]
+        return line.zygote.report if line.zygote else {}
+
+    def report_of(self, kind: str) -> dict:
+        line = self._lines.get(kind)
+        return line.zygote.report if line is not None and line.zygote is not None else {}
 
     def owner(self, child: Child) -> Zygote | None:
         return self._owner.get(child.pid)
 
     def current(self, child: Child) -> bool:
-        """Whether child was made by the zygote now serving."""
-        return self._owner.get(child.pid) is self._zygote and self.running
+        """Whether child was made by a zygote now serving."""
+        owner = self._owner.get(child.pid)
+        return owner is not None and owner.alive and any(line.zygote is owner for line in self._lines.values())
 
     async def spawn(self, variant: Variant = ()) -> Child:
         """A new child, confined and waiting for its run."""
-        zygote = await self._current_zygote()
+        kind = kind_of(variant)
+        zygote = await self._current_zygote(kind)
         try:
             uid = self._uids.acquire() if self._uids is not None else os.getuid()
         except UidPoolExhausted as exc:
@@ -110,7 +154,7 @@ class ChildPool:
         else:
             tmpdir = inside = tempfile.mkdtemp(prefix="run-", dir=self._tmp_parent) if self._tmp_parent else ""
         try:
-            child = await zygote.fork(uid, inside, dict(variant))
+            child = await zygote.fork(uid, inside, {k: v for k, v in variant if k != KIND})
         except BaseException:
             self._give_back(uid, tmpdir)
             raise
@@ -153,46 +197,49 @@ class ChildPool:
 
     # ---- zygotes ---------------------------------------------------------------
 
-    async def _current_zygote(self) -> Zygote:
-        if self._zygote is None or not self._zygote.alive:
-            await self._restart()
-        assert self._zygote is not None
-        if self._rotate_in_background and self._zygote_worn_out() and not self._rotating:
-            self._rotating = True
-            self.background(self._rotate())
-        return self._zygote
+    async def _current_zygote(self, kind: str) -> Zygote:
+        line = self._lines[kind]
+        if line.zygote is None or not line.zygote.alive:
+            await self._restart(kind)
+        assert line.zygote is not None
+        if self._rotate_in_background and self._worn_out(line) and not line.rotating:
+            line.rotating = True
+            self.background(self._rotate(kind))
+        return line.zygote
 
     @property
     def due_for_replacement(self) -> bool:
-        """The current zygote has made its share of children or lived its time."""
-        return self._zygote is not None and self._zygote.alive and self._zygote_worn_out()
+        """A zygote has made its share of children or lived its time."""
+        lines = self._lines.values()
+        return any(line.zygote is not None and line.zygote.alive and self._worn_out(line) for line in lines)
 
-    def _zygote_worn_out(self) -> bool:
+    def _worn_out(self, line: _Line) -> bool:
         """Forks and age both bound how long runs share the zygote's layout and hash secret."""
-        aged = self._max_age > 0 and time.monotonic() - self._zygote_born >= self._max_age
-        return self._zygote.forks >= self._max_forks or aged
+        aged = self._max_age > 0 and time.monotonic() - line.born >= self._max_age
+        return line.zygote.forks >= self._max_forks or aged
 
-    async def _restart(self) -> None:
-        async with self._restart_lock:
-            if self._zygote is not None and self._zygote.alive:
+    async def _restart(self, kind: str) -> None:
+        line = self._lines[kind]
+        async with line.restart_lock:
+            if line.zygote is not None and line.zygote.alive:
                 return
-            dead, self._zygote = self._zygote, None
+            dead, line.zygote = line.zygote, None
             if dead is not None:
                 await dead.stop()
                 self._retire(dead)
-            self._zygote = await self._new_zygote()
+            line.zygote = await self._new_zygote(kind)
+            line.born = time.monotonic()
         for callback in self.on_running:
             callback()
 
-    async def _new_zygote(self) -> Zygote:
+    async def _new_zygote(self, kind: str) -> Zygote:
         """A started zygote, watched for an unexpected exit, counted as a new generation."""
         try:
-            zygote = await self._start_zygote()
+            zygote = await self._start_zygote(kind)
         except Unavailable as exc:
             self.last_error = str(exc)
             raise
         zygote.on_exit.append(self._on_zygote_exit)
-        self._zygote_born = time.monotonic()
         self.generation += 1
         self.last_error = ""
         return zygote
@@ -200,15 +247,16 @@ class ChildPool:
     def _on_zygote_exit(self, zygote: Zygote) -> None:
         for callback in self.on_replaced:
             callback(zygote)  # its children are dead with it (or dying): none may be handed out
-        if zygote is self._zygote and not self._stopping:
-            log.warning("the zygote exited; starting a new one")
-            self.background(self._recover())
+        for kind, line in self._lines.items():
+            if zygote is line.zygote and not self._stopping:
+                log.warning("the zygote exited; starting a new one")
+                self.background(self._recover(kind))
 
-    async def _recover(self) -> None:
+    async def _recover(self, kind: str) -> None:
         delay = 0.1
         while not self._stopping:
             try:
-                await self._restart()
+                await self._restart(kind)
             except Unavailable as exc:
                 log.warning("could not restart the zygote: %s", exc)
                 await asyncio.sleep(delay)
@@ -216,26 +264,37 @@ class ChildPool:
                 continue
             return
 
-    async def _rotate(self) -> None:
+    async def _rotate(self, kind: str) -> None:
         try:
-            await self.replace_zygote()
+            await self.replace_zygote((kind,))
         except Unavailable as exc:
             log.warning("could not replace the zygote: %s", exc)
         finally:
-            self._rotating = False
+            self._lines[kind].rotating = False
 
-    async def replace_zygote(self) -> dict:
-        """Start a new zygote (from what the factory now says) and retire the current one."""
-        fresh = await self._new_zygote()
-        old, self._zygote = self._zygote, fresh
-        if old is not None:
-            self._retired.append(old)
-            for callback in self.on_replaced:
-                callback(old)  # its ready children are not worth keeping the old zygote alive for
-            await self._stop_retired()
+    async def replace_zygote(self, kinds: tuple[str, ...] = ()) -> dict:
+        """Start new zygotes (from what the factory now says) and retire the current ones: of the kinds
+        given, or of every kind. Either all of them take over or, if one cannot start, none does."""
+        fresh: dict[str, Zygote] = {}
+        try:
+            for kind in kinds or tuple(self._lines):
+                fresh[kind] = await self._new_zygote(kind)
+        except BaseException:
+            for zygote in fresh.values():
+                await zygote.stop()
+                self._retire(zygote)
+            raise
+        for kind, zygote in fresh.items():
+            line = self._lines[kind]
+            old, line.zygote, line.born = line.zygote, zygote, time.monotonic()
+            if old is not None:
+                self._retired.append(old)
+                for callback in self.on_replaced:
+                    callback(old)  # its ready children are not worth keeping the old zygote alive for
+        await self._stop_retired()
         for callback in self.on_running:
             callback()
-        return fresh.report
+        return self.report
 
     @property
     def retiring(self) -> int:
@@ -243,7 +302,10 @@ class ChildPool:
         return len(self._retired)
 
     def uses_tag(self, tag: str) -> bool:
-        return any(z.tag == tag for z in [self._zygote, *self._retired] if z is not None)
+        return any(z.tag == tag for z in [*self._current(), *self._retired])
+
+    def _current(self) -> list[Zygote]:
+        return [line.zygote for line in self._lines.values() if line.zygote is not None]
 
     async def _stop_retired(self) -> None:
         for zygote in [z for z in self._retired if z.live_children == 0]:
@@ -267,8 +329,10 @@ class ChildPool:
         self._stopping = True
         for task in list(self._tasks):
             task.cancel()
-        zygotes = [z for z in [self._zygote, *self._retired] if z is not None]
-        self._zygote, self._retired = None, []
+        zygotes = [*self._current(), *self._retired]
+        for line in self._lines.values():
+            line.zygote = None
+        self._retired = []
         for zygote in zygotes:
             await zygote.stop()  # its children are dead once it has exited: their releases end
         pending = [*self._tasks, *self._releases]
@@ -278,8 +342,9 @@ class ChildPool:
     def status(self) -> dict:
         return {
             "zygote": "running" if self.running else "down",
+            "zygotes": sum(zygote.alive for zygote in self._current()),  # of every kind, retiring ones not counted
             "zygote_generation": self.generation,
-            "zygote_forks": self._zygote.forks if self._zygote else 0,
+            "zygote_forks": sum(zygote.forks for zygote in self._current()),
             "uids_in_use": self._uids.in_use if self._uids is not None else None,
             "uid_range": [self._uids.first, self._uids.first + self._uids.size - 1] if self._uids else None,
             "last_error": self.last_error,

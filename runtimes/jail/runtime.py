@@ -28,7 +28,7 @@ from runtimes.config import MIB, RuntimeConfig
 from runtimes.jail import modes, run_network, sweep
 from runtimes.jail.egress import EgressFilter
 from runtimes.jail.execution import execute
-from runtimes.jail.pool import ChildPool
+from runtimes.jail.pool import MAIN, ChildPool
 from runtimes.jail.protections import Protections, platform_protections
 from runtimes.jail.schedule import PooledSchedule, Schedule
 from runtimes.jail.scratch import Scratch
@@ -89,7 +89,11 @@ class JailedRuntime:
             return socket.gethostname()
         return RUN_HOSTNAME
 
-    def runner_config(self) -> dict:
+    def zygote_kinds(self) -> tuple[str, ...]:
+        """The kinds of zygote this runtime keeps (pool.py), the first started first."""
+        return (MAIN,)
+
+    def runner_config(self, kind: str = MAIN) -> dict:
         return {
             "require_seccomp": self.config.require_seccomp,
             "extra_syscalls": list(self.config.extra_syscalls),
@@ -158,6 +162,7 @@ class JailedRuntime:
                 sweep_uids=self.mode.processes == modes.UID_SWEEP and self.mode.own_uid,
                 rotate_in_background=not config.one_run_at_a_time,
                 run_dirs=run_dirs,
+                kinds=self.zygote_kinds(),
             )
             self.pool.on_retired.append(self.zygote_retired)
             if not config.one_run_at_a_time:  # before the first zygote: it fills up whenever a zygote runs
@@ -289,13 +294,13 @@ class JailedRuntime:
     def _proxies(self) -> tuple[str, ...]:
         return tuple(v for k, v in self.config.run_env.items() if k.isupper())
 
-    def zygote_config(self) -> dict:
-        """What a new zygote is started with, from the current layer and settings."""
+    def zygote_config(self, kind: str = MAIN) -> dict:
+        """What a new zygote of that kind is started with, from the current layer and settings."""
         config = self.config
         return {
             "import_paths": _import_paths(),
             "runner": self.runner,
-            "runner_config": self.runner_config(),
+            "runner_config": self.runner_config(kind),
             "tree": self.tree().to_dict() if self.mode.tree == modes.PIVOT else None,
             "tree_root": self._tree_root,
             "zygote_uid": self._zygote_uid,
@@ -318,8 +323,8 @@ class JailedRuntime:
             },
         }
 
-    async def _start_zygote(self) -> Zygote:
-        config = self.zygote_config()
+    async def _start_zygote(self, kind: str = MAIN) -> Zygote:
+        config = self.zygote_config(kind)
         root = ""
         if self._trees is not None:  # built now if this layer has none yet (a thread: runs go on meanwhile)
             root = await asyncio.to_thread(self._ensure_tree, self.tree().to_dict())

@@ -10,6 +10,7 @@ import subprocess
 
 from runtimes import tree
 from runtimes.jail import modes, protocol, run_network
+from runtimes.jail.pool import MAIN
 from runtimes.jail.runtime import JailedRuntime
 from runtimes.jail.supervisor import Zygote
 from runtimes.nodejs import snapshot
@@ -36,7 +37,7 @@ class NodeRuntime(JailedRuntime):
             await asyncio.to_thread(self._snapshots.open)
         await super().start()
 
-    async def _start_zygote(self) -> Zygote:
+    async def _start_zygote(self, kind: str = MAIN) -> Zygote:
         """Each zygote starts on a snapshot of its own (a hash seed of its own, see snapshot.py)."""
         fresh = None
         try:
@@ -47,7 +48,7 @@ class NodeRuntime(JailedRuntime):
             log.warning("no startup snapshot for node: %s", exc)
         self.snapshot = fresh  # what zygote_config() hands the new zygote
         try:
-            zygote = await super()._start_zygote()
+            zygote = await super()._start_zygote(kind)
         except BaseException:
             if fresh:
                 self._snapshots.remove(fresh.path)
@@ -96,9 +97,9 @@ class NodeRuntime(JailedRuntime):
         tree.run_system_files(spec, self.run_hostname())
         return spec
 
-    def runner_config(self) -> dict:
+    def runner_config(self, kind: str = MAIN) -> dict:
         return {
-            **super().runner_config(),
+            **super().runner_config(kind),
             "node": self.node,
             "wrapper": WRAPPER_IN_TREE if self.mode.tree != modes.NO_TREE else WRAPPER,
             "snapshot": self.snapshot.path if self.snapshot else "",

@@ -64,7 +64,7 @@ class State:
     preload_modules: list[str]
     layer_path: str
     report: dict = field(default_factory=dict)
-    lazy: bool = False  # import nothing of the layer ahead: a run imports what it uses (a first zygote)
+    lazy: bool = False  # import nothing of the layer ahead: a run imports what it uses (the lean zygote)
     stdio: tuple = ()  # the children's sys.stdin, stdout and stderr, made once by the zygote (_child_stdio)
 
 
@@ -147,7 +147,8 @@ def warm(state: State) -> dict:
         importlib.import_module(name)
     state.stdio = _child_stdio()
     _remember_layer_log_handlers()
-    return {"preloaded": loaded, "preload_failed": failed}
+    held = sorted({name.partition(".")[0] for name in sys.modules})  # what a run imports at no cost
+    return {"preloaded": loaded, "preload_failed": failed, "modules": held}
 
 
 def _read_exact(fd: int, size: int) -> bytes:

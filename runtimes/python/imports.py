@@ -1,0 +1,41 @@
+"""Which modules a run's code imports, read from its text: to choose the zygote that forks it.
+
+A guess on the safe side, never a parse: every `import x` and `from x import`
+in the text counts, in strings and comments too (such a run goes to the
+preloaded zygote, where it is served as fast as ever), and code that imports by
+name at run time (`__import__`, `importlib.import_module`) is not told apart
+(None). What this misses (an import built from pieces, `exec` of a decoded
+string) is still served, by the lean zygote, which imports what the run asks
+for as any interpreter does: a choice of speed, never of what a run can do.
+"""
+
+from __future__ import annotations
+
+import re
+
+_STATEMENT = re.compile(
+    r"\bfrom[ \t]+(\.*[\w.]*)[ \t]+import\b"  # from a.b import c (relative ones name nothing of ours)
+    r"|\bimport[ \t]+([\w. \t,]+?)(?=[ \t]*(?:[;#)\n\\\"']|$))",  # import a.b as c, d (in a string too)
+    re.MULTILINE,
+)
+_BY_NAME = re.compile(r"\b__import__\b|\bimport_module\b")
+
+
+def imported_modules(code: str) -> frozenset[str] | None:
+    """The top-level names of the modules code imports, or None when it imports by name at run time."""
+    if "import" not in code:
+        return frozenset()
+    if _BY_NAME.search(code):
+        return None
+    names = set()
+    for match in _STATEMENT.finditer(code.replace("\\\n", " ")):  # a statement continued on the next line
+        source, listed = match.groups()
+        if source is not None:
+            if not source.startswith("."):
+                names.add(source.partition(".")[0])
+            continue
+        for part in listed.split(","):
+            words = part.split()
+            if words:
+                names.add(words[0].partition(".")[0])
+    return frozenset(names)

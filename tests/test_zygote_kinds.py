@@ -1,0 +1,145 @@
+"""Python's two zygotes: a lean one that imports nothing of the layer, and the preloaded one.
+
+A run is forked by the lean one when its code imports only what that zygote holds, and by the
+preloaded one otherwise (runtimes/python/imports.py reads the code); the pool keeps each kind of
+zygote, rotates it and replaces it on its own (runtimes/jail/pool.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from runtimes.jail.pool import MAIN, ChildPool
+from runtimes.payload import Unavailable
+from runtimes.python.imports import imported_modules
+
+# ---- what a run's code imports ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "modules"),
+    [
+        ("print('hi')", set()),
+        ("import requests", {"requests"}),
+        ("import os.path as p, json  # and a comment", {"os", "json"}),
+        ("from jinja2.sandbox import SandboxedEnvironment\nx = 1; import httpx", {"jinja2", "httpx"}),
+        ("if True: import numpy\n", {"numpy"}),
+        ("import os, \\\n    pandas", {"os", "pandas"}),
+        ("from . import sibling", set()),
+        ("exec('import requests')", {"requests"}),  # in a string too: the preloaded zygote serves it
+        ("print('an important line')", set()),
+    ],
+)
+def test_the_modules_a_code_imports_are_read_from_its_text(code, modules):
+    assert imported_modules(code) == frozenset(modules)
+
+
+@pytest.mark.parametrize("code", ["m = __import__('requests')", "import importlib\nimportlib.import_module('x')"])
+def test_a_code_that_imports_by_name_at_run_time_is_not_told_apart(code):
+    assert imported_modules(code) is None
+
+
+# ---- served through the API ----------------------------------------------------------------
+
+HOLDS_HTTPX = "import sys\nprint('httpx' in sys.modules)"  # httpx: preloaded with the layer, imported by no run here
+
+
+def test_a_run_that_imports_nothing_of_the_layer_is_forked_by_the_lean_zygote(service):
+    python = service.detail()["runtimes"]["python3"]
+    assert python["zygotes"] == 2 and python["ready"]
+    assert service.run(HOLDS_HTTPX)["data"]["stdout"] == "False\n"
+
+
+def test_a_run_that_imports_a_layer_package_is_forked_by_the_preloaded_zygote(service):
+    answer = service.run("import requests\n" + HOLDS_HTTPX)["data"]
+    assert answer["stdout"] == "True\n", answer
+
+
+def test_an_import_the_reading_misses_is_still_served_by_the_lean_zygote(service):
+    hidden = b"import jinja2; print(jinja2.Template('{{ n }}').render(n=7))".hex()
+    answer = service.run(f"exec(bytes.fromhex('{hidden}').decode())\n{HOLDS_HTTPX}")["data"]
+    assert answer["stdout"] == "7\nFalse\n", answer
+
+
+def test_dify_s_python_wrapper_is_forked_by_the_lean_zygote(service):
+    code = (
+        "import json\nfrom base64 import b64decode\n"
+        "def main(x: int) -> dict:\n    return {'y': x * 2}\n"
+        "inputs = json.loads(b64decode('eyJ4IjogMjF9').decode('utf-8'))\n"
+        "print(json.dumps(main(**inputs)))\n" + HOLDS_HTTPX
+    )
+    assert service.run(code)["data"]["stdout"] == '{"y": 42}\nFalse\n'
+
+
+# ---- the pool's kinds ------------------------------------------------------------------------
+
+
+class FakeZygote:
+    def __init__(self, kind: str, number: int):
+        self.kind, self.number = kind, number
+        self.alive, self.forks, self.live_children, self.tag = True, 0, 0, ""
+        self.report = {"kind": kind, "number": number}
+        self.on_exit: list = []
+
+    async def stop(self) -> None:
+        self.alive = False
+
+
+class Factory:
+    def __init__(self):
+        self.made: list[FakeZygote] = []
+        self.refuse: set[str] = set()
+        self.slow = asyncio.Event()
+        self.slow.set()
+
+    async def __call__(self, kind: str) -> FakeZygote:
+        if kind == MAIN:
+            await self.slow.wait()
+        if kind in self.refuse:
+            raise Unavailable(f"no {kind or 'main'} zygote")
+        self.made.append(FakeZygote(kind, len(self.made)))
+        return self.made[-1]
+
+
+def test_the_first_kind_serves_at_once_and_the_others_come_up_beside_it():
+    async def scenario():
+        factory = Factory()
+        factory.slow.clear()  # the main (preloaded) zygote takes its time
+        pool = ChildPool(factory, None, None, max_forks=100, kinds=("lean", MAIN))
+        report = await pool.start()
+        assert report == {"kind": "lean", "number": 0}  # until the main one is up, the first one's
+        assert pool.running and pool.kind_running("lean") and not pool.kind_running(MAIN)
+        factory.slow.set()
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert pool.kind_running(MAIN) and pool.report == {"kind": MAIN, "number": 1}
+        assert pool.report_of("lean")["kind"] == "lean" and pool.status()["zygotes"] == 2
+        await pool.stop()
+
+    asyncio.run(scenario())
+
+
+def test_zygotes_are_replaced_all_together_or_not_at_all():
+    async def scenario():
+        factory = Factory()
+        pool = ChildPool(factory, None, None, max_forks=100, kinds=("lean", MAIN))
+        await pool.start()
+        for _ in range(50):
+            await asyncio.sleep(0)
+        lean, main = factory.made
+        factory.refuse.add(MAIN)  # a new layer the main zygote cannot start on
+        with pytest.raises(Unavailable):
+            await pool.replace_zygote()
+        fresh_lean = factory.made[-1]
+        assert fresh_lean.kind == "lean" and not fresh_lean.alive  # started, then stopped again
+        assert pool.report_of("lean") is lean.report and pool.report is main.report  # both as they were
+        factory.refuse.clear()
+        await pool.replace_zygote()
+        assert not lean.alive and not main.alive  # retired (no child left)
+        assert pool.report_of("lean") is factory.made[-2].report and pool.report is factory.made[-1].report
+        await pool.replace_zygote(("lean",))  # one kind alone (its rotation)
+        assert pool.report is factory.made[-2].report and pool.report_of("lean") is factory.made[-1].report
+        await pool.stop()
+
+    asyncio.run(scenario())
