@@ -16,7 +16,8 @@ setup() {  # setup [test]: "test" also brings what only the tests need (a browse
     fi
     local missing=()
     "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
-    ldconfig -p 2>/dev/null | grep -q libseccomp.so.2 || missing+=(libseccomp2)
+    # grep reads it all: with pipefail, `grep -q` stopping at the first match can fail the pipe (SIGPIPE)
+    ldconfig -p 2>/dev/null | grep libseccomp.so.2 >/dev/null || missing+=(libseccomp2)
     if [ "$(id -u)" = 0 ]; then
         command -v nft >/dev/null || missing+=(nftables)  # egress rules for runs with network
         # without root (a service started as another uid, as the tests do): the runs' way out of their
