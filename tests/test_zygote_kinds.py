@@ -7,6 +7,7 @@ zygote, rotates it and replaces it on its own (runtimes/jail/pool.py)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -35,9 +36,30 @@ def test_the_modules_a_code_imports_are_read_from_its_text(code, modules):
     assert imported_modules(code) == frozenset(modules)
 
 
-@pytest.mark.parametrize("code", ["m = __import__('requests')", "import importlib\nimportlib.import_module('x')"])
-def test_a_code_that_imports_by_name_at_run_time_is_not_told_apart(code):
+@pytest.mark.parametrize(
+    "code",
+    [
+        "m = __import__('requests')",
+        "import importlib\nimportlib.import_module('x')",
+        "import json\n" + "x = 1\n" * 20_000,  # longer than it reads: the preloaded zygote serves it
+    ],
+)
+def test_a_code_that_imports_by_name_at_run_time_or_is_long_is_not_told_apart(code):
     assert imported_modules(code) is None
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import a" + " " * 60_000 + "b",  # a backtracking pattern took 2.9 s for 16 kB of these
+        "from" + " " * 30_000 + "x" + " " * 30_000 + "y",
+        "import " + "a," * 30_000 + "!",
+    ],
+)
+def test_a_hostile_code_is_read_in_time_linear_in_its_length(code):
+    started = time.perf_counter()
+    imported_modules(code)
+    assert time.perf_counter() - started < 0.5  # about 5 ms here; quadratic, tens of seconds
 
 
 # ---- served through the API ----------------------------------------------------------------
