@@ -25,6 +25,7 @@ class FakePool:
         self.gate = asyncio.Event()
         self.gate.set()
         self._tasks: set = set()
+        self.down: set[str] = set()  # kinds of zygote that are not running
 
     async def spawn(self, variant) -> FakeChild:
         await self.gate.wait()
@@ -43,6 +44,9 @@ class FakePool:
 
     def current(self, child) -> bool:
         return True
+
+    def kind_running(self, kind: str) -> bool:
+        return kind not in self.down
 
     def owner(self, child):
         return None
@@ -111,12 +115,35 @@ def test_the_level_never_passes_twice_the_target(quick_idle):
 def test_a_variant_without_an_idle_level_keeps_none_when_idle(quick_idle):
     async def scenario():
         pool = FakePool()
-        pooled = schedule.PooledSchedule(pool, {("network", True): 2, ("network", False): 1}, {})
+        pooled = schedule.PooledSchedule(pool, {(("network", True),): 2, (("network", False),): 1}, {})
         await pooled.start()
         await settle()
         assert pooled.status()["ready_children"] == 3
         await asyncio.sleep(0.35)
         assert pooled.status()["ready_children"] == 0  # an idle Node runtime holds no node
+        await pooled.stop()
+
+    asyncio.run(scenario())
+
+
+def test_no_child_is_made_for_a_kind_of_zygote_that_is_down_until_it_runs_again():
+    async def scenario():
+        pool = FakePool()
+        lean, main = (("zygote", "lean"),), ()
+        pool.down.add("")  # the preloaded zygote is starting, or cannot start
+        pooled = schedule.PooledSchedule(pool, {lean: 2, main: 2})
+        await pooled.start()
+        await settle()
+        assert pool.made == 2  # the lean one's only: each finished run would otherwise retry the other's start
+        child = await pooled.take(lean)
+        await pooled.finish(child)
+        await settle()
+        assert pool.made == 3
+        pool.down.clear()
+        for callback in pool.on_running:  # the pool's own restart brought it up
+            callback()
+        await settle()
+        assert pooled.status()["ready_children"] == 4
         await pooled.stop()
 
     asyncio.run(scenario())

@@ -30,6 +30,9 @@ from runtimes.python.imports import imported_modules
         ("from . import sibling", set()),
         ("exec('import requests')", {"requests"}),  # in a string too: the preloaded zygote serves it
         ("print('an important line')", set()),
+        ("import\x0cnumpy", {"numpy"}),  # a form feed is a blank to Python
+        ("import json,\\\r\n numpy", {"json", "numpy"}),
+        ("from\\\r\nnumpy import x", {"numpy"}),
     ],
 )
 def test_the_modules_a_code_imports_are_read_from_its_text(code, modules):
@@ -51,14 +54,14 @@ def test_a_code_that_imports_by_name_at_run_time_or_is_long_is_not_told_apart(co
 @pytest.mark.parametrize(
     "code",
     [
-        "import a" + " " * 60_000 + "b",  # a backtracking pattern took 2.9 s for 16 kB of these
-        "from" + " " * 30_000 + "x" + " " * 30_000 + "y",
-        "import " + "a," * 30_000 + "!",
+        "import a" + " " * 30_000 + "b",  # a backtracking pattern took 2.9 s for 16 kB of these
+        "from" + " " * 15_000 + "x" + " " * 15_000 + "y",
+        "import " + "a," * 15_000 + "!",
     ],
 )
 def test_a_hostile_code_is_read_in_time_linear_in_its_length(code):
     started = time.perf_counter()
-    imported_modules(code)
+    assert imported_modules(code) is not None  # read, not refused for its length
     assert time.perf_counter() - started < 0.5  # about 5 ms here; quadratic, tens of seconds
 
 
@@ -134,10 +137,12 @@ class Factory:
         self.refuse: set[str] = set()
         self.slow = asyncio.Event()
         self.slow.set()
+        self.main_asked = False
 
     async def __call__(self, kind: str) -> FakeZygote:
-        if kind == MAIN:
-            await self.slow.wait()
+        if kind == MAIN and not any(z.kind == MAIN for z in self.made) and not self.main_asked:
+            self.main_asked = True
+            await self.slow.wait()  # the first start of a main zygote takes its time; later ones do not
         if kind in self.refuse:
             raise Unavailable(f"no {kind or 'main'} zygote")
         self.made.append(FakeZygote(kind, len(self.made)))
@@ -149,7 +154,7 @@ def test_the_first_kind_serves_at_once_and_the_others_come_up_beside_it():
         factory = Factory()
         factory.slow.clear()  # the main (preloaded) zygote takes its time
         pool = ChildPool(factory, None, None, max_forks=100, kinds=("lean", MAIN))
-        report = await pool.start()
+        report = await asyncio.wait_for(pool.start(), 5)  # the first kind alone is waited for
         assert report == {"kind": "lean", "number": 0}  # until the main one is up, the first one's
         assert pool.running and pool.kind_running("lean") and not pool.kind_running(MAIN)
         factory.slow.set()
@@ -182,6 +187,26 @@ def test_zygotes_are_replaced_all_together_or_not_at_all():
         assert pool.report_of("lean") is factory.made[-2].report and pool.report is factory.made[-1].report
         await pool.replace_zygote(("lean",))  # one kind alone (its rotation)
         assert pool.report is factory.made[-2].report and pool.report_of("lean") is factory.made[-1].report
+        await pool.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_replacement_during_a_kind_s_start_leaves_no_zygote_the_pool_does_not_hold():
+    async def scenario():
+        factory = Factory()
+        factory.slow.clear()  # the main zygote's first start is under way (a layer switch comes meanwhile)
+        pool = ChildPool(factory, None, None, max_forks=100, kinds=("lean", MAIN))
+        await pool.start()
+        replacing = asyncio.ensure_future(pool.replace_zygote())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        factory.slow.set()
+        await asyncio.wait_for(replacing, 5)
+        current = {id(pool.report_of("lean")), id(pool.report)}
+        orphans = [z for z in factory.made if z.alive and id(z.report) not in current]
+        assert orphans == []  # each one started is serving or stopped
+        assert pool.report["kind"] == MAIN and pool.report is factory.made[-1].report
         await pool.stop()
 
     asyncio.run(scenario())

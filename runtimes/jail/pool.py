@@ -30,6 +30,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
 from runtimes.jail import sweep
@@ -60,9 +61,11 @@ class _Line:
     """One kind of zygote: the one serving now, since when, and whether its replacement is under way."""
 
     zygote: Zygote | None = None
+    report: dict = field(default_factory=dict)  # what the last one to take over said when it was ready
     born: float = 0.0  # time.monotonic() when it took over
     rotating: bool = False
-    restart_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    error: str = ""  # why the last start failed ("" once one has started)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held while a zygote of this kind is started
 
 
 class ChildPool:
@@ -88,6 +91,7 @@ class ChildPool:
         self._run_dirs = run_dirs
         self._lines = {kind: _Line() for kind in kinds}
         self._first = kinds[0]
+        self.kinds = tuple(kinds)
         self._owner: dict[int, Zygote] = {}  # child pid -> the zygote that forked it
         self._retired: list[Zygote] = []
         self._tasks: set[asyncio.Task] = set()  # zygote restarts and rotations
@@ -123,15 +127,18 @@ class ChildPool:
 
     @property
     def report(self) -> dict:
-        """What the main zygote said when it was ready (the first kind's until the main one is up)."""
+        """What the main zygote said when it was ready (the first kind's until a main one has been up)."""
         line = self._lines.get(MAIN)
-        if line is None or line.zygote is None:
-            line = self._lines[self._first]
-        return line.zygote.report if line.zygote else {}
+        return line.report if line is not None and line.report else self._lines[self._first].report
 
     def report_of(self, kind: str) -> dict:
         line = self._lines.get(kind)
-        return line.zygote.report if line is not None and line.zygote is not None else {}
+        return line.report if line is not None else {}
+
+    def error_of(self, kind: str) -> str:
+        """Why a zygote of that kind last failed to start, "" once one has."""
+        line = self._lines.get(kind)
+        return line.error if line is not None else ""
 
     def owner(self, child: Child) -> Zygote | None:
         return self._owner.get(child.pid)
@@ -220,29 +227,36 @@ class ChildPool:
 
     async def _restart(self, kind: str) -> None:
         line = self._lines[kind]
-        async with line.restart_lock:
+        async with line.lock:  # one start of a kind at a time (a replacement's too)
             if line.zygote is not None and line.zygote.alive:
                 return
             dead, line.zygote = line.zygote, None
             if dead is not None:
                 await dead.stop()
                 self._retire(dead)
-            line.zygote = await self._new_zygote(kind)
-            line.born = time.monotonic()
+            self._take_over(line, await self._new_zygote(kind))
         for callback in self.on_running:
             callback()
 
     async def _new_zygote(self, kind: str) -> Zygote:
         """A started zygote, watched for an unexpected exit, counted as a new generation."""
+        line = self._lines[kind]
         try:
             zygote = await self._start_zygote(kind)
         except Unavailable as exc:
-            self.last_error = str(exc)
+            self.last_error = line.error = str(exc)
             raise
         zygote.on_exit.append(self._on_zygote_exit)
         self.generation += 1
-        self.last_error = ""
+        line.error = ""
+        self.last_error = next((other.error for other in self._lines.values() if other.error), "")
         return zygote
+
+    @staticmethod
+    def _take_over(line: _Line, zygote: Zygote) -> Zygote | None:
+        """zygote serves its kind from now on; returns the one it replaces."""
+        old, line.zygote, line.report, line.born = line.zygote, zygote, zygote.report, time.monotonic()
+        return old
 
     def _on_zygote_exit(self, zygote: Zygote) -> None:
         for callback in self.on_replaced:
@@ -276,21 +290,24 @@ class ChildPool:
         """Start new zygotes (from what the factory now says) and retire the current ones: of the kinds
         given, or of every kind. Either all of them take over or, if one cannot start, none does."""
         fresh: dict[str, Zygote] = {}
-        try:
-            for kind in kinds or tuple(self._lines):
-                fresh[kind] = await self._new_zygote(kind)
-        except BaseException:
-            for zygote in fresh.values():
-                await zygote.stop()
-                self._retire(zygote)
-            raise
-        for kind, zygote in fresh.items():
-            line = self._lines[kind]
-            old, line.zygote, line.born = line.zygote, zygote, time.monotonic()
-            if old is not None:
-                self._retired.append(old)
-                for callback in self.on_replaced:
-                    callback(old)  # its ready children are not worth keeping the old zygote alive for
+        async with AsyncExitStack() as held:
+            for kind in self._lines:  # in one order: a restart of a kind waits, and finds the new one
+                if kind in (kinds or self._lines):
+                    await held.enter_async_context(self._lines[kind].lock)
+            try:
+                for kind in kinds or tuple(self._lines):
+                    fresh[kind] = await self._new_zygote(kind)
+            except BaseException:
+                for zygote in fresh.values():
+                    await zygote.stop()
+                    self._retire(zygote)
+                raise
+            for kind, zygote in fresh.items():
+                old = self._take_over(self._lines[kind], zygote)
+                if old is not None:
+                    self._retired.append(old)
+                    for callback in self.on_replaced:
+                        callback(old)  # its ready children are not worth keeping the old zygote alive for
         await self._stop_retired()
         for callback in self.on_running:
             callback()
@@ -309,6 +326,8 @@ class ChildPool:
 
     async def _stop_retired(self) -> None:
         for zygote in [z for z in self._retired if z.live_children == 0]:
+            if zygote not in self._retired:
+                continue  # another release stopped it while this one awaited
             self._retired.remove(zygote)
             await zygote.stop()
             self._retire(zygote)

@@ -68,6 +68,7 @@ class JailedRuntime:
         self._trees: trees.TreeStore | None = None  # the chroot mode: materialized trees
         self._tmp_watcher: TmpWatcher | None = None  # the chroot mode: each run's /tmp capped
         self.on_layer_unused: list = []  # called with a layer path no zygote uses any more
+        self._left_out: dict[str, dict] = {}  # by kind of zygote: the preload failures last logged
 
     # ---- for subclasses --------------------------------------------------------
 
@@ -183,8 +184,6 @@ class JailedRuntime:
             if config.one_run_at_a_time:
                 await self.pool.stop()  # a function that refuses every run keeps no zygote for them
             return
-        if self.report.get("preload_failed"):
-            log.warning("%s: left out of the preload: %s", self.language, self.report["preload_failed"])
         if self.schedule is None:
             self.schedule = self._serial_schedule()
         await self.schedule.start()
@@ -342,6 +341,10 @@ class JailedRuntime:
         if failed and self._network is not None and not self._network.refused:
             self._network = self._network.failed(failed)
             log.error("%s: %s", self.language, self._network.refused)
+        left_out = zygote.report.get("preload_failed") or {}
+        if left_out and left_out != self._left_out.get(kind):  # once, not at every rotation
+            log.warning("%s: left out of the preload: %s", self.language, left_out)
+        self._left_out[kind] = left_out
         return zygote
 
     def _ensure_tree(self, spec: dict) -> str:
@@ -369,12 +372,10 @@ class JailedRuntime:
         old_layer = self.layer()
         self.set_layer(path)
         try:
-            report = await self.pool.replace_zygote()
+            await self.pool.replace_zygote()
         except Unavailable:
             self.set_layer(old_layer)
             raise
-        if report.get("preload_failed"):
-            log.warning("%s: left out of the preload: %s", self.language, report["preload_failed"])
 
     def zygote_retired(self, zygote: Zygote) -> None:
         """A zygote and all its children are gone: its layer, and its tree, may be unused now."""

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from typing import Protocol
 
-from runtimes.jail.pool import ChildPool, Variant
+from runtimes.jail.pool import ChildPool, Variant, kind_of
 from runtimes.jail.supervisor import Child, Zygote
 
 log = logging.getLogger("sandlot.jail")
@@ -136,6 +136,8 @@ class PooledSchedule:
         if self._stopping:
             return
         for variant, target in self.level.items():
+            if not self.pool.kind_running(kind_of(variant)):
+                continue  # its zygote is down: the pool restarts it (with a backoff), and refills then
             while len(self._ready[variant]) + self._filling[variant] < target:
                 self._filling[variant] += 1
                 self.pool.background(self._fill_one(variant))

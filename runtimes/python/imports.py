@@ -16,22 +16,23 @@ import re
 # Possessive quantifiers only (Python 3.11+): nothing is tried twice, so a hostile code is read in time
 # linear in its length (a lazy or backtracking pattern took seconds for 16 kB of spaces on one line).
 _STATEMENT = re.compile(
-    r"\bfrom[ \t]++(\.*+[\w.]*+)[ \t]++import\b"  # from a.b import c (relative ones name nothing of ours)
-    r"|\bimport[ \t]++([\w.]++(?:[ \t]*+,[ \t]*+[\w.]++|[ \t]++as[ \t]++\w++)*+)"  # import a.b as c, d
-)
+    r"\bfrom[ \t\f]++(\.*+[\w.]*+)[ \t\f]++import\b"  # from a.b import c (relative ones name nothing of ours)
+    r"|\bimport[ \t\f]++([\w.]++(?:[ \t\f]*+,[ \t\f]*+[\w.]++|[ \t\f]++as[ \t\f]++\w++)*+)"  # import a.b as c, d
+)  # (space, tab and form feed: what Python's tokenizer takes for blanks)
 _BY_NAME = re.compile(r"\b__import__\b|\bimport_module\b")
-READ_AT_MOST = 64 * 1024  # characters: a longer code is not read (the service reads it on its event loop)
+READ_AT_MOST = 32 * 1024  # characters: a longer code is not read (the service reads it on its event loop)
 
 
 def imported_modules(code: str) -> frozenset[str] | None:
     """The top-level names of the modules code imports, or None when it imports by name at run time or is
-    longer than READ_AT_MOST (5 ms of reading at most, hostile or not)."""
+    longer than READ_AT_MOST (a few ms of reading at most, hostile or not)."""
     if "import" not in code:
         return frozenset()
     if len(code) > READ_AT_MOST or _BY_NAME.search(code):
         return None
     names = set()
-    for match in _STATEMENT.finditer(code.replace("\\\n", " ")):  # a statement continued on the next line
+    joined = code.replace("\\\r\n", " ").replace("\\\n", " ")  # statements continued on the next line
+    for match in _STATEMENT.finditer(joined):
         source, listed = match.groups()
         if source is not None:
             if not source.startswith("."):

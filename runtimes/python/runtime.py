@@ -63,9 +63,16 @@ class PythonRuntime(JailedRuntime):
     def ready(self) -> bool:
         return super().ready and self.pool.kind_running(MAIN)
 
+    @property
+    def error(self) -> str:
+        error = super().error
+        if error or self.pool is None or self.pool.kind_running(MAIN):
+            return error
+        return self.pool.error_of(MAIN) or "the preloaded zygote is starting"
+
     def variant(self, request: RunRequest) -> tuple:
         pool = self.pool
-        if pool is None or len(self.zygote_kinds()) == 1 or not pool.kind_running(LEAN):
+        if pool is None or LEAN not in pool.kinds or not pool.kind_running(LEAN):
             return ()
         if not pool.kind_running(MAIN):
             return LEAN_VARIANT  # the preloaded one is starting: the lean one serves every run meanwhile
@@ -89,7 +96,9 @@ class PythonRuntime(JailedRuntime):
         return {self._variants()[0]: 1}
 
     def _variants(self) -> tuple[tuple, ...]:
-        return (LEAN_VARIANT, ()) if len(self.zygote_kinds()) > 1 else ((),)
+        """Before the pool exists (the schedule's targets are set as it is made): from what it will keep."""
+        kinds = self.pool.kinds if self.pool is not None else self.zygote_kinds()
+        return (LEAN_VARIANT, ()) if LEAN in kinds else ((),)
 
     def interpreter(self) -> str:
         return self.config.python_path
