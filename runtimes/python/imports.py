@@ -6,7 +6,9 @@ preloaded zygote, where it is served as fast as ever), and code that imports by
 name at run time (`__import__`, `importlib.import_module`) is not told apart
 (None). What this misses (an import built from pieces, `exec` of a decoded
 string) is still served, by the lean zygote, which imports what the run asks
-for as any interpreter does: a choice of speed, never of what a run can do.
+for as any interpreter does, as it does a package no zygote preloads: the
+import's time and memory are then the run's own (the memory counts in the run's
+limit). Both zygotes confine their children alike.
 """
 
 from __future__ import annotations
