@@ -76,7 +76,8 @@ class Service:
             self.python = unprivileged.venv_python()
         self.source = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project it runs
         self.user: int | None = None  # start the service as this uid (and gid), no groups
-        self.log_path = f"/tmp/sandlot-test-{self.port}.log"
+        # the uid in the name: a log another uid's run left under this port (a killed run) cannot be opened
+        self.log_path = f"/tmp/sandlot-test-{os.getuid()}-{self.port}.log"
 
     def start(self, wait: bool = True) -> Service:
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
