@@ -289,13 +289,13 @@ class ChildPool:
     async def replace_zygote(self, kinds: tuple[str, ...] = ()) -> dict:
         """Start new zygotes (from what the factory now says) and retire the current ones: of the kinds
         given, or of every kind. Either all of them take over or, if one cannot start, none does."""
+        chosen = [kind for kind in self._lines if not kinds or kind in kinds]  # always in the pool's order
         fresh: dict[str, Zygote] = {}
         async with AsyncExitStack() as held:
-            for kind in self._lines:  # in one order: a restart of a kind waits, and finds the new one
-                if kind in (kinds or self._lines):
-                    await held.enter_async_context(self._lines[kind].lock)
+            for kind in chosen:  # a restart of a kind waits, and finds the new one
+                await held.enter_async_context(self._lines[kind].lock)
             try:
-                for kind in kinds or tuple(self._lines):
+                for kind in chosen:
                     fresh[kind] = await self._new_zygote(kind)
             except BaseException:
                 for zygote in fresh.values():

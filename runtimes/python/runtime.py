@@ -96,9 +96,8 @@ class PythonRuntime(JailedRuntime):
         return {self._variants()[0]: 1}
 
     def _variants(self) -> tuple[tuple, ...]:
-        """Before the pool exists (the schedule's targets are set as it is made): from what it will keep."""
-        kinds = self.pool.kinds if self.pool is not None else self.zygote_kinds()
-        return (LEAN_VARIANT, ()) if LEAN in kinds else ((),)
+        """The kinds of child the pool's zygotes make (the schedule's targets are set once the pool exists)."""
+        return (LEAN_VARIANT, ()) if LEAN in self.pool.kinds else ((),)
 
     def interpreter(self) -> str:
         return self.config.python_path
