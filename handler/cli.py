@@ -100,6 +100,9 @@ def build_app(settings: Settings, layers: LayerManager | None):
 
 
 def serve(args: argparse.Namespace) -> int:
+    from handler import pid_one
+
+    pid_one.front()  # a container's pid 1: an init in front of the service, which goes on in a child
     import uvicorn
 
     from handler import logs

@@ -4,6 +4,7 @@
 #      Fargate give: Docker's 14 capabilities and its seccomp profile): it must serve both languages
 #      with the chroot mode's protections;
 #   2. with the compose file's privileges (SYS_ADMIN, NET_ADMIN, AppArmor unconfined): the full jail.
+# In both, `sandlot serve` is the container's pid 1 and must have put its init in front (handler/pid_one.py).
 #
 #   infra/container_test.sh [--keep]     # as root; --keep leaves the containers running
 #
@@ -145,10 +146,13 @@ sys.exit(0 if refused else 1)' 2>/dev/null; then
     python=$(api "$port" /v1/sandbox/run '{"language":"python3","code":"print(6 * 7)","enable_network":true}' || true)
     node=$(api "$port" /v1/sandbox/run '{"language":"nodejs","code":"console.log(6 * 7)","enable_network":true}' || true)
     detail=$(api "$port" /v1/sandbox/health || true)
+    # `sandlot serve` is the container's pid 1 here: it must have put its init in front (handler/pid_one.py)
+    local init
+    init=$(podman exec "$container" python3 -c 'print(open("/proc/1/cmdline").read().replace("\0", " "))' || true)
     podman logs "$container" >"$STATE/$name.log" 2>&1 || true
     local verdict
     verdict=$(NAME="$name" EXPECTED="$expected" HEALTHY="$healthy" READY="$ready" PYTHON_RUN="$python" NODE_RUN="$node" \
-        DETAIL="$detail" python3 - <<'EOF'
+        DETAIL="$detail" INIT="$init" python3 - <<'EOF'
 import json, os
 def load(name):
     try:
@@ -164,9 +168,11 @@ record = {k: platform.get(k) for k in ("chroot", "setuid", "mknod", "host_nft", 
 serves = {"python3": stdout(load("PYTHON_RUN")) == "42\n", "nodejs": stdout(load("NODE_RUN")) == "42\n"}
 ok = os.environ["HEALTHY"] == "1" and all(serves.values()) and all(m == os.environ["EXPECTED"] for m in modes.values())
 ok = ok and set(modes) == {"python3", "nodejs"}
+init = "pid_one.py" in os.environ["INIT"]
+ok = ok and init
 why = {lang: rt.get("error") for lang, rt in detail.items() if rt.get("error")}
 print(f"{'PASS' if ok else 'FAIL'} {os.environ['NAME']}: healthy={os.environ['HEALTHY'] == '1'} in {os.environ['READY']} s, "
-      f"serves={serves}, modes={modes} (expected {os.environ['EXPECTED']}), record={record}"
+      f"serves={serves}, init={init}, modes={modes} (expected {os.environ['EXPECTED']}), record={record}"
       + (f", errors={why}" if why else ""))
 EOF
     )
