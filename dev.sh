@@ -59,6 +59,7 @@ case "$command" in
     test)
         setup test
         "$VENV/bin/ruff" check .
+        "$VENV/bin/ruff" format --check . >/dev/null || { "$VENV/bin/ruff" format --diff .; exit 1; }
         "$VENV/bin/sandlot" layers build >/dev/null
         exec "$VENV/bin/python" -m pytest "$@"
         ;;

@@ -175,7 +175,6 @@ def container():
     shutil.rmtree(svc.env["SANDLOT_DATA_DIR"], ignore_errors=True)
 
 
-
 @needs_root
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_every_shared_case_in_a_default_container(container, case):
@@ -340,7 +339,6 @@ def test_python_in_the_chroot_jail(container, name):
 def test_nodejs_in_the_chroot_jail(container, name):
     code, expected = CHROOT_NODE_CASES[name]
     assert output(container, code, language="nodejs", enable_network=True) == expected
-
 
 
 @needs_root

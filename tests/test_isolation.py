@@ -35,7 +35,6 @@ def jail(request):
     svc.stop()
 
 
-
 PYTHON_CASES = {
     "no root, no groups": (
         "import os\nprint(os.getuid() != 0, os.geteuid() != 0, os.getgid() != 0, os.getgroups())",
@@ -187,7 +186,6 @@ def test_python(jail, name):
 def test_nodejs(jail, name):
     code, expected = NODE_CASES[name]
     assert output(jail, code, language="nodejs", enable_network=True) == expected
-
 
 
 def test_concurrent_runs_do_not_see_each_others_files_or_processes(jail):

@@ -590,4 +590,3 @@ def prepared(config: dict, allow_exec: bool = False) -> tuple[dict[bool, Seccomp
     filters = programs(tuple(config.get("extra_syscalls", ())), allow_exec=allow_exec)
     error = probe(filters[False])
     return (filters if error is None else {}), error
-
