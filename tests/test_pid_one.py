@@ -121,18 +121,21 @@ def test_a_zygote_killed_mid_run_leaves_no_zombie_and_the_service_stops_cleanly(
 
         os.kill(pid_one, signal.SIGTERM)  # `docker stop`: to pid 1, which passes it on
         # the service shut down gracefully (uvicorn then re-raises the SIGTERM), and its init exited as it did
-        assert svc.process.wait(30) in (0, 128 + signal.SIGTERM), svc.output()
+        assert svc.process.wait(30) == 128 + signal.SIGTERM, svc.output()
         assert "Application shutdown complete" in svc.output()
         assert not _in_namespace(namespace)
     finally:
         svc.stop()
 
 
-def _as_pid_one(code: str, *, timeout: float = 20) -> subprocess.CompletedProcess:
+def _script(code: str, before: str = "") -> str:
+    return f"import os, signal, sys, time\nfrom handler import pid_one\n{before}\npid_one.front()\n{code}"
+
+
+def _as_pid_one(code: str, *, before: str = "", timeout: float = 20) -> subprocess.CompletedProcess:
     """`code` after pid_one.front(), as pid 1 of a PID namespace of its own (in the service's child)."""
-    script = f"import os, signal, sys, time\nfrom handler import pid_one\npid_one.front()\n{code}"
     return subprocess.run(
-        [*CONTAINER, sys.executable, "-c", script],
+        [*CONTAINER, sys.executable, "-c", _script(code, before)],
         env={**os.environ, "PYTHONPATH": ROOT},
         capture_output=True,
         text=True,
@@ -154,6 +157,49 @@ def test_pid_one_forwards_a_stop_sent_at_once():
         "time.sleep(15)\n"
     )
     assert (result.returncode, result.stdout) == (3, "stopping\n"), result.stderr
+
+
+def test_pid_one_started_with_sigchld_ignored_still_sees_the_service_end():
+    """An ignored SIGCHLD survives exec: the kernel would reap the service unseen and pid 1 would wait forever."""
+    result = _as_pid_one("sys.exit(7)", before="signal.signal(signal.SIGCHLD, signal.SIG_IGN)")
+    assert result.returncode == 7, result.stderr
+
+
+def test_signals_that_do_not_stop_a_container_stay_ignored():
+    """As for a pid 1 without handlers (the service itself, before): SIGHUP, SIGUSR1, SIGUSR2, SIGQUIT."""
+    result = _as_pid_one(
+        "for signum in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT):\n"
+        "    os.kill(1, signum)\n"
+        "time.sleep(0.5)\n"
+        "print('serving')\n"
+    )
+    assert (result.returncode, result.stdout) == (0, "serving\n"), result.stderr
+
+
+def test_a_ctrl_c_to_the_foreground_group_reaches_the_service_once():
+    """`docker run -it` and Ctrl-C: the terminal signals pid 1's process group; the service is in one of its
+    own, so it gets the signal once, passed on (uvicorn takes a second SIGINT as "exit now")."""
+    code = (
+        "received = []\n"
+        "signal.signal(signal.SIGINT, lambda *_: received.append(1))\n"
+        "print(os.getpgid(0) != os.getpgid(1), flush=True)\n"
+        "time.sleep(2)\n"
+        "print(len(received), flush=True)\n"
+    )
+    process = subprocess.Popen(
+        [*CONTAINER, sys.executable, "-c", _script(code)],
+        env={**os.environ, "PYTHONPATH": ROOT},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert process.stdout.readline() == "True\n"
+        os.killpg(os.getpgid(_pid_one(process.pid)), signal.SIGINT)  # what the terminal does
+        assert process.stdout.readline() == "1\n"
+        assert process.wait(10) == 0
+    finally:
+        process.kill()
 
 
 def test_pid_one_reaps_orphans_the_service_never_waits_for():
