@@ -96,10 +96,10 @@ def kill_strays(uid: int, wait: bool = True) -> list[int]:
             return killed
         targets: list[tuple[int, int]] = []
         for pid in strays:
-            try:
-                pidfd = os.pidfd_open(pid)
-            except OSError:
-                continue  # gone already
+            # gone already, or its pid taken since the scan by a process of another uid or by one of ours
+            pidfd = _pin(pid, lambda owner, parent: owner == uid and parent != os.getpid())
+            if pidfd < 0:
+                continue
             try:
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
                 killed.append(pid)
@@ -133,10 +133,12 @@ def kill_range(first: int, last: int) -> list[int]:
                 if shown != 0 and not first <= shown <= last:
                     continue
                 owner, _parent, zombie = _status(int(entry))
-                if not first <= owner <= last or zombie:
-                    continue
-                pidfd = os.pidfd_open(int(entry))
             except (OSError, ValueError):
+                continue
+            if not first <= owner <= last or zombie:
+                continue
+            pidfd = _pin(int(entry), lambda owner, _parent: first <= owner <= last)
+            if pidfd < 0:
                 continue
             try:
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
@@ -152,6 +154,28 @@ def kill_range(first: int, last: int) -> list[int]:
             for pidfd in targets:
                 os.close(pidfd)
     raise StrayProcesses(f"processes of uids {first}-{last} kept appearing after {SWEEP_ROUNDS} rounds of SIGKILL")
+
+
+def _pin(pid: int, meant) -> int:
+    """A pidfd of pid if the process it now names is still one the sweep means (`meant(uid, parent)`), else -1.
+
+    Between the scan of /proc and pidfd_open the process may have ended and its pid gone to another
+    process (as root nothing else would refuse the signal; sharing the runs' uid, one of our own children
+    could take it): the pidfd fixes which process is meant, and its uid and parent are read again after
+    it. If that one ends too and its pid is taken once more, the signal through the pidfd reaches nobody.
+    """
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return -1
+    try:
+        owner, parent, _zombie = _status(pid)
+    except (OSError, ValueError):
+        owner = parent = -1
+    if owner < 0 or not meant(owner, parent):
+        os.close(pidfd)
+        return -1
+    return pidfd
 
 
 async def sweep(uid: int) -> None:

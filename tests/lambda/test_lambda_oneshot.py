@@ -17,8 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 from service import IS_ROOT  # noqa: E402
 from simulated import SYSTEM_PYTHON, live_processes_of  # noqa: E402
 
+from runtimes.jail import sweep  # noqa: E402
 from runtimes.jail.scratch import Scratch  # noqa: E402
-from runtimes.jail.sweep import kill_strays, strays_of  # noqa: E402
+from runtimes.jail.sweep import kill_range, kill_strays, strays_of  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not IS_ROOT, reason="needs root: plays the run's uid and another uid")
 
@@ -121,3 +122,54 @@ def test_the_sweep_kills_every_process_of_the_uid_but_the_runtimes_own_children(
         ours.kill()
         ours.wait()
         kill_strays(RUN_UID)
+
+
+@pytest.fixture
+def bystander():
+    """A process of another uid (root's): what took a stray's pid between the scan and the kill."""
+    process = subprocess.Popen(["sleep", "60"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def _seen_once_as(uid: int, pid: int, monkeypatch) -> None:
+    """The scan's first read of pid's status says uid (the stray that held it); later reads are true."""
+    real, seen = sweep._status, []
+
+    def status(of: int):
+        if of == pid and not seen:
+            seen.append(of)
+            return uid, 1, False
+        return real(of)
+
+    monkeypatch.setattr(sweep, "_status", status)
+
+
+def test_the_sweep_spares_the_process_that_took_a_strays_pid(bystander, monkeypatch):
+    """As root nothing refuses the signal: the uid is read again once a pidfd fixes which process is meant."""
+    scans = iter([[bystander.pid]])  # the scan saw the pid as the uid's
+    monkeypatch.setattr(sweep, "strays_of", lambda uid: next(scans, []))
+    assert kill_strays(RUN_UID) == []
+    assert bystander.poll() is None
+
+
+def test_the_sweep_of_a_dead_instances_block_spares_what_took_one_of_its_pids(bystander, monkeypatch):
+    """The same at start, for the uid block a killed instance left (the bystander, root's, passes the scan's
+    first filter: a non-dumpable process shows as root's)."""
+    _seen_once_as(RUN_UID, bystander.pid, monkeypatch)
+    assert bystander.pid not in kill_range(RUN_UID, RUN_UID)
+    assert bystander.poll() is None
+
+
+def test_the_sweep_spares_its_own_child_that_took_a_strays_pid(monkeypatch):
+    """Sharing the runs' uid (a Lambda function), the runtime's own new child may take a stray's pid."""
+    ours = as_run_uid("exec sleep 60")
+    try:
+        scans = iter([[ours.pid]])  # the scan saw the pid as a stray's
+        monkeypatch.setattr(sweep, "strays_of", lambda uid: next(scans, []))
+        assert kill_strays(RUN_UID) == []
+        assert ours.poll() is None
+    finally:
+        ours.kill()
+        ours.wait()
