@@ -91,7 +91,6 @@ def _reap(service: int) -> None:
             return
         if pid == service:
             code = os.waitstatus_to_exitcode(status)
-            sys.stdout.flush()
             os._exit(128 - code if code < 0 else code)
 
 

@@ -9,6 +9,7 @@ default container's restrictions too (tests/outer_filter.py: the chroot jail Dif
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -32,22 +33,6 @@ def _status(pid: int) -> dict[str, str]:
 def _cmdline(pid: int) -> str:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return f.read().replace(b"\0", b" ").decode(errors="replace")
-
-
-def _pid_namespace(pid: int) -> str:
-    return os.readlink(f"/proc/{pid}/ns/pid")
-
-
-def _in_namespace(namespace: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if _pid_namespace(int(entry)) == namespace:
-                    found.append(int(entry))
-            except OSError:
-                continue
-    return found
 
 
 def _stat(pid: int) -> list[str]:
@@ -86,6 +71,17 @@ def _busy_children(root: int, parents: list[int]) -> list[int]:
     return busy
 
 
+def _pidfds(pids: list[int]) -> list[int]:
+    """Pidfds of those still there (readable once each has ended)."""
+    found = []
+    for pid in pids:
+        try:
+            found.append(os.pidfd_open(pid))
+        except ProcessLookupError:
+            continue
+    return found
+
+
 def _python_zygotes(service: int) -> list[int]:
     return [p for p in descendants(service) if parent_of(p) == service and "python.runner" in _cmdline(p)]
 
@@ -97,7 +93,6 @@ def test_a_zygote_killed_mid_run_leaves_no_zombie_and_the_service_stops_cleanly(
     svc.start()
     try:
         pid_one = _pid_one(svc.process.pid)
-        namespace = _pid_namespace(pid_one)
         assert "pid_one.py" in _cmdline(pid_one)  # the init, not the service
         (service,) = [p for p in descendants(pid_one) if parent_of(p) == pid_one]
         assert "handler.cli serve" in _cmdline(service)
@@ -119,11 +114,14 @@ def test_a_zygote_killed_mid_run_leaves_no_zombie_and_the_service_stops_cleanly(
         assert wait_for(lambda: not _zombies(pid_one), 10), _zombies(pid_one)
         assert wait_for(lambda: svc.run("print(6 * 7)").get("data", {}).get("stdout") == "42\n", 30)
 
+        tree = _pidfds([pid_one, *descendants(pid_one)])
         os.kill(pid_one, signal.SIGTERM)  # `docker stop`: to pid 1, which passes it on
         # the service shut down gracefully (uvicorn then re-raises the SIGTERM), and its init exited as it did
         assert svc.process.wait(30) == 128 + signal.SIGTERM, svc.output()
         assert "Application shutdown complete" in svc.output()
-        assert not _in_namespace(namespace)
+        assert all(select.select([fd], [], [], 5)[0] for fd in tree)  # the service's zygotes too
+        for fd in tree:
+            os.close(fd)
     finally:
         svc.stop()
 
