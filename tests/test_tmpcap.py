@@ -189,17 +189,93 @@ def test_directories_nested_past_any_recursion_limit_count_as_files(run_dir):
 HARD_LINKS = """
 with open("target", "wb") as f:
     f.write(b"x" * (1 << 20))
-for n in range(1000):
+for n in range(20):
     os.link("target", f"link{n}")
 time.sleep(0.5)
 """
 
 
-def test_hard_links_are_one_file_as_on_tmpfs(run_dir):
+def test_hard_links_count_as_files_and_their_blocks_once_as_on_tmpfs(run_dir):
+    """tmpfs charges every link an inode: 20 links and their file are 21 files, 1 MiB."""
     result = watch_run(run_dir, HARD_LINKS, 8 * MIB, 50)
     assert result["ended"] == [] and result["exit"] == 0
-    assert result["seen"].files == 1
+    assert result["seen"].files == 21
     assert MIB <= result["seen"].bytes < 2 * MIB  # the file once, and the directory's entries
+
+
+LINKS_WITHOUT_END = """
+open("target", "w").close()
+n = 0
+while True:
+    os.link("target", f"link{n}")
+    n += 1
+"""
+
+
+def test_links_to_one_file_end_the_run_at_the_file_cap(run_dir):
+    """A run linking one file without end (a scan that counted them as one file walked millions of names on
+    the service's event loop, stalling every other request for seconds)."""
+    result = watch_run(run_dir, LINKS_WITHOUT_END, 64 * MIB, 200)
+    assert result["ended"] == ["error: /tmp file limit exceeded (200 files)"] and result["killed"]
+
+
+def test_a_scan_stops_at_the_file_cap_whatever_the_directory_holds(run_dir):
+    os.mkdir(os.path.join(run_dir, "d"))
+    target = os.path.join(run_dir, "d", "target")
+    open(target, "w").close()
+    for n in range(5000):
+        os.link(target, os.path.join(run_dir, "d", f"link{n}"))
+    seen: list[tuple] = []
+    found = tmpcap.usage(run_dir, RUN_UID, 100, lambda _fd, key: seen.append(key))
+    assert found.over_files and found.files == 101
+    assert len(seen) == 2  # the top and d: no more directories were opened
+
+
+def test_all_runs_scans_together_keep_to_their_share_of_the_event_loop(run_dir, monkeypatch):
+    """Four runs whose every scan is slow (each directory 1,500 subdirectories, touched without pause): the
+    scans take about SCAN_SHARE of the loop's time, whatever the number of runs, and a coroutine beside them
+    keeps running. (Each run alone paced to a third of the loop, so three or more stalled the service.)"""
+    dirs = []
+    for n in range(4):
+        path = os.path.join(run_dir, f"run{n}")
+        os.mkdir(path)
+        for m in range(1500):
+            os.mkdir(os.path.join(path, f"d{m}"))
+        dirs.append(path)
+    busy = [0.0]
+    real_usage = tmpcap.usage
+
+    def timed_usage(*args, **kwargs):
+        started = time.monotonic()
+        try:
+            return real_usage(*args, **kwargs)
+        finally:
+            busy[0] += time.monotonic() - started
+
+    monkeypatch.setattr(tmpcap, "usage", timed_usage)
+
+    async def main() -> tuple[float, int]:
+        watcher = tmpcap.TmpWatcher()
+        caps = [watcher.watch(path, os.getuid(), 64 * MIB, 10_000, lambda _reason: None) for path in dirs]
+        stop = time.monotonic() + 2.0
+        beats = 0
+        busy[0] = 0.0
+        started = time.monotonic()
+        while time.monotonic() < stop:
+            for path in dirs:  # every run's directory changes all the time: each wants a scan at once
+                open(os.path.join(path, "f"), "w").close()
+            await asyncio.sleep(0.002)
+            beats += 1
+        share = busy[0] / (time.monotonic() - started)
+        for cap in caps:
+            assert not cap.ended
+            watcher.unwatch(cap)
+        watcher.close()
+        return share, beats
+
+    share, beats = asyncio.run(main())
+    assert share < 2 * tmpcap.SCAN_SHARE, share
+    assert beats > 100  # the loop served the coroutine in between (a 2 ms sleep, 2 s long)
 
 
 SPARSE = """

@@ -7,12 +7,15 @@ no quota, so a run's /tmp is a directory of the tree's filesystem (runtimes/tree
 - no single file grows past the size cap: the child's RLIMIT_FSIZE (a write past it fails with
   EFBIG, as a full tmpfs fails with ENOSPC);
 - the service watches each run's directory with inotify (inotify_simple) and, on activity,
-  counts what the run holds there: distinct inodes (files, directories, symlinks; hard links
-  are one file, as on tmpfs) and the blocks really allocated to the run's own inodes (a sparse
-  file costs what it stores; a link to a file that is not the run's costs nothing). Scans are
-  fd-based and never follow a symlink, stop as soon as the file cap is passed, and come at most
-  every few milliseconds per run (twice as far apart as the last scan took, so a run with many
-  files cannot keep the service busy). Directories get a watch of their own as the scan finds
+  counts what the run holds there: every name (files, directories, symlinks, and each hard link:
+  tmpfs too charges a link an inode, and a scan that counted a million links to one file as one
+  would walk them all) and the blocks really allocated to the run's own inodes, once per inode (a
+  sparse file costs what it stores; a link to a file that is not the run's costs nothing). Scans
+  are fd-based and never follow a symlink, stop as soon as the file cap is passed, and come at
+  most every few milliseconds per run (twice as far apart as the last scan took). They run on the
+  service's event loop, so all runs' scans together take at most SCAN_SHARE of its time: after a
+  scan that took t, no other starts for t * (1 / SCAN_SHARE - 1) (runs with many files then get
+  their caps checked less often, never the service stalled). Directories get a watch of their own as the scan finds
   them, through the descriptor it opened, so a directory swapped for a symlink is never watched.
   Over a cap, the run is ended with a clear `error: ...` line (`TmpCap.over`). Where inotify
   watches run out (fs.inotify.max_user_watches), the run's directory is scanned on a timer instead.
@@ -49,6 +52,7 @@ log = logging.getLogger("sandlot.jail")
 
 MIB = 1024 * 1024
 MIN_INTERVAL = 0.005  # seconds between two scans of one run, at least
+SCAN_SHARE = 0.25  # of the event loop's time, for every run's scans together
 POLL_INTERVAL = 0.05  # where no inotify watch could be had
 DISK_FLOOR = 256 * MIB  # free space under which runs holding hidden files are ended
 DIRECTORY_BLOCK = 4096  # not charged: an empty directory's size on ext4 and xfs
@@ -61,8 +65,8 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 @dataclass
 class Usage:
-    bytes: int = 0  # blocks allocated to the run's own inodes (directories: past their first block)
-    files: int = 0  # distinct inodes below the top directory
+    bytes: int = 0  # blocks allocated to the run's own inodes, once each (directories: past their first block)
+    files: int = 0  # names below the top directory (each hard link one, as on tmpfs)
     over_files: bool = False  # the scan stopped because files passed the cap
 
 
@@ -79,7 +83,7 @@ class _Anchor:
 
 def usage(path: str, uid: int, max_files: int, on_directory: Callable[[int, tuple], None] | None = None) -> Usage:
     """What the run of uid holds in the directory at path (see the module's description). Never follows a
-    symlink; stops once more than max_files inodes are found. Directories are opened by their path relative
+    symlink; stops once more than max_files names are found. Directories are opened by their path relative
     to an open ancestor, a new ancestor every ANCHOR_AFTER bytes of path: however deep or wide the
     directory is, few descriptors are open at once and no path passes PATH_MAX. on_directory(fd, key) is
     called for each directory, the top one too, with a descriptor open on it (valid during the call only)."""
@@ -112,14 +116,14 @@ def usage(path: str, uid: int, max_files: int, on_directory: Callable[[int, tupl
                             info = entry.stat(follow_symlinks=False)
                         except FileNotFoundError:
                             continue  # gone since it was listed
-                        key = (info.st_dev, info.st_ino)
-                        if key in seen:
-                            continue  # another name of a file already counted
-                        seen.add(key)
                         found.files += 1
                         if found.files > max_files:
                             found.over_files = True
                             return found
+                        key = (info.st_dev, info.st_ino)
+                        if key in seen:
+                            continue  # another name of a file already counted (never a directory's)
+                        seen.add(key)
                         if info.st_uid == uid:
                             allocated = info.st_blocks * 512
                             # a directory's first block is what any directory has (tmpfs charges none)
@@ -220,6 +224,7 @@ class TmpWatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._by_watch: dict[int, TmpCap] = {}
         self._caps: set[TmpCap] = set()
+        self._free_at = 0.0  # no scan of any run starts before (SCAN_SHARE)
 
     def watch(self, path: str, uid: int, max_bytes: int, max_files: int, over: Callable[[str], None]) -> TmpCap:
         """Start capping path (a run's /tmp directory, owned by uid). Call from the event loop."""
@@ -291,7 +296,7 @@ class TmpWatcher:
     def _schedule(self, cap: TmpCap) -> None:
         if cap.ended or cap._scan is not None:
             return
-        delay = max(0.0, cap._last_scan + cap._interval - time.monotonic())
+        delay = max(0.0, cap._last_scan + cap._interval - time.monotonic(), self._free_at - time.monotonic())
         cap._scan = self._loop.call_later(delay, self._scan_now, cap)
 
     def _scan_now(self, cap: TmpCap) -> None:
@@ -299,6 +304,9 @@ class TmpWatcher:
         if cap.ended:
             return
         started = time.monotonic()
+        if started < self._free_at:  # another run's scan took the share since this one was scheduled
+            cap._scan = self._loop.call_later(self._free_at - started, self._scan_now, cap)
+            return
         try:
             cap.usage = usage(cap.path, cap.uid, cap.max_files, lambda fd, key: self._add_watch(cap, fd, key))
         except FileNotFoundError:
@@ -309,6 +317,7 @@ class TmpWatcher:
         elapsed = time.monotonic() - started
         cap._last_scan = started + elapsed
         cap._interval = max(MIN_INTERVAL, 2 * elapsed)
+        self._free_at = cap._last_scan + elapsed * (1 / SCAN_SHARE - 1)
         if cap.usage.over_files:
             self._end(cap, f"error: /tmp file limit exceeded ({cap.max_files} files)")
         elif cap.usage.bytes > cap.max_bytes:
