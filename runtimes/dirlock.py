@@ -2,16 +2,18 @@
 
 A user holds a shared lock on the directory itself; whoever removes it first takes
 the exclusive lock and, still holding it, renames the directory out of the way
-(`<name>.trash-<n>`), so that a user who opened the old name meanwhile finds, once
-it has its lock, that the name no longer leads there (`lock_shared` says so).
+(`<name>.trash-<random>`), so that a user who opened the old name meanwhile finds, once
+it has its lock, that the name no longer leads there (`lock_shared` says so). The
+trash name cannot be guessed: where the directory is a run's /tmp, a later run of the
+same uid must not find what it holds should its removal fail.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import secrets
 import shutil
-import time
 from collections.abc import Callable
 
 TRASH = ".trash-"
@@ -54,7 +56,8 @@ def remove_if_unlocked(path: str | os.PathLike, remove: Callable[[str], None] = 
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
-        trash = f"{os.fspath(path)}{TRASH}{time.time_ns()}" if TRASH not in os.fspath(path) else os.fspath(path)
+        name = os.fspath(path)
+        trash = f"{name}{TRASH}{secrets.token_hex(16)}" if TRASH not in name else name
         try:
             os.rename(path, trash)
         except OSError:

@@ -13,10 +13,11 @@ import resource
 import signal
 import tempfile
 import time
+import types
 
 import pytest
 
-from runtimes import trees
+from runtimes import dirlock, trees
 from runtimes.jail import tmpcap
 
 MIB = 1024 * 1024
@@ -379,3 +380,43 @@ def test_without_inotify_watches_the_directory_is_scanned_on_a_timer(run_dir, mo
     monkeypatch.setattr(tmpcap.INotify, "add_watch", refused)
     result = watch_run(run_dir, MANY_BIG_FILES, 8 * MIB, 2048)
     assert result["ended"] == ["error: /tmp size limit exceeded (8 MiB)"] and result["killed"]
+
+
+def test_a_run_directory_being_removed_is_not_taken_for_a_dead_instances(tmp_path, monkeypatch):
+    """Another instance clearing dead instances' run directories (at a zygote's start) while this one removes
+    its run's: it must leave the directory alone. (It took it, renamed it to a trash name and walked it at the
+    same time: each remover failed on what the other had removed, and the directory stayed, the old run's
+    files in it, while its uid went to the next run.)"""
+    tree_root = str(tmp_path)
+    os.mkdir(os.path.join(tree_root, "tmp"), 0o711)
+    directories = tmpcap.RunDirectories(tmpcap.TmpWatcher(), 64 * MIB, 2048)
+    path, _inside = directories.make(tree_root, RUN_UID)
+    for n in range(50):
+        with open(os.path.join(path, f"f{n}"), "w") as f:
+            f.write("secret")
+    taken: list[list[str]] = []
+    started: list[str] = []
+    real_remove_tree = trees.remove_tree
+
+    def remove_tree(target: str) -> None:
+        if not started:  # the other instance clears stale directories just as this removal starts
+            started.append(target)
+            taken.append(trees.clear_stale_run_tmps(tree_root))
+        real_remove_tree(target)
+
+    monkeypatch.setattr(trees, "remove_tree", remove_tree)
+    asyncio.run(directories.remove(types.SimpleNamespace(pid=1, tmpdir=path)))
+    assert taken == [[]]
+    assert os.listdir(os.path.join(tree_root, "tmp")) == []
+
+
+def test_a_removed_directorys_trash_name_cannot_be_guessed(tmp_path):
+    """Should a removal fail, the trash stays where a later run of the same uid could look for it by name."""
+    names = []
+    for n in range(2):
+        path = tmp_path / f"{RUN_UID}-{n}"
+        path.mkdir()
+        assert dirlock.remove_if_unlocked(path, remove=names.append)
+    suffixes = [name.rsplit(dirlock.TRASH, 1)[1] for name in names]
+    assert all(len(suffix) == 32 and int(suffix, 16) >= 0 for suffix in suffixes)
+    assert suffixes[0] != suffixes[1]

@@ -415,20 +415,26 @@ class RunDirectories:
 
     async def remove(self, child) -> None:
         """The child is dead and its uid swept: stop watching, remove the directory (off the event loop:
-        a run may leave thousands of directories)."""
+        a run may leave thousands of directories). The lock is held until it is gone: another instance
+        clearing dead ones' directories (trees.clear_stale_run_tmps) would otherwise take it for one and
+        walk it at the same time, each failing on what the other removed."""
         cap = self._caps.pop(child.pid, None)
         if cap is not None:
             self.watcher.unwatch(cap)
         path = child.tmpdir
         child.tmpdir = ""
         if path:
-            self._unlock(path)
-            await asyncio.to_thread(_remove_quietly, path)
+            try:
+                await asyncio.to_thread(_remove_quietly, path)
+            finally:
+                self._unlock(path)
 
     def discard(self, path: str) -> None:
         """A directory whose child never came to be."""
-        self._unlock(path)
-        _remove_quietly(path)
+        try:
+            _remove_quietly(path)
+        finally:
+            self._unlock(path)
 
     def _unlock(self, path: str) -> None:
         fd = self._held.pop(path, -1)
