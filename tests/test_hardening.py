@@ -209,6 +209,41 @@ def test_two_runs_cannot_pass_a_byte_through_the_process_count(jail):
     assert received == "sysinfo refused 1\n"
 
 
+# Makes 37 files in its /tmp 1.5 s in: where /tmp is a directory of the host's disk (the chroot mode), the
+# disk's free inodes fall by 37 while they are there.
+INODE_SENDER = (
+    "import os, time\ntime.sleep(1.5)\n"
+    "for n in range(37):\n    open(f'f{n}', 'w').close()\n"
+    "time.sleep(2)\nprint('made', len(os.listdir('.')), 'files')"
+)
+INODE_RECEIVER = (
+    "import os, time\n"
+    "try:\n    before = os.statvfs('.').f_ffree\n    time.sleep(1.5)\n"
+    "    print('received', before - os.statvfs('.').f_ffree)\n"
+    "except OSError as e:\n    print('statvfs refused', e.errno)"
+)
+
+
+def test_two_runs_cannot_pass_a_byte_through_a_filesystems_free_inodes(jail):
+    sent, received = together(jail, INODE_SENDER, INODE_RECEIVER)
+    assert sent == "made 37 files\n"
+    assert received == "statvfs refused 1\n"
+
+
+def test_no_filesystems_size_tells_the_machines_memory(jail):
+    """The tree's root is a tmpfs, whose default size and inode count are a share of the machine's memory."""
+    code = (
+        "import os\nfor path in ('/', '/tmp', os.path.dirname(os.__file__)):\n"
+        "    try:\n        print(os.statvfs(path).f_files)\n    except OSError as e:\n        print(e.errno)\n"
+    )
+    assert output(jail, code) == "1\n1\n1\n"
+    node = (
+        "const fs = require('fs');\nfor (const path of ['/', '/tmp']) {\n"
+        "  try { console.log(fs.statfsSync(path).files); } catch (e) { console.log(e.code); }\n}"
+    )
+    assert output(jail, node, language="nodejs") == "EPERM\nEPERM\n"
+
+
 def test_python_learns_the_runs_memory_not_the_machines(jail):
     code = (
         "import os\npages = os.sysconf('SC_PHYS_PAGES'), os.sysconf('SC_AVPHYS_PAGES')\n"

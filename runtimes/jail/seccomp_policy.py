@@ -25,7 +25,11 @@ files the caller owns, as the service's uid owns its layer without root, and
 MADV_COLD), none that tells whether a page is cached (preadv2/pwritev2 with
 RWF_NOWAIT, mincore, cachestat), no KSM merging (MADV_MERGEABLE: merged pages
 are a timing channel between runs), no sysinfo (the process count, load and free
-memory of the whole machine). What remains is timing: README, "What remains".
+memory of the whole machine), no statfs or fstatfs (a filesystem's size and free
+blocks and inodes: where a run's /tmp is a directory of the host's disk, the
+chroot mode, its free inodes are a counter every run can move and read; a tmpfs's
+default size and inode count are a fraction of the machine's memory). What
+remains is timing: README, "What remains".
 """
 
 from __future__ import annotations
@@ -69,8 +73,6 @@ BASE_SYSCALLS = (
     "lstat",
     "newfstatat",
     "statx",
-    "statfs",
-    "fstatfs",
     "access",
     "faccessat",
     "faccessat2",
