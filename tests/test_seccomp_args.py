@@ -20,7 +20,17 @@ from runtimes.linux import set_no_new_privs
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 
-SYS = {"socket": 41, "ioctl": 16, "fcntl": 72, "flock": 73, "kill": 62, "getpgid": 121, "listen": 50, "bind": 49}
+SYS = {
+    "socket": 41,
+    "ioctl": 16,
+    "fcntl": 72,
+    "flock": 73,
+    "kill": 62,
+    "getpgid": 121,
+    "listen": 50,
+    "bind": 49,
+    "setsockopt": 54,
+}
 HIGH = 1 << 32
 
 
@@ -150,6 +160,80 @@ def test_locks_succeed_without_locking_and_pids_are_the_callers_only():
         "getpgid 0 high bits": "EPERM",
         "getpgid 0": "ok",
     }
+
+
+def socket_options() -> dict:
+    a, _b = socket.socketpair()
+    inet = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    big = ctypes.c_int(1 << 22)
+    one = ctypes.c_int(1)
+    default = a.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    found = {
+        "SO_SNDBUF": syscall("setsockopt", a.fileno(), 1, 7, ctypes.byref(big), 4),
+        "SO_RCVBUF": syscall("setsockopt", a.fileno(), 1, 8, ctypes.byref(big), 4),
+        "SO_SNDBUFFORCE": syscall("setsockopt", a.fileno(), 1, 32, ctypes.byref(big), 4),
+        "SO_SNDBUF high bits": syscall("setsockopt", a.fileno(), 1 | HIGH, 7 | HIGH, ctypes.byref(big), 4),
+        "SO_SNDBUF through option high bits": syscall("setsockopt", a.fileno(), 1, 7 | HIGH, ctypes.byref(big), 4),
+        "SO_PASSCRED": syscall("setsockopt", a.fileno(), 1, 16, ctypes.byref(one), 4),
+        "SO_KEEPALIVE": syscall("setsockopt", inet.fileno(), 1, 9, ctypes.byref(one), 4),
+        "TCP_NODELAY": syscall("setsockopt", inet.fileno(), 6, 1, ctypes.byref(one), 4),
+        "IP_TOS": syscall("setsockopt", inet.fileno(), 0, 1, ctypes.byref(one), 4),
+        "SOL_NETLINK": syscall("setsockopt", a.fileno(), 270, 1, ctypes.byref(one), 4),
+        "socket option 200": syscall("setsockopt", a.fileno(), 1, 200, ctypes.byref(one), 4),
+    }
+    found["buffer unchanged"] = a.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == default
+    found["receive buffer unchanged"] = a.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == default
+    return found
+
+
+def test_socket_buffers_keep_their_default_size_and_other_options_work():
+    assert in_filter(True, socket_options) == {
+        "SO_SNDBUF": "ok",
+        "SO_RCVBUF": "ok",
+        "SO_SNDBUFFORCE": "ok",
+        "SO_SNDBUF high bits": "ok",
+        "SO_SNDBUF through option high bits": "ok",
+        "SO_PASSCRED": "ok",
+        "SO_KEEPALIVE": "ok",
+        "TCP_NODELAY": "ok",
+        "IP_TOS": "ok",
+        "SOL_NETLINK": "EPERM",
+        "socket option 200": "EPERM",
+        "buffer unchanged": True,
+        "receive buffer unchanged": True,
+    }
+
+
+def fill_socket_buffers() -> dict:
+    """The helper's attack: socketpairs until no descriptor is left, each buffer asked for at its largest
+    and filled. What the kernel holds for them, in MiB."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    pairs, queued = [], 0
+    chunk = b"x" * 65536
+    while True:
+        try:
+            a, b = socket.socketpair()
+        except OSError:
+            break
+        pairs.append((a, b))
+        for end in (a, b):
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 30)
+            end.setblocking(False)
+            while True:
+                try:
+                    queued += end.send(chunk)
+                except BlockingIOError:
+                    break
+    return {"MiB": queued >> 20, "pairs": len(pairs) > 100}
+
+
+def test_a_run_cannot_pin_gigabytes_in_socket_buffers():
+    """Each buffer raised to net.core.wmem_max, 126 pairs held about 2 GiB (4 GiB with the ends passed away
+    over SCM_RIGHTS), outside every memory limit of the run."""
+    found = in_filter(False, fill_socket_buffers)
+    assert found["pairs"] and found["MiB"] < 128, found
 
 
 def test_a_lock_taken_under_the_filter_is_not_held():

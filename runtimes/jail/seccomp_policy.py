@@ -11,8 +11,9 @@ Nothing a run may call shows it the host or another run. With network a run may
 open TCP and UDP sockets over IPv4 and IPv6 and connect them, nothing else: no
 bind, listen or accept (nothing reaches it), no unix socket but socketpair (no
 abstract socket of the host or another run), no netlink (no view of the host's
-sockets or interfaces), no raw socket. No ioctl of the socket range (interfaces,
-routes, a socket's namespace) in any run. Calls that take a pid take 0 (the
+sockets or interfaces), no raw socket, no socket buffer sized past the default.
+No ioctl of the socket range (interfaces, routes, a socket's namespace) in any
+run. Calls that take a pid take 0 (the
 caller) only; kill and friends are fenced to the run's own pid by fence_for.
 Locks are the run's own: flock and fcntl record locks succeed without taking a
 lock, since a run is one process and its lock could only be seen by another run
@@ -206,7 +207,6 @@ BASE_SYSCALLS = (
     "recvmmsg",
     "shutdown",
     "getsockopt",
-    "setsockopt",
     "getsockname",
     "getpeername",
 )
@@ -231,6 +231,34 @@ MADVISE_ALLOWED = (
 FADVISE_ALLOWED = ((0xFFFFFFFC, 0), (0xFFFFFFFF, 5))
 RWF_NOWAIT = 0x8  # preadv2/pwritev2: fail instead of waiting for the disk, so "is this page cached?"
 RWF_FLAGS_ARG = 5  # (fd, iov, iovcnt, pos_l, pos_h, flags)
+
+# setsockopt: the levels of the sockets a run can have (socket level; IP, TCP, UDP, IPv6). The socket-level
+# options that size a socket's buffers are answered with success and not applied (the kernel clamps them
+# silently anyway): raised to net.core.wmem_max, a run's few hundred sockets could pin gigabytes of kernel
+# memory that no rlimit counts; at the default size they hold about 100 MiB at most.
+SOL_SOCKET = 1
+SOCKET_OPTION_LEVELS = (0, 6, 17, 41)  # besides SOL_SOCKET: SOL_IP, SOL_TCP, SOL_UDP, SOL_IPV6
+SOCKET_BUFFER_OPTIONS = (7, 8, 32, 33)  # SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE
+SOCKET_OPTIONS_BELOW = 128  # Linux's socket-level options are numbered below this
+
+
+def all_but(excluded: set[int], below: int) -> tuple[tuple[int, int], ...]:
+    """(mask, value) pairs that together match every value from 0 to below (a power of two) but the excluded
+    ones: aligned blocks, each tested on an argument's low 32 bits, all of them (the kernel reads an int
+    argument's low 32 bits whatever the upper ones say, so a test of all 64 would let a caller past a rule
+    with bits the kernel never reads, and a test of fewer would let values past `below` through)."""
+    pairs = []
+
+    def cover(low: int, size: int) -> None:
+        if not any(low <= value < low + size for value in excluded):
+            pairs.append((0xFFFFFFFF & ~(size - 1), low))
+        elif size > 1:
+            cover(low, size // 2)
+            cover(low + size // 2, size // 2)
+
+    cover(0, below)
+    return tuple(pairs)
+
 
 # With network: a client's calls. No bind, listen or accept: nothing reaches a run from outside.
 NETWORK_SYSCALLS = ("connect",)
@@ -470,6 +498,15 @@ def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) 
     for command in FCNTL_LOCKS:
         flt.add_rule(pyseccomp.ERRNO(0), "fcntl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, command))
     flt.add_rule(pyseccomp.ERRNO(0), "flock")
+    for level in SOCKET_OPTION_LEVELS:
+        _allow(flt, "setsockopt", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, level))
+    socket_level = pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, SOL_SOCKET)
+    for mask, value in all_but(set(SOCKET_BUFFER_OPTIONS), SOCKET_OPTIONS_BELOW):
+        _allow(flt, "setsockopt", socket_level, pyseccomp.Arg(2, pyseccomp.MASKED_EQ, mask, value))
+    for option in SOCKET_BUFFER_OPTIONS:
+        flt.add_rule(
+            pyseccomp.ERRNO(0), "setsockopt", socket_level, pyseccomp.Arg(2, pyseccomp.MASKED_EQ, 0xFFFFFFFF, option)
+        )
     for mask, value in IOCTL_ALLOWED_TYPES:
         _allow(flt, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, mask, value))
     for mask, value in MADVISE_ALLOWED:
