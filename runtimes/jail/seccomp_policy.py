@@ -5,7 +5,11 @@ EPERM, so user code sees "Operation not permitted" instead of dying silently.
 Process creation is refused: fork and vfork fail with EPERM, clone only passes
 with CLONE_THREAD (threads keep working), clone3 answers ENOSYS so that glibc
 falls back to clone. execve is only admitted where a runtime must exec its own
-interpreter (Node), and then only until the interpreter stacks its own filter.
+interpreter (Node), and stays admitted for the run, which gains nothing by it: the
+filter, the uid and the limits outlive an exec. (Where /tmp is a directory of the
+host's disk, the chroot mode and Lambda, a Node run could write a program there and
+exec it, as it could load native code with process.dlopen: either way, code that is
+held by the same filter as the run's JavaScript.)
 
 Nothing a run may call shows it the host or another run. With network a run may
 open TCP and UDP sockets over IPv4 and IPv6 and connect them, nothing else: no

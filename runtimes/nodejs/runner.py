@@ -4,8 +4,9 @@ A child confines itself like any other, limits its data segment (V8 reserves
 far more address space than it uses, so RLIMIT_AS would not do), loads the
 seccomp filter for its variant (network or not; the one filter that admits
 execve, for node itself), and execs node on the wrapper. The tree holds no
-other binary and /tmp is noexec, so exec is of no use to user code. node then
-warms up and waits on stdin for the run.
+other binary, and an exec of anything a run writes (where /tmp is not a noexec
+tmpfs) stays under the same filter, uid and limits. node then warms up and
+waits on stdin for the run.
 
 The startup snapshot holds the zygote's hash seed, so no run may read it: the
 zygote reads it before it enters the tree (where it is not), and a jailed child
