@@ -109,10 +109,30 @@ def ioctls() -> dict:
         "TCGETS on a pipe": syscall("ioctl", r, 0x5401, buf),  # allowed: the kernel says "not a tty"
         "FIONREAD": syscall("ioctl", r, 0x541B, buf),
         "FIOCLEX": syscall("ioctl", w, 0x5451, 0),
+        "FIONBIO": syscall("ioctl", w, 0x5421, ctypes.byref(ctypes.c_int(1))),
+        "TIOCGWINSZ on a pipe": syscall("ioctl", w, 0x5413, buf),
+        "TCGETS high bits": syscall("ioctl", r, HIGH | 0x5401, buf),
     }
 
 
-def test_ioctl_refuses_the_socket_and_wireless_ranges_only():
+def filesystem_ioctls(path: str) -> dict:
+    fd = os.open(path, os.O_RDONLY)
+    fsmap = ctypes.create_string_buffer(192 + 64 * 4)
+    struct.pack_into("IIII", fsmap, 0, 0, 0, 4, 0)
+    struct.pack_into("IIQQQQ", fsmap, 128, 2**32 - 1, 2**32 - 1, 2**64 - 1, 2**64 - 1, 2**64 - 1, 2**64 - 1)
+    fiemap = ctypes.create_string_buffer(32 + 56 * 4)
+    struct.pack_into("QQIIII", fiemap, 0, 0, 2**64 - 1, 0, 0, 4, 0)
+    return {
+        "FS_IOC_GETFSMAP": syscall("ioctl", fd, 0xC0C0583B, fsmap),
+        "FS_IOC_FIEMAP": syscall("ioctl", fd, 0xC020660B, fiemap),
+        "FS_IOC_GETFLAGS": syscall("ioctl", fd, 0x80086601, ctypes.create_string_buffer(8)),
+        "FS_IOC_GETFSUUID": syscall("ioctl", fd, 0x82111500, ctypes.create_string_buffer(24)),
+        "FIGETBSZ": syscall("ioctl", fd, 2, ctypes.create_string_buffer(8)),
+        "FIONREAD on a file": syscall("ioctl", fd, 0x541B, ctypes.create_string_buffer(8)),
+    }
+
+
+def test_ioctl_allows_the_terminal_and_descriptor_type_only():
     assert in_filter(True, ioctls) == {
         "SIOCGIFCONF": "EPERM",
         "SIOCGIFCONF high bits": "EPERM",
@@ -121,6 +141,24 @@ def test_ioctl_refuses_the_socket_and_wireless_ranges_only():
         "TCGETS on a pipe": "ENOTTY",
         "FIONREAD": "ok",
         "FIOCLEX": "ok",
+        "FIONBIO": "ok",
+        "TIOCGWINSZ on a pipe": "ENOTTY",
+        "TCGETS high bits": "ENOTTY",
+    }
+
+
+def test_no_ioctl_maps_or_names_the_hosts_disk():
+    """On a file of the host's disk (the interpreter's library, mounted into every tree; where /tmp is a
+    directory of that disk, the run's own files): FS_IOC_GETFSMAP answered the whole disk's free extents,
+    FS_IOC_FIEMAP where the allocator works (both counters other runs move), FS_IOC_GETFSUUID the disk's
+    name."""
+    assert in_filter(True, lambda: filesystem_ioctls(os.__file__)) == {
+        "FS_IOC_GETFSMAP": "EPERM",
+        "FS_IOC_FIEMAP": "EPERM",
+        "FS_IOC_GETFLAGS": "EPERM",
+        "FS_IOC_GETFSUUID": "EPERM",
+        "FIGETBSZ": "EPERM",
+        "FIONREAD on a file": "ok",
     }
 
 
