@@ -301,6 +301,7 @@ def test_a_sparse_file_costs_what_it_stores(run_dir):
 
 
 HIDDEN = """
+time.sleep(0.2)  # the runtime watches a run's directory before the run begins
 chunk = b"x" * (1 << 20)
 held = []
 while True:
@@ -327,6 +328,70 @@ def test_files_deleted_while_open_are_noticed_and_end_the_run_when_the_disk_runs
 def test_files_deleted_while_open_are_allowed_while_the_disk_has_room(run_dir):
     result = watch_run(run_dir, HIDDEN.replace("while True:", "for _ in range(3):"), 8 * MIB, 2048)
     assert result["hidden"] and result["ended"] == [] and result["exit"] == 0
+
+
+MAPPED_AFTER_UNLINK = """
+import mmap
+time.sleep(0.2)  # the runtime watches a run's directory before the run begins
+fd = os.open("m", os.O_CREAT | os.O_RDWR, 0o600)
+os.ftruncate(fd, 8 << 20)
+os.unlink("m")
+mem = mmap.mmap(fd, 8 << 20)
+mem[:] = b"x" * (8 << 20)  # writes through a mapping: inotify reports none of them
+time.sleep(5)
+"""
+IN_A_REMOVED_DIRECTORY = """
+time.sleep(0.2)
+os.mkdir("d")
+fd = os.open("d/f", os.O_CREAT | os.O_RDWR, 0o600)
+os.unlink("d/f")
+os.rmdir("d")  # its watch (if the watcher had one yet) goes with it: writes to f report nothing
+for _ in range(8):
+    os.write(fd, b"x" * (1 << 20))
+time.sleep(5)
+"""
+
+
+@pytest.mark.parametrize("code", [MAPPED_AFTER_UNLINK, IN_A_REMOVED_DIRECTORY], ids=["mapped", "removed-directory"])
+def test_files_hidden_without_a_write_event_end_the_run_when_the_disk_runs_low(run_dir, code):
+    """Written through a mapping, or in a directory removed since: no MODIFY event ever tells; the name that
+    went does, and the free space is then read while the run lives."""
+    free = os.statvfs(run_dir)
+    floor = free.f_bavail * free.f_frsize + 1024 * MIB  # the disk counts as nearly full from the start
+    result = watch_run(run_dir, code, 64 * MIB, 2048, disk_floor=floor)
+    assert result["hidden"] and result["killed"]
+    assert result["ended"] == [
+        "error: /tmp size limit exceeded (deleted files held open while the disk is nearly full)"
+    ]
+
+
+def test_a_slow_scan_does_not_hold_up_the_event_loop(run_dir, monkeypatch):
+    """A deep tree on a busy disk made one scan take hundreds of milliseconds, all of them on the service's
+    event loop: every request waited. Scans now run in a thread of the watcher's own."""
+    real_usage = tmpcap.usage
+
+    def slow_usage(*args, **kwargs):
+        time.sleep(0.3)
+        return real_usage(*args, **kwargs)
+
+    monkeypatch.setattr(tmpcap, "usage", slow_usage)
+
+    async def main() -> float:
+        watcher = tmpcap.TmpWatcher()
+        started = time.monotonic()
+        cap = watcher.watch(run_dir, RUN_UID, 64 * MIB, 2048, lambda _reason: None)
+        gaps = [time.monotonic() - started]
+        for n in range(60):
+            if n % 10 == 0:
+                open(os.path.join(run_dir, f"f{n}"), "w").close()  # a change: another scan
+            before = time.monotonic()
+            await asyncio.sleep(0.01)
+            gaps.append(time.monotonic() - before)
+        watcher.unwatch(cap)
+        watcher.close()
+        return max(gaps)
+
+    assert asyncio.run(main()) < 0.15
 
 
 TMPFILE = """

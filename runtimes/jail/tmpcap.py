@@ -12,17 +12,21 @@ no quota, so a run's /tmp is a directory of the tree's filesystem (runtimes/tree
   would walk them all) and the blocks really allocated to the run's own inodes, once per inode (a
   sparse file costs what it stores; a link to a file that is not the run's costs nothing). Scans
   are fd-based and never follow a symlink, stop as soon as the file cap is passed, and come at
-  most every few milliseconds per run (twice as far apart as the last scan took). They run on the
-  service's event loop, so all runs' scans together take at most SCAN_SHARE of its time: after a
-  scan that took t, no other starts for t * (1 / SCAN_SHARE - 1) (runs with many files then get
-  their caps checked less often, never the service stalled). Directories get a watch of their own as the scan finds
+  most every few milliseconds per run (twice as far apart as the last scan took). They run one
+  at a time in a thread of the watcher's own, never on the service's event loop (a scan of a
+  deep tree under a busy disk takes hundreds of milliseconds), and all runs' scans together take
+  at most SCAN_SHARE of the time: after a scan that took t, no other starts for
+  t * (1 / SCAN_SHARE - 1) (runs with many files get their caps checked less often, the service
+  is never stalled). Directories get a watch of their own as the scan finds
   them, through the descriptor it opened, so a directory swapped for a symlink is never watched.
   Over a cap, the run is ended with a clear `error: ...` line (`TmpCap.over`). Where inotify
   watches run out (fs.inotify.max_user_watches), the run's directory is scanned on a timer instead.
 - a file deleted while still open, or made with O_TMPFILE, holds blocks no directory shows. Its
-  size is capped by RLIMIT_FSIZE and the number of such files by RLIMIT_NOFILE; inotify still
-  reports writes to it (under its old name, or `#<inode>`), so the service knows which runs hold
-  such files. Should the filesystem's free space fall below a floor, those runs are ended first.
+  size is capped by RLIMIT_FSIZE and the number of such files by RLIMIT_NOFILE. A run that has
+  deleted or replaced anything, or written to an O_TMPFILE file (inotify's `#<inode>`), may hold
+  such files (writes through a mapping, or into a directory since removed, report nothing); while
+  it lives the filesystem's free space is read every DISK_EVERY seconds, and should it fall below
+  a floor those runs are ended.
 
 What this cannot give that a tmpfs gives: the caps are enforced after the fact, within a scan's
 delay (a run writing at disk speed may pass the size cap by what it writes in that time before it
@@ -32,6 +36,7 @@ is killed), and hidden files are bounded per file and by the disk floor, not by 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ctypes
 import errno
@@ -56,7 +61,7 @@ SCAN_SHARE = 0.25  # of the event loop's time, for every run's scans together
 POLL_INTERVAL = 0.05  # where no inotify watch could be had
 DISK_FLOOR = 256 * MIB  # free space under which runs holding hidden files are ended
 DIRECTORY_BLOCK = 4096  # not charged: an empty directory's size on ext4 and xfs
-MAX_DELETED = 8192  # deleted names remembered per run (to tell a write to a deleted file)
+DISK_EVERY = 0.1  # seconds between two reads of the free space while a run may hold hidden files
 WATCHED = (
     ev.CREATE | ev.MODIFY | ev.DELETE | ev.MOVED_TO | ev.MOVED_FROM | ev.ATTRIB | ev.CLOSE_WRITE | ev.ONLYDIR
 )  # not EXCL_UNLINK: writes to a file deleted while open must still be reported
@@ -205,14 +210,14 @@ class TmpCap:
     max_files: int
     over: Callable[[str], None]  # called once, with the `error: ...` line, when the run must end
     usage: Usage = field(default_factory=Usage)
-    hidden: bool = False  # the run wrote to a file no directory shows (deleted while open, or O_TMPFILE)
+    hidden: bool = False  # the run may hold files no directory shows (it deleted or replaced a name, O_TMPFILE)
     ended: str = ""
     _interval: float = MIN_INTERVAL
     _last_scan: float = 0.0
     _scan: asyncio.TimerHandle | None = None
     _polling: bool = False
     _watches: dict[tuple, int] = field(default_factory=dict)  # directory (dev, ino) -> watch descriptor
-    _deleted: set[tuple[int, str]] = field(default_factory=set)  # (watch, name) deleted since it was created
+    _disk: asyncio.TimerHandle | None = None  # the next read of the free space, while hidden
 
 
 class TmpWatcher:
@@ -225,6 +230,10 @@ class TmpWatcher:
         self._by_watch: dict[int, TmpCap] = {}
         self._caps: set[TmpCap] = set()
         self._free_at = 0.0  # no scan of any run starts before (SCAN_SHARE)
+        self._scanning: TmpCap | None = None  # the run whose directory the scan thread walks now
+        self._waiting: dict[TmpCap, None] = {}  # runs whose scan waits for its turn, in order
+        self._turn: asyncio.TimerHandle | None = None  # when the next waiting scan may start
+        self._thread: concurrent.futures.ThreadPoolExecutor | None = None
 
     def watch(self, path: str, uid: int, max_bytes: int, max_files: int, over: Callable[[str], None]) -> TmpCap:
         """Start capping path (a run's /tmp directory, owned by uid). Call from the event loop."""
@@ -232,27 +241,49 @@ class TmpWatcher:
             self._loop = asyncio.get_running_loop()
             self._inotify = INotify()
             self._loop.add_reader(self._inotify.fileno(), self._on_events)
+            self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sandlot-tmp-scan")
         cap = TmpCap(path, uid, max_bytes, max_files, over)
         self._caps.add(cap)
+        # the top directory's watch now, before the run can begin: what it does from its first moment is seen
+        fd = os.open(path, _DIR_FLAGS)
+        try:
+            info = os.fstat(fd)
+            self._add_watch(cap, fd, (info.st_dev, info.st_ino))
+        finally:
+            os.close(fd)
         self._scan_now(cap)
         return cap
 
     def unwatch(self, cap: TmpCap) -> None:
         """The run is over (or its directory about to be removed): no more scans or watches for it."""
         self._caps.discard(cap)
+        self._waiting.pop(cap, None)
         cap.ended = cap.ended or "unwatched"
         if cap._scan is not None:
             cap._scan.cancel()
             cap._scan = None
-        for wd in cap._watches.values():
+        if cap._disk is not None:
+            cap._disk.cancel()
+            cap._disk = None
+        self._drop_watches(cap)
+
+    def _drop_watches(self, cap: TmpCap) -> None:
+        for wd in list(cap._watches.values()):
             self._by_watch.pop(wd, None)
-            with contextlib.suppress(OSError):
-                self._inotify.rm_watch(wd)
+            if self._inotify is not None:
+                with contextlib.suppress(OSError):
+                    self._inotify.rm_watch(wd)
         cap._watches.clear()
 
     def close(self) -> None:
         for cap in list(self._caps):
             self.unwatch(cap)
+        if self._turn is not None:
+            self._turn.cancel()
+            self._turn = None
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)  # a scan under way ends first: it uses the inotify instance
+            self._thread = None
         if self._inotify is not None:
             self._loop.remove_reader(self._inotify.fileno())
             self._inotify.close()
@@ -272,25 +303,21 @@ class TmpWatcher:
                 continue
             cap = self._by_watch.get(event.wd)
             if cap is None:
+                if self._scanning is not None:  # a watch the scan thread has just added, not yet recorded
+                    touched.add(self._scanning)
                 continue
             if event.mask & ev.IGNORED:  # its directory is gone
                 self._by_watch.pop(event.wd, None)
                 cap._watches = {k: w for k, w in cap._watches.items() if w != event.wd}
                 continue
-            name = (event.wd, event.name)
-            if event.mask & ev.DELETE:
-                cap._deleted.add(name)
-                if len(cap._deleted) > MAX_DELETED:  # a run deleting names by the million: assume the worst
-                    cap._deleted.clear()
-                    cap.hidden = True
-            elif event.mask & (ev.CREATE | ev.MOVED_TO):
-                cap._deleted.discard(name)
-            elif event.mask & ev.MODIFY and (name in cap._deleted or _tmpfile_name(event.name)):
-                cap.hidden = True
+            if event.mask & (ev.DELETE | ev.MOVED_TO | ev.MOVED_FROM) or (
+                event.mask & ev.MODIFY and _tmpfile_name(event.name)
+            ):
+                cap.hidden = True  # a name gone or replaced may have been a file still open
             touched.add(cap)
         for cap in touched:
             if cap.hidden:
-                self._check_disk(cap)
+                self._watch_disk(cap)
             self._schedule(cap)
 
     def _schedule(self, cap: TmpCap) -> None:
@@ -303,36 +330,66 @@ class TmpWatcher:
         cap._scan = None
         if cap.ended:
             return
+        if self._scanning is not None or time.monotonic() < self._free_at:
+            self._waiting[cap] = None  # after the scan under way, in its turn (SCAN_SHARE)
+            self._next_turn()
+            return
+        self._scanning = cap
         started = time.monotonic()
-        if started < self._free_at:  # another run's scan took the share since this one was scheduled
-            cap._scan = self._loop.call_later(self._free_at - started, self._scan_now, cap)
-            return
-        try:
-            cap.usage = usage(cap.path, cap.uid, cap.max_files, lambda fd, key: self._add_watch(cap, fd, key))
-        except FileNotFoundError:
-            return  # the directory is being removed
-        except OSError as exc:  # an unchecked /tmp is an uncapped one: the run ends
-            self._end(cap, f"error: /tmp could not be checked: {exc.strerror or exc}")
-            return
+        walk = self._loop.run_in_executor(self._thread, self._walk, cap)
+        walk.add_done_callback(lambda done: self._scanned(cap, started, done))
+
+    def _walk(self, cap: TmpCap) -> Usage:
+        """In the scan thread."""
+        return usage(cap.path, cap.uid, cap.max_files, lambda fd, key: self._add_watch(cap, fd, key))
+
+    def _scanned(self, cap: TmpCap, started: float, walk: asyncio.Future) -> None:
         elapsed = time.monotonic() - started
+        self._scanning = None
+        self._free_at = started + elapsed / SCAN_SHARE
         cap._last_scan = started + elapsed
         cap._interval = max(MIN_INTERVAL, 2 * elapsed)
-        self._free_at = cap._last_scan + elapsed * (1 / SCAN_SHARE - 1)
+        failure = walk.exception()
+        self._next_turn()
+        if cap.ended:  # unwatched meanwhile: what the walk watched goes too
+            self._drop_watches(cap)
+            return
+        if isinstance(failure, FileNotFoundError):
+            return  # the directory is being removed
+        if failure is not None:  # an unchecked /tmp is an uncapped one: the run ends
+            self._end(cap, f"error: /tmp could not be checked: {getattr(failure, 'strerror', None) or failure}")
+            return
+        cap.usage = walk.result()
         if cap.usage.over_files:
             self._end(cap, f"error: /tmp file limit exceeded ({cap.max_files} files)")
         elif cap.usage.bytes > cap.max_bytes:
             self._end(cap, f"error: /tmp size limit exceeded ({_size(cap.max_bytes)})")
-        elif cap.hidden:
-            self._check_disk(cap)
         if cap._polling and not cap.ended:
             self._schedule_poll(cap)
+
+    def _next_turn(self) -> None:
+        """Start the first waiting scan once no scan is under way and the share allows it."""
+        if self._scanning is not None or self._turn is not None or not self._waiting:
+            return
+        delay = self._free_at - time.monotonic()
+        if delay > 0:
+            self._turn = self._loop.call_later(delay, self._take_turn)
+            return
+        cap = next(iter(self._waiting))
+        del self._waiting[cap]
+        self._scan_now(cap)
+
+    def _take_turn(self) -> None:
+        self._turn = None
+        self._next_turn()
 
     def _schedule_poll(self, cap: TmpCap) -> None:
         if cap._scan is None:
             cap._scan = self._loop.call_later(max(POLL_INTERVAL, cap._interval), self._scan_now, cap)
 
     def _add_watch(self, cap: TmpCap, fd: int, key: tuple) -> None:
-        if key in cap._watches or cap._polling:
+        """In the scan thread (and for the top directory, in watch())."""
+        if key in cap._watches or cap._polling or cap.ended or self._inotify is None:
             return
         try:
             # through the descriptor the scan opened: exactly that directory, whatever its name leads to now
@@ -345,6 +402,18 @@ class TmpWatcher:
             return
         cap._watches[key] = wd
         self._by_watch[wd] = cap
+
+    def _watch_disk(self, cap: TmpCap) -> None:
+        """While the run may hold hidden files: the free space now, and every DISK_EVERY seconds."""
+        if cap._disk is not None or cap.ended:
+            return
+        self._check_disk(cap)
+        if not cap.ended:
+            cap._disk = self._loop.call_later(DISK_EVERY, self._check_again, cap)
+
+    def _check_again(self, cap: TmpCap) -> None:
+        cap._disk = None
+        self._watch_disk(cap)
 
     def _check_disk(self, cap: TmpCap) -> None:
         try:
@@ -361,6 +430,9 @@ class TmpWatcher:
         if cap._scan is not None:
             cap._scan.cancel()
             cap._scan = None
+        if cap._disk is not None:
+            cap._disk.cancel()
+            cap._disk = None
         try:
             cap.over(reason)
         except Exception:  # noqa: BLE001 - the watcher serves every run; one callback's failure stays its own
