@@ -8,9 +8,11 @@ RLIMIT_FSIZE a chroot-mode child gets, and does its worst there while the servic
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import resource
 import signal
+import sys
 import tempfile
 import time
 import types
@@ -320,9 +322,7 @@ def test_files_deleted_while_open_are_noticed_and_end_the_run_when_the_disk_runs
     floor = free.f_bavail * free.f_frsize + 1024 * MIB  # the disk counts as nearly full from the start
     result = watch_run(run_dir, HIDDEN, 8 * MIB, 2048, disk_floor=floor)
     assert result["hidden"] and result["killed"]
-    assert result["ended"] == [
-        "error: /tmp size limit exceeded (deleted files held open while the disk is nearly full)"
-    ]
+    assert result["ended"] == ["error: /tmp size limit exceeded (the disk is nearly full)"]
 
 
 def test_files_deleted_while_open_are_allowed_while_the_disk_has_room(run_dir):
@@ -360,9 +360,7 @@ def test_files_hidden_without_a_write_event_end_the_run_when_the_disk_runs_low(r
     floor = free.f_bavail * free.f_frsize + 1024 * MIB  # the disk counts as nearly full from the start
     result = watch_run(run_dir, code, 64 * MIB, 2048, disk_floor=floor)
     assert result["hidden"] and result["killed"]
-    assert result["ended"] == [
-        "error: /tmp size limit exceeded (deleted files held open while the disk is nearly full)"
-    ]
+    assert result["ended"] == ["error: /tmp size limit exceeded (the disk is nearly full)"]
 
 
 def test_a_slow_scan_does_not_hold_up_the_event_loop(run_dir, monkeypatch):
@@ -485,3 +483,154 @@ def test_a_removed_directorys_trash_name_cannot_be_guessed(tmp_path):
     suffixes = [name.rsplit(dirlock.TRASH, 1)[1] for name in names]
     assert all(len(suffix) == 32 and int(suffix, 16) >= 0 for suffix in suffixes)
     assert suffixes[0] != suffixes[1]
+
+
+NEW_DIRECTORY_DELETED_BEFORE_ITS_WATCH = """
+time.sleep(0.2)
+os.mkdir("d")
+fd = os.open("d/f", os.O_CREAT | os.O_RDWR, 0o600)
+os.unlink("d/f")  # before any scan found d: no watch of d ever saw the name go
+for _ in range(8):
+    os.write(fd, b"x" * (1 << 20))
+time.sleep(5)
+"""
+
+
+def test_a_file_deleted_in_a_directory_not_yet_watched_ends_the_run_when_the_disk_runs_low(run_dir):
+    free = os.statvfs(run_dir)
+    floor = free.f_bavail * free.f_frsize + 1024 * MIB
+    result = watch_run(run_dir, NEW_DIRECTORY_DELETED_BEFORE_ITS_WATCH, 64 * MIB, 2048, disk_floor=floor)
+    assert result["hidden"] and result["killed"]
+    assert result["ended"] == ["error: /tmp size limit exceeded (the disk is nearly full)"]
+
+
+KEEPS_CHANGING = """
+for n in range(1900):
+    os.mkdir(f"d{n}")
+end = time.monotonic() + 6
+while time.monotonic() < end:
+    for n in range(0, 1900, 50):
+        open(f"d{n}/x", "w").close()
+        os.unlink(f"d{n}/x")
+"""
+GOES_OVER_LATER = """
+time.sleep(1.5)
+for n in range(3):
+    with open(f"f{n}", "wb") as f:
+        f.write(b"x" * (3 << 19))
+time.sleep(8)
+"""
+
+
+def test_a_run_that_keeps_changing_its_directory_does_not_hold_off_anothers_scan(run_dir):
+    """Scans take turns: a run whose directory changes without pause (its own scan always due) once took
+    every turn, and another run's 4.5 MiB against a 2 MiB cap went unseen until the first one stopped."""
+    dirs = []
+    for name in ("busy", "over"):
+        path = os.path.join(run_dir, name)
+        os.mkdir(path, 0o700)
+        os.chown(path, RUN_UID, RUN_UID)
+        dirs.append(path)
+
+    async def main() -> tuple[float, bool]:
+        watcher = tmpcap.TmpWatcher()
+        busy = hostile(dirs[0], KEEPS_CHANGING, 64 * MIB)
+        over = hostile(dirs[1], GOES_OVER_LATER, 64 * MIB)
+        started = time.monotonic()
+        ended_at: list[float] = []
+
+        def end_over(_reason: str) -> None:
+            ended_at.append(time.monotonic() - started)
+            signal.pidfd_send_signal(over, signal.SIGKILL)
+
+        caps = [
+            watcher.watch(dirs[0], RUN_UID, 64 * MIB, 4096, lambda _reason: None),
+            watcher.watch(dirs[1], RUN_UID, 2 * MIB, 4096, end_over),
+        ]
+        while not ended_at and time.monotonic() - started < 5:
+            await asyncio.sleep(0.05)
+        busy_alive = os.waitid(os.P_PIDFD, busy, os.WEXITED | os.WNOHANG) is None
+        for pidfd in (busy, over):
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+            os.close(pidfd)
+        for cap in caps:
+            watcher.unwatch(cap)
+        watcher.close()
+        return (ended_at[0] if ended_at else float("inf")), busy_alive
+
+    ended, busy_alive = asyncio.run(main())
+    assert busy_alive  # the busy run was still changing its directory when the other was ended
+    assert ended < 4.0, ended  # it went over at about 1.6 s
+
+
+def test_a_run_ended_while_its_scan_waits_does_not_stop_the_others_scans(run_dir, monkeypatch):
+    """A run ended while queued for another scan once left the queue stalled: a run behind it over its cap
+    was never scanned."""
+    real_usage = tmpcap.usage
+
+    def slow_usage(*args, **kwargs):
+        time.sleep(0.2)
+        return real_usage(*args, **kwargs)
+
+    monkeypatch.setattr(tmpcap, "usage", slow_usage)
+    first, second = os.path.join(run_dir, "a"), os.path.join(run_dir, "b")
+    os.mkdir(first)
+    os.mkdir(second)
+    for n in range(10):
+        open(os.path.join(first, f"f{n}"), "w").close()
+    with open(os.path.join(second, "big"), "wb") as f:
+        f.write(b"x" * (4 * MIB))
+
+    async def main() -> list[str]:
+        watcher = tmpcap.TmpWatcher()
+        ended: list[str] = []
+        caps = [watcher.watch(first, os.getuid(), 64 * MIB, 5, lambda reason: ended.append("a: " + reason))]
+        await asyncio.sleep(0.05)  # a's scan is under way
+        open(os.path.join(first, "g"), "w").close()  # a is due again: it waits behind its own scan
+        await asyncio.sleep(0.02)  # (the loop takes the event: a is queued first)
+        caps.append(watcher.watch(second, os.getuid(), MIB, 2048, lambda reason: ended.append("b: " + reason)))
+        deadline = time.monotonic() + 3
+        while len(ended) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for cap in caps:
+            watcher.unwatch(cap)
+        watcher.close()
+        return ended
+
+    assert asyncio.run(main()) == [
+        "a: error: /tmp file limit exceeded (5 files)",
+        "b: error: /tmp size limit exceeded (1 MiB)",
+    ]
+
+
+def test_directories_coming_and_going_during_scans_lose_no_events(run_dir):
+    """The scan thread records new watches while the loop drops those of removed directories: without a lock
+    between them, the loop's handler failed ("dictionary changed size during iteration") and the rest of
+    its batch of events was lost."""
+    for n in range(1500):
+        os.mkdir(os.path.join(run_dir, f"d{n}"))
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # hand the interpreter over often: the race shows in seconds, not minutes
+
+    async def main() -> list:
+        loop = asyncio.get_running_loop()
+        failures: list = []
+        loop.set_exception_handler(lambda _loop, context: failures.append(context.get("exception")))
+        watcher = tmpcap.TmpWatcher()
+        cap = watcher.watch(run_dir, RUN_UID, 64 * MIB, 4096, lambda _reason: None)
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            for n in range(0, 1500, 7):
+                os.rmdir(os.path.join(run_dir, f"d{n}"))
+                os.mkdir(os.path.join(run_dir, f"d{n}"))
+            await asyncio.sleep(0.001)
+        watcher.unwatch(cap)
+        watcher.close()
+        return failures
+
+    try:
+        assert asyncio.run(main()) == []
+    finally:
+        sys.setswitchinterval(switch)

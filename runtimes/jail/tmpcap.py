@@ -22,11 +22,11 @@ no quota, so a run's /tmp is a directory of the tree's filesystem (runtimes/tree
   Over a cap, the run is ended with a clear `error: ...` line (`TmpCap.over`). Where inotify
   watches run out (fs.inotify.max_user_watches), the run's directory is scanned on a timer instead.
 - a file deleted while still open, or made with O_TMPFILE, holds blocks no directory shows. Its
-  size is capped by RLIMIT_FSIZE and the number of such files by RLIMIT_NOFILE. A run that has
-  deleted or replaced anything, or written to an O_TMPFILE file (inotify's `#<inode>`), may hold
-  such files (writes through a mapping, or into a directory since removed, report nothing); while
-  it lives the filesystem's free space is read every DISK_EVERY seconds, and should it fall below
-  a floor those runs are ended.
+  size is capped by RLIMIT_FSIZE and the number of such files by RLIMIT_NOFILE. Which run holds
+  one cannot be told for sure (a file deleted before its directory was watched, writes through a
+  mapping or into a directory since removed report nothing), so any run that has changed anything
+  in its directory counts as one that may: while it lives the filesystem's free space is read
+  every DISK_EVERY seconds, and should it fall below a floor those runs are ended.
 
 What this cannot give that a tmpfs gives: the caps are enforced after the fact, within a scan's
 delay (a run writing at disk speed may pass the size cap by what it writes in that time before it
@@ -44,6 +44,7 @@ import logging
 import os
 import signal
 import stat
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -210,7 +211,7 @@ class TmpCap:
     max_files: int
     over: Callable[[str], None]  # called once, with the `error: ...` line, when the run must end
     usage: Usage = field(default_factory=Usage)
-    hidden: bool = False  # the run may hold files no directory shows (it deleted or replaced a name, O_TMPFILE)
+    hidden: bool = False  # the run may hold files no directory shows: it has changed something in its directory
     ended: str = ""
     _interval: float = MIN_INTERVAL
     _last_scan: float = 0.0
@@ -234,6 +235,7 @@ class TmpWatcher:
         self._waiting: dict[TmpCap, None] = {}  # runs whose scan waits for its turn, in order
         self._turn: asyncio.TimerHandle | None = None  # when the next waiting scan may start
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._watch_lock = threading.Lock()  # caps' _watches and _by_watch: the scan thread adds to them
 
     def watch(self, path: str, uid: int, max_bytes: int, max_files: int, over: Callable[[str], None]) -> TmpCap:
         """Start capping path (a run's /tmp directory, owned by uid). Call from the event loop."""
@@ -243,7 +245,6 @@ class TmpWatcher:
             self._loop.add_reader(self._inotify.fileno(), self._on_events)
             self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sandlot-tmp-scan")
         cap = TmpCap(path, uid, max_bytes, max_files, over)
-        self._caps.add(cap)
         # the top directory's watch now, before the run can begin: what it does from its first moment is seen
         fd = os.open(path, _DIR_FLAGS)
         try:
@@ -251,6 +252,7 @@ class TmpWatcher:
             self._add_watch(cap, fd, (info.st_dev, info.st_ino))
         finally:
             os.close(fd)
+        self._caps.add(cap)
         self._scan_now(cap)
         return cap
 
@@ -268,12 +270,15 @@ class TmpWatcher:
         self._drop_watches(cap)
 
     def _drop_watches(self, cap: TmpCap) -> None:
-        for wd in list(cap._watches.values()):
-            self._by_watch.pop(wd, None)
+        with self._watch_lock:
+            dropped = list(cap._watches.values())
+            cap._watches.clear()
+            for wd in dropped:
+                self._by_watch.pop(wd, None)
+        for wd in dropped:
             if self._inotify is not None:
                 with contextlib.suppress(OSError):
                     self._inotify.rm_watch(wd)
-        cap._watches.clear()
 
     def close(self) -> None:
         for cap in list(self._caps):
@@ -299,25 +304,27 @@ class TmpWatcher:
         touched: set[TmpCap] = set()
         for event in events:
             if event.mask & ev.Q_OVERFLOW:
-                touched.update(self._caps)  # events were lost: every run is scanned again
+                touched.update(self._caps)  # events were lost: every run is scanned again, and may hide files
+                for cap in self._caps:
+                    cap.hidden = True
                 continue
-            cap = self._by_watch.get(event.wd)
+            with self._watch_lock:
+                cap = self._by_watch.get(event.wd)
+                if cap is not None and event.mask & ev.IGNORED:  # its directory is gone
+                    del self._by_watch[event.wd]
+                    for key in [k for k, w in cap._watches.items() if w == event.wd]:
+                        del cap._watches[key]
+                    continue
             if cap is None:
-                if self._scanning is not None:  # a watch the scan thread has just added, not yet recorded
-                    touched.add(self._scanning)
-                continue
-            if event.mask & ev.IGNORED:  # its directory is gone
-                self._by_watch.pop(event.wd, None)
-                cap._watches = {k: w for k, w in cap._watches.items() if w != event.wd}
-                continue
-            if event.mask & (ev.DELETE | ev.MOVED_TO | ev.MOVED_FROM) or (
-                event.mask & ev.MODIFY and _tmpfile_name(event.name)
-            ):
-                cap.hidden = True  # a name gone or replaced may have been a file still open
+                cap = self._scanning  # a watch the scan thread has just added, not yet recorded
+                if cap is None:
+                    continue
+            cap.hidden = True  # any change: it may leave a file no directory shows (the module's description)
             touched.add(cap)
         for cap in touched:
-            if cap.hidden:
-                self._watch_disk(cap)
+            if cap.ended:
+                continue
+            self._watch_disk(cap)
             self._schedule(cap)
 
     def _schedule(self, cap: TmpCap) -> None:
@@ -327,13 +334,14 @@ class TmpWatcher:
         cap._scan = self._loop.call_later(delay, self._scan_now, cap)
 
     def _scan_now(self, cap: TmpCap) -> None:
+        """The run's scan is due: it takes its place in the queue (one scan at a time, in order)."""
         cap._scan = None
         if cap.ended:
             return
-        if self._scanning is not None or time.monotonic() < self._free_at:
-            self._waiting[cap] = None  # after the scan under way, in its turn (SCAN_SHARE)
-            self._next_turn()
-            return
+        self._waiting[cap] = None  # a run already waiting keeps its place
+        self._next_turn()
+
+    def _start(self, cap: TmpCap) -> None:
         self._scanning = cap
         started = time.monotonic()
         walk = self._loop.run_in_executor(self._thread, self._walk, cap)
@@ -369,15 +377,18 @@ class TmpWatcher:
 
     def _next_turn(self) -> None:
         """Start the first waiting scan once no scan is under way and the share allows it."""
-        if self._scanning is not None or self._turn is not None or not self._waiting:
+        if self._scanning is not None or self._turn is not None:
             return
-        delay = self._free_at - time.monotonic()
-        if delay > 0:
-            self._turn = self._loop.call_later(delay, self._take_turn)
-            return
-        cap = next(iter(self._waiting))
-        del self._waiting[cap]
-        self._scan_now(cap)
+        while self._waiting:
+            delay = self._free_at - time.monotonic()
+            if delay > 0:
+                self._turn = self._loop.call_later(delay, self._take_turn)
+                return
+            cap = next(iter(self._waiting))
+            del self._waiting[cap]
+            if not cap.ended:
+                self._start(cap)
+                return
 
     def _take_turn(self) -> None:
         self._turn = None
@@ -389,19 +400,20 @@ class TmpWatcher:
 
     def _add_watch(self, cap: TmpCap, fd: int, key: tuple) -> None:
         """In the scan thread (and for the top directory, in watch())."""
-        if key in cap._watches or cap._polling or cap.ended or self._inotify is None:
-            return
-        try:
-            # through the descriptor the scan opened: exactly that directory, whatever its name leads to now
-            wd = self._inotify.add_watch(f"/proc/self/fd/{fd}", WATCHED)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.ENOMEM):
-                raise
-            log.warning("no inotify watch for %s (%s): it is scanned on a timer", cap.path, exc)
-            cap._polling = True
-            return
-        cap._watches[key] = wd
-        self._by_watch[wd] = cap
+        with self._watch_lock:  # unwatch() cannot drop the cap's watches between the check and the record
+            if key in cap._watches or cap._polling or cap.ended or self._inotify is None:
+                return
+            try:
+                # through the descriptor the scan opened: exactly that directory, whatever its name leads to now
+                wd = self._inotify.add_watch(f"/proc/self/fd/{fd}", WATCHED)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.ENOMEM):
+                    raise
+                log.warning("no inotify watch for %s (%s): it is scanned on a timer", cap.path, exc)
+                cap._polling = True
+                return
+            cap._watches[key] = wd
+            self._by_watch[wd] = cap
 
     def _watch_disk(self, cap: TmpCap) -> None:
         """While the run may hold hidden files: the free space now, and every DISK_EVERY seconds."""
@@ -421,12 +433,13 @@ class TmpWatcher:
         except OSError:
             return
         if free.f_bavail * free.f_frsize < self.disk_floor:
-            self._end(cap, "error: /tmp size limit exceeded (deleted files held open while the disk is nearly full)")
+            self._end(cap, "error: /tmp size limit exceeded (the disk is nearly full)")
 
     def _end(self, cap: TmpCap, reason: str) -> None:
         if cap.ended:
             return
         cap.ended = reason
+        self._waiting.pop(cap, None)
         if cap._scan is not None:
             cap._scan.cancel()
             cap._scan = None
@@ -437,11 +450,6 @@ class TmpWatcher:
             cap.over(reason)
         except Exception:  # noqa: BLE001 - the watcher serves every run; one callback's failure stays its own
             log.exception("ending the run over its /tmp caps failed")
-
-
-def _tmpfile_name(name: str) -> bool:
-    """The name inotify gives a file made with O_TMPFILE (`#` and its inode number)."""
-    return name.startswith("#") and name[1:].isdigit()
 
 
 def _size(value: int) -> str:
