@@ -634,3 +634,39 @@ def test_directories_coming_and_going_during_scans_lose_no_events(run_dir):
         assert asyncio.run(main()) == []
     finally:
         sys.setswitchinterval(switch)
+
+
+def test_what_a_run_left_is_checked_before_its_result_however_busy_the_scans(run_dir, monkeypatch):
+    """A run that writes past its cap at disk speed and ends at once, while another run's slow scan holds the
+    turn (and the share after it): settle() scans it ahead of the rest, and the run ends over its cap."""
+    real_usage = tmpcap.usage
+    busy, quick = os.path.join(run_dir, "busy"), os.path.join(run_dir, "quick")
+    os.mkdir(busy)
+    os.mkdir(quick)
+
+    def slow_for_busy(path, *args, **kwargs):
+        if path == busy:
+            time.sleep(0.5)
+        return real_usage(path, *args, **kwargs)
+
+    monkeypatch.setattr(tmpcap, "usage", slow_for_busy)
+
+    async def main() -> tuple[list[str], float]:
+        watcher = tmpcap.TmpWatcher()
+        ended: list[str] = []
+        caps = [watcher.watch(busy, os.getuid(), 64 * MIB, 2048, lambda _reason: None)]
+        caps.append(watcher.watch(quick, os.getuid(), MIB, 2048, ended.append))
+        await asyncio.sleep(0.05)  # the quick run's first scan waits behind the busy one's
+        with open(os.path.join(quick, "big"), "wb") as f:
+            f.write(b"x" * (4 * MIB))
+        started = time.monotonic()
+        await watcher.settle(caps[1])
+        waited = time.monotonic() - started
+        for cap in caps:
+            watcher.unwatch(cap)
+        watcher.close()
+        return ended, waited
+
+    ended, waited = asyncio.run(main())
+    assert ended == ["error: /tmp size limit exceeded (1 MiB)"]
+    assert waited < 1.5  # the busy scan under way, then this one: not the share's 2 s after it

@@ -182,6 +182,8 @@ async def execute(child: Child, data: bytes, timeout: float, output_limit: int) 
         feeder.close()
         collector.close()
         report.close()
+    if child.settle is not None and not timed_out and not collector.truncated:
+        await child.settle()  # the caps it was under, checked on what it left (may set ended_by)
     return Outcome(
         stdout=bytes(collector.buffers[child.stdout]),
         stderr=bytes(collector.buffers[child.stderr]),

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from runtimes.jail import protocol, zygote
@@ -33,6 +34,7 @@ class Child:
     ready: int
     exited: asyncio.Future = field(repr=False)
     ended_by: str = ""  # the service's own error line when it ended the run itself (e.g. over its /tmp caps)
+    settle: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)  # a last check once it ended
 
     def close(self) -> None:
         for fd in (self.pidfd, self.stdin, self.stdout, self.stderr, self.ready):

@@ -17,7 +17,9 @@ no quota, so a run's /tmp is a directory of the tree's filesystem (runtimes/tree
   deep tree under a busy disk takes hundreds of milliseconds), and all runs' scans together take
   at most SCAN_SHARE of the time: after a scan that took t, no other starts for
   t * (1 / SCAN_SHARE - 1) (runs with many files get their caps checked less often, the service
-  is never stalled). Directories get a watch of their own as the scan finds
+  is never stalled). When a run ends, what it changed since its last scan is scanned at once,
+  ahead of the others, before its result is given (`settle`): a run writing at disk speed could
+  otherwise end before its first scan came. Directories get a watch of their own as the scan finds
   them, through the descriptor it opened, so a directory swapped for a symlink is never watched.
   Over a cap, the run is ended with a clear `error: ...` line (`TmpCap.over`). Where inotify
   watches run out (fs.inotify.max_user_watches), the run's directory is scanned on a timer instead.
@@ -63,6 +65,7 @@ POLL_INTERVAL = 0.05  # where no inotify watch could be had
 DISK_FLOOR = 256 * MIB  # free space under which runs holding hidden files are ended
 DIRECTORY_BLOCK = 4096  # not charged: an empty directory's size on ext4 and xfs
 DISK_EVERY = 0.1  # seconds between two reads of the free space while a run may hold hidden files
+SETTLE_TIMEOUT = 2.0  # seconds a run's result waits, at most, for the scan of its last changes
 WATCHED = (
     ev.CREATE | ev.MODIFY | ev.DELETE | ev.MOVED_TO | ev.MOVED_FROM | ev.ATTRIB | ev.CLOSE_WRITE | ev.ONLYDIR
 )  # not EXCL_UNLINK: writes to a file deleted while open must still be reported
@@ -219,6 +222,9 @@ class TmpCap:
     _polling: bool = False
     _watches: dict[tuple, int] = field(default_factory=dict)  # directory (dev, ino) -> watch descriptor
     _disk: asyncio.TimerHandle | None = None  # the next read of the free space, while hidden
+    _dirty: bool = True  # changed since its last scan began (a new directory has had none)
+    _urgent: bool = False  # its run has ended: its last scan goes first, whatever the share says
+    _settled: list[asyncio.Future] = field(default_factory=list)  # settle()'s waiters for that scan
 
 
 class TmpWatcher:
@@ -261,6 +267,7 @@ class TmpWatcher:
         self._caps.discard(cap)
         self._waiting.pop(cap, None)
         cap.ended = cap.ended or "unwatched"
+        _release_settled(cap)
         if cap._scan is not None:
             cap._scan.cancel()
             cap._scan = None
@@ -306,7 +313,7 @@ class TmpWatcher:
             if event.mask & ev.Q_OVERFLOW:
                 touched.update(self._caps)  # events were lost: every run is scanned again, and may hide files
                 for cap in self._caps:
-                    cap.hidden = True
+                    cap.hidden = cap._dirty = True
                 continue
             with self._watch_lock:
                 cap = self._by_watch.get(event.wd)
@@ -320,6 +327,7 @@ class TmpWatcher:
                 if cap is None:
                     continue
             cap.hidden = True  # any change: it may leave a file no directory shows (the module's description)
+            cap._dirty = True
             touched.add(cap)
         for cap in touched:
             if cap.ended:
@@ -341,8 +349,35 @@ class TmpWatcher:
         self._waiting[cap] = None  # a run already waiting keeps its place
         self._next_turn()
 
+    async def settle(self, cap: TmpCap, timeout: float = SETTLE_TIMEOUT) -> None:
+        """The run has ended: scan what it changed since its last scan, ahead of every other run's (its result
+        waits for it; a run writing at disk speed could otherwise end before its first scan came)."""
+        if self._inotify is not None:
+            self._on_events()  # its last changes may still wait in the queue
+        if cap.ended or (not cap._dirty and not cap._polling and self._scanning is not cap):
+            return
+        done = self._loop.create_future()
+        cap._settled.append(done)
+        if cap._dirty or cap._polling:  # a scan that begins now; else the one under way saw every change
+            self._hurry(cap)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(done), timeout)
+
+    def _hurry(self, cap: TmpCap) -> None:
+        if cap._scan is not None:
+            cap._scan.cancel()
+            cap._scan = None
+        cap._urgent = True
+        self._waiting.pop(cap, None)
+        self._waiting = {cap: None, **self._waiting}
+        if self._turn is not None:
+            self._turn.cancel()
+            self._turn = None
+        self._next_turn()
+
     def _start(self, cap: TmpCap) -> None:
         self._scanning = cap
+        cap._dirty = cap._urgent = False
         started = time.monotonic()
         walk = self._loop.run_in_executor(self._thread, self._walk, cap)
         walk.add_done_callback(lambda done: self._scanned(cap, started, done))
@@ -372,6 +407,11 @@ class TmpWatcher:
             self._end(cap, f"error: /tmp file limit exceeded ({cap.max_files} files)")
         elif cap.usage.bytes > cap.max_bytes:
             self._end(cap, f"error: /tmp size limit exceeded ({_size(cap.max_bytes)})")
+        if cap._settled and not cap.ended:
+            if cap._dirty:  # changed during this scan: settle() waits for the next one, ahead of the rest
+                self._hurry(cap)
+            else:
+                _release_settled(cap)
         if cap._polling and not cap.ended:
             self._schedule_poll(cap)
 
@@ -380,7 +420,8 @@ class TmpWatcher:
         if self._scanning is not None or self._turn is not None:
             return
         while self._waiting:
-            delay = self._free_at - time.monotonic()
+            first = next(iter(self._waiting))
+            delay = 0.0 if first._urgent else self._free_at - time.monotonic()
             if delay > 0:
                 self._turn = self._loop.call_later(delay, self._take_turn)
                 return
@@ -440,6 +481,7 @@ class TmpWatcher:
             return
         cap.ended = reason
         self._waiting.pop(cap, None)
+        _release_settled(cap)
         if cap._scan is not None:
             cap._scan.cancel()
             cap._scan = None
@@ -450,6 +492,14 @@ class TmpWatcher:
             cap.over(reason)
         except Exception:  # noqa: BLE001 - the watcher serves every run; one callback's failure stays its own
             log.exception("ending the run over its /tmp caps failed")
+
+
+def _release_settled(cap: TmpCap) -> None:
+    """settle()'s waiters: the scan they waited for is done, or the run needs none any more."""
+    for done in cap._settled:
+        if not done.done():
+            done.set_result(None)
+    cap._settled.clear()
 
 
 def _size(value: int) -> str:
@@ -491,7 +541,9 @@ class RunDirectories:
                 with contextlib.suppress(ProcessLookupError, OSError):
                     signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
 
-        self._caps[child.pid] = self.watcher.watch(child.tmpdir, child.uid, self.max_bytes, self.max_files, over)
+        cap = self.watcher.watch(child.tmpdir, child.uid, self.max_bytes, self.max_files, over)
+        self._caps[child.pid] = cap
+        child.settle = lambda: self.watcher.settle(cap)  # execution.execute: before the run's result is given
 
     async def remove(self, child) -> None:
         """The child is dead and its uid swept: stop watching, remove the directory (off the event loop:
