@@ -376,9 +376,9 @@ def test_a_slow_scan_does_not_hold_up_the_event_loop(run_dir, monkeypatch):
 
     async def main() -> float:
         watcher = tmpcap.TmpWatcher()
-        started = time.monotonic()
+        # (its first scan is on the loop, before the run begins: the directory holds only what the runner put)
         cap = watcher.watch(run_dir, RUN_UID, 64 * MIB, 2048, lambda _reason: None)
-        gaps = [time.monotonic() - started]
+        gaps = []
         for n in range(60):
             if n % 10 == 0:
                 open(os.path.join(run_dir, f"f{n}"), "w").close()  # a change: another scan

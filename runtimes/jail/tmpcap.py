@@ -222,7 +222,7 @@ class TmpCap:
     _polling: bool = False
     _watches: dict[tuple, int] = field(default_factory=dict)  # directory (dev, ino) -> watch descriptor
     _disk: asyncio.TimerHandle | None = None  # the next read of the free space, while hidden
-    _dirty: bool = True  # changed since its last scan began (a new directory has had none)
+    _dirty: bool = False  # changed since its last scan began
     _urgent: bool = False  # its run has ended: its last scan goes first, whatever the share says
     _settled: list[asyncio.Future] = field(default_factory=list)  # settle()'s waiters for that scan
 
@@ -251,15 +251,18 @@ class TmpWatcher:
             self._loop.add_reader(self._inotify.fileno(), self._on_events)
             self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sandlot-tmp-scan")
         cap = TmpCap(path, uid, max_bytes, max_files, over)
-        # the top directory's watch now, before the run can begin: what it does from its first moment is seen
-        fd = os.open(path, _DIR_FLAGS)
-        try:
-            info = os.fstat(fd)
-            self._add_watch(cap, fd, (info.st_dev, info.st_ino))
-        finally:
-            os.close(fd)
+        # The first scan here, on the loop, before the run can begin: its directory holds only what its runner
+        # put there (node's snapshot copy), and from now on every change is seen. Later scans, of what user
+        # code made, run in the scan thread.
+        cap.usage = usage(path, uid, max_files, lambda fd, key: self._add_watch(cap, fd, key))
+        cap._dirty = False
         self._caps.add(cap)
-        self._scan_now(cap)
+        if cap.usage.over_files:
+            self._end(cap, f"error: /tmp file limit exceeded ({cap.max_files} files)")
+        elif cap.usage.bytes > cap.max_bytes:
+            self._end(cap, f"error: /tmp size limit exceeded ({_size(cap.max_bytes)})")
+        elif cap._polling:
+            self._schedule_poll(cap)
         return cap
 
     def unwatch(self, cap: TmpCap) -> None:
