@@ -254,14 +254,10 @@ class TmpWatcher:
         # The first scan here, on the loop, before the run can begin: its directory holds only what its runner
         # put there (node's snapshot copy), and from now on every change is seen. Later scans, of what user
         # code made, run in the scan thread.
-        cap.usage = usage(path, uid, max_files, lambda fd, key: self._add_watch(cap, fd, key))
-        cap._dirty = False
+        cap.usage = self._walk(cap)
         self._caps.add(cap)
-        if cap.usage.over_files:
-            self._end(cap, f"error: /tmp file limit exceeded ({cap.max_files} files)")
-        elif cap.usage.bytes > cap.max_bytes:
-            self._end(cap, f"error: /tmp size limit exceeded ({_size(cap.max_bytes)})")
-        elif cap._polling:
+        self._judge(cap)
+        if cap._polling and not cap.ended:
             self._schedule_poll(cap)
         return cap
 
@@ -341,7 +337,7 @@ class TmpWatcher:
     def _schedule(self, cap: TmpCap) -> None:
         if cap.ended or cap._scan is not None:
             return
-        delay = max(0.0, cap._last_scan + cap._interval - time.monotonic(), self._free_at - time.monotonic())
+        delay = max(0.0, cap._last_scan + cap._interval - time.monotonic())  # the share: _next_turn
         cap._scan = self._loop.call_later(delay, self._scan_now, cap)
 
     def _scan_now(self, cap: TmpCap) -> None:
@@ -386,7 +382,7 @@ class TmpWatcher:
         walk.add_done_callback(lambda done: self._scanned(cap, started, done))
 
     def _walk(self, cap: TmpCap) -> Usage:
-        """In the scan thread."""
+        """In the scan thread (and, for a run's first scan, in watch())."""
         return usage(cap.path, cap.uid, cap.max_files, lambda fd, key: self._add_watch(cap, fd, key))
 
     def _scanned(self, cap: TmpCap, started: float, walk: asyncio.Future) -> None:
@@ -406,10 +402,7 @@ class TmpWatcher:
             self._end(cap, f"error: /tmp could not be checked: {getattr(failure, 'strerror', None) or failure}")
             return
         cap.usage = walk.result()
-        if cap.usage.over_files:
-            self._end(cap, f"error: /tmp file limit exceeded ({cap.max_files} files)")
-        elif cap.usage.bytes > cap.max_bytes:
-            self._end(cap, f"error: /tmp size limit exceeded ({_size(cap.max_bytes)})")
+        self._judge(cap)
         if cap._settled and not cap.ended:
             if cap._dirty:  # changed during this scan: settle() waits for the next one, ahead of the rest
                 self._hurry(cap)
@@ -418,17 +411,23 @@ class TmpWatcher:
         if cap._polling and not cap.ended:
             self._schedule_poll(cap)
 
+    def _judge(self, cap: TmpCap) -> None:
+        """End the run if its last scan found it over a cap."""
+        if cap.usage.over_files:
+            self._end(cap, f"error: /tmp file limit exceeded ({cap.max_files} files)")
+        elif cap.usage.bytes > cap.max_bytes:
+            self._end(cap, f"error: /tmp size limit exceeded ({_size(cap.max_bytes)})")
+
     def _next_turn(self) -> None:
         """Start the first waiting scan once no scan is under way and the share allows it."""
         if self._scanning is not None or self._turn is not None:
             return
         while self._waiting:
-            first = next(iter(self._waiting))
-            delay = 0.0 if first._urgent else self._free_at - time.monotonic()
+            cap = next(iter(self._waiting))
+            delay = 0.0 if cap._urgent else self._free_at - time.monotonic()
             if delay > 0:
                 self._turn = self._loop.call_later(delay, self._take_turn)
                 return
-            cap = next(iter(self._waiting))
             del self._waiting[cap]
             if not cap.ended:
                 self._start(cap)
