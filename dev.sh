@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Sets up Sandlot in ./.venv (idempotent), then serves or tests.
 #   ./dev.sh serve [sandlot serve options]   start the service (local backend, port 8194)
-#   ./dev.sh test  [pytest options]          lint and run the test suite
+#   ./dev.sh test  [pytest options]          lint, build the docs site, run the test suite
 set -euo pipefail
 cd "$(dirname "$0")"
 
 PYTHON=${PYTHON:-python3}
 VENV=.venv
 
-setup() {  # setup [test]: "test" also brings what only the tests need (a browser for the admin page)
+setup() {  # setup [test]: "test" also brings what only the tests need (a browser for the admin page, mkdocs)
     local purpose=${1:-serve}
     if ! "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null; then
         echo "dev.sh: needs Python 3.11 or newer as '$PYTHON' (set PYTHON=...)" >&2
@@ -46,7 +46,9 @@ setup() {  # setup [test]: "test" also brings what only the tests need (a browse
         chmod 0666 /dev/net/tun  # what Debian's udev gives it; pasta, without root, needs to open it
     fi
     [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]"
+    local extras=test
+    if [ "$purpose" = test ]; then extras=test,docs; fi  # the docs site's build is part of the test command
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extras]"
 }
 
 command=${1:-}
@@ -60,6 +62,15 @@ case "$command" in
         setup test
         "$VENV/bin/ruff" check .
         "$VENV/bin/ruff" format --check . >/dev/null || { "$VENV/bin/ruff" format --diff .; exit 1; }
+        # the docs site: no broken link or anchor (--strict; not --quiet, which hides the warnings strict counts)
+        site=$(mktemp -d)
+        if ! built=$(NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --site-dir "$site" 2>&1); then
+            rm -rf "$site"
+            echo "$built" >&2
+            echo "dev.sh: mkdocs build --strict failed" >&2
+            exit 1
+        fi
+        rm -rf "$site"
         "$VENV/bin/sandlot" layers build >/dev/null
         exec "$VENV/bin/python" -m pytest "$@"
         ;;

@@ -1,38 +1,59 @@
-"""The README's configuration table is the settings model's: generated from it, and checked against it."""
+"""The README: short, with the quick start CI relies on, and every link into the docs alive."""
 
 from __future__ import annotations
 
 import os
+import re
 
-from handler.settings import Settings
-from handler.settings_report import BEGIN, END, markdown_table, with_table
+from runtimes.settings import JAIL_MODES
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
-
-
-def test_the_readme_table_is_the_one_the_model_gives():
-    with open(README) as f:
-        readme = f.read()
-    assert BEGIN in readme and END in readme
-    assert with_table(readme) == readme, "run: python -m handler.settings_report --write README.md"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_every_setting_is_described():
-    undescribed = [name for name, field in Settings.model_fields.items() if not field.description]
-    assert not undescribed, f"add Field(description=...) to {undescribed}"
+def _read(*parts: str) -> str:
+    with open(os.path.join(ROOT, *parts)) as f:
+        return f.read()
 
 
-def test_the_table_follows_the_model_when_a_setting_is_added():
-    class More(Settings):
-        SANDLOT_EXAMPLE: int = 3
+def slugs(markdown: str) -> set[str]:
+    """The anchors python-markdown's toc gives a page's headings (as mkdocs and GitHub do for these headings)."""
+    found = set()
+    in_code = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith("#"):
+            title = line.lstrip("#").strip().replace("`", "")
+            slug = re.sub(r"[^\w\s-]", "", title).strip().lower()
+            found.add(re.sub(r"[-\s]+", "-", slug))
+    return found
 
-    import handler.settings_report as report
 
-    original = report.Settings
-    report.Settings = More
-    try:
-        table = markdown_table()
-    finally:
-        report.Settings = original
-    assert "| `SANDLOT_EXAMPLE` | `3` |  |" in table
-    assert table.count("\\n") == 0 and len(table.splitlines()) == len(More.model_fields) + 2
+def test_the_readme_is_short():
+    assert len(_read("README.md").splitlines()) <= 200
+
+
+def test_the_quick_start_and_the_ci_command_are_in_the_readme():
+    readme = _read("README.md")
+    assert "./dev.sh serve" in readme and "./dev.sh test" in readme
+    last = [line for line in _read(".ci", "run").splitlines() if line.strip()][-1]
+    assert last.startswith("exec "), ".ci/run must end by exec'ing the README's test command"
+    assert last.removeprefix("exec ").strip() in readme
+
+
+def test_every_link_of_the_readme_leads_somewhere():
+    readme = _read("README.md")
+    links = re.findall(r"\]\(([^)#\s]+)(?:#([^)\s]+))?\)", readme)
+    local = [(path, anchor) for path, anchor in links if "://" not in path]
+    assert len(local) >= 10
+    for path, anchor in local:
+        assert os.path.exists(os.path.join(ROOT, path)), path
+        if anchor:
+            assert anchor in slugs(_read(path)), f"{path}#{anchor}"
+
+
+def test_the_protections_table_names_real_modes():
+    readme = _read("README.md")
+    table = readme[readme.index("| protection |") :].split("\n\n", 1)[0]
+    named = set(re.findall(r"\(`(\w+)`\)", table.splitlines()[0]))
+    assert named and named <= set(JAIL_MODES), named - set(JAIL_MODES)
