@@ -117,7 +117,7 @@ def _sentence(text: str) -> str:
 
 
 def _entry(name: str, info: FieldInfo, reader: str, note: str = "") -> list[str]:
-    lines = [f"### `{name}`", ""]
+    lines = [f"#### `{name}`", ""]
     if info.description:
         lines += [_sentence(info.description), ""]
     lines += [f"- Type: {type_text(info)}", f"- Default: {default_text(info)}", f"- Read by: {reader}"]
@@ -134,7 +134,7 @@ def settings_reference() -> str:
         (name, info) for name, info in FunctionEnvironment.model_fields.items() if name not in Settings.model_fields
     ]
     lines = [
-        "## Settings of the runtimes",
+        "### Settings of the runtimes",
         "",
         "The service and the Lambda runtime functions read these alike (`runtimes/settings.py`).",
         "",
@@ -147,11 +147,11 @@ def settings_reference() -> str:
                 name, default_text(function_info)
             )
         lines += _entry(name, info, RUNTIMES, note)
-    lines += ["## Settings of the service", "", "The HTTP service's own (`handler/settings.py`).", ""]
+    lines += ["### Settings of the service", "", "The HTTP service's own (`handler/settings.py`).", ""]
     for name, info in service:
         lines += _entry(name, info, READERS.get(name, SERVICE))
     lines += [
-        "## Settings of a Lambda runtime function",
+        "### Settings of a Lambda runtime function",
         "",
         "A runtime function's own, besides the runtimes' settings (`runtimes/environment.py`); `template.yaml` sets",
         "its environment.",

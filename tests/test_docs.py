@@ -43,7 +43,7 @@ def test_the_generated_part_is_what_the_code_gives_now(page):
 def test_every_setting_of_every_model_is_in_the_reference():
     page = (DOCS / "configuration.md").read_text()
     names = set(Settings.model_fields) | set(FunctionEnvironment.model_fields)
-    missing = [name for name in sorted(names) if f"### `{name}`" not in page]
+    missing = [name for name in sorted(names) if f"#### `{name}`" not in page]
     assert not missing
 
 
@@ -65,12 +65,12 @@ def test_the_reference_follows_the_model_when_a_setting_is_added(monkeypatch):
     monkeypatch.setattr(report, "Settings", More)
     monkeypatch.setattr(gen, "Settings", More)
     text = gen.settings_reference()
-    entry = text[text.index("### `SANDLOT_EXAMPLE`") :].split("\n\n### ", 1)[0]
+    entry = text[text.index("#### `SANDLOT_EXAMPLE`") :].split("\n\n#", 1)[0]
     assert "An example." in entry
     assert "- Type: integer ≥ 1" in entry and "- Default: `3`" in entry
     assert "- Read by: the service (on Lambda, the API function)" in entry
     function_own = set(FunctionEnvironment.model_fields) - set(More.model_fields)
-    assert text.count("\n### ") == len(More.model_fields) + len(function_own)
+    assert text.count("\n#### ") == len(More.model_fields) + len(function_own)
 
 
 def test_the_cli_page_has_every_command():
