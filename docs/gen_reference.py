@@ -19,7 +19,6 @@ import re
 import sys
 import typing
 from pathlib import Path
-from typing import Any
 
 import annotated_types
 from pydantic.fields import FieldInfo
@@ -30,7 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from handler.settings import Settings  # noqa: E402
-from handler.settings_report import ordered_fields  # noqa: E402
+from handler.settings_report import ordered_fields, plain  # noqa: E402
 from runtimes.environment import FunctionEnvironment  # noqa: E402
 from runtimes.settings import RuntimeSettings  # noqa: E402
 
@@ -71,14 +70,6 @@ def end(name: str) -> str:
     return f"<!-- end of generated: {name} -->"
 
 
-def _plain(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list | tuple):
-        return ",".join(str(item) for item in value)
-    return "" if value is None else str(value)
-
-
 def type_text(info: FieldInfo) -> str:
     """The setting's type in words, with its bounds."""
     annotation = info.annotation
@@ -107,7 +98,7 @@ def default_text(info: FieldInfo) -> str:
         return str(extra["shown_default"])
     if info.default is PydanticUndefined:
         return "none"
-    text = _plain(info.default)
+    text = plain(info.default)
     return f"`{text}`" if text else "empty"
 
 

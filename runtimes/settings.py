@@ -78,7 +78,7 @@ class RuntimeSettings(BaseSettings):
     SANDLOT_REQUIRE_SECCOMP: bool = Field(
         True,
         description="refuse runs when the seccomp filter cannot be installed (a Lambda runtime function then "
-        "serves only invocations that carry a tenant id: see the README's tenancy)",
+        "serves only invocations that carry a tenant id: see the docs' AWS Lambda page, Tenancy and RequireSeccomp)",
     )
     SANDLOT_JAIL: Literal[JAIL_MODES] = Field(  # type: ignore[valid-type]
         "auto",
