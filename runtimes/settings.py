@@ -21,7 +21,7 @@ from runtimes.config import RuntimeConfig, comma_list, default_data_dir, default
 
 # SANDLOT_JAIL's values: modes.CHOICES (runtimes/jail/modes.py, which decides what each gives on this platform);
 # not imported from there, so that loading the settings loads no jail module (tests/test_settings.py keeps them equal)
-JAIL_MODES = ("auto", "full", "userns", "reduced", "chroot", "single")
+JAIL_MODES = ("auto", "full", "userns", "reduced", "chroot", "single", "landlock")
 
 
 def describe_invalid(exc: ValidationError) -> str:
@@ -84,7 +84,9 @@ class RuntimeSettings(BaseSettings):
         "auto",
         description="jail mode: `full` (root: a uid per run), `userns` (user namespaces per run; `reduced` is its "
         "older name), `chroot` (root without namespaces, a container on default privileges: a uid per run in a "
-        "materialized tree), `single` (one run at a time only, e.g. Lambda), `auto` (from the protections record)",
+        "materialized tree), `single` (one run at a time only, e.g. Lambda), `landlock` (no root, no "
+        "namespaces: runs share the service's uid, each in a Landlock domain of its own), `auto` (from the "
+        "protections record)",
     )
     SANDLOT_UID_BASE: int = Field(
         1_500_000_000, ge=65536, le=4_000_000_000, description="first uid of the run uid blocks (1024 uids each)"

@@ -25,7 +25,7 @@ import pyseccomp
 import runtimes
 from runtimes import linux, tempdirs, trees
 from runtimes.config import MIB, RuntimeConfig
-from runtimes.jail import modes, run_network, sweep
+from runtimes.jail import landlock_mode, modes, run_network, sweep
 from runtimes.jail.egress import EgressFilter
 from runtimes.jail.execution import execute
 from runtimes.jail.pool import MAIN, ChildPool
@@ -33,6 +33,7 @@ from runtimes.jail.protections import Protections, platform_protections
 from runtimes.jail.schedule import PooledSchedule, Schedule
 from runtimes.jail.scratch import Scratch
 from runtimes.jail.serial import SerialSchedule
+from runtimes.jail.shared_tmp import SharedRunDirectories
 from runtimes.jail.supervisor import Zygote
 from runtimes.jail.tmpcap import RunDirectories, TmpWatcher
 from runtimes.jail.uids import UidPool
@@ -81,6 +82,10 @@ class JailedRuntime:
 
     def tree(self) -> TreeSpec:
         raise NotImplementedError
+
+    def readable(self) -> list[str]:
+        """The landlock mode: what a run may read and execute (landlock_mode.py)."""
+        return landlock_mode.readable(self.tree(), landlock_mode.runner_modules())
 
     def run_hostname(self) -> str:
         """What uname() tells a run: RUN_HOSTNAME in a UTS namespace of its own; where it has none (chroot),
@@ -139,6 +144,8 @@ class JailedRuntime:
             log.info("%s jail: %s", self.language, self.mode.name)
             if config.require_seccomp and not self.platform.seccomp:
                 raise modes.JailRefused(self._no_seccomp(self.platform.errors.get("seccomp", "")))
+            if self.mode.narrow_domain and not config.require_seccomp:
+                raise modes.JailRefused(landlock_mode.needs_seccomp(self.platform.landlock))
             tmp_parent = self._claim_identities()
             self._network = self._plan_network()
             if self.mode.tree == modes.PIVOT:
@@ -148,6 +155,10 @@ class JailedRuntime:
                 self._trees = await asyncio.to_thread(self._open_trees)
                 self._tmp_watcher = TmpWatcher()
                 run_dirs = RunDirectories(self._tmp_watcher, config.tmp_size_mb * MIB, config.tmp_files)
+            elif self.mode.narrow_domain:  # runs sharing the service's uid, many at once: capped as chroot's
+                self._tmp_watcher = TmpWatcher()
+                caps = (config.tmp_size_mb * MIB, config.tmp_files)
+                run_dirs = SharedRunDirectories(self._tmp_watcher, *caps, parent=tmp_parent)
             if self.mode.processes == modes.UID_SWEEP and self._uids is not None:
                 # a killed instance of this uid block may have left runs (whose zygote died, a parent-death
                 # signal away from them): none of them may meet the runs about to get the same uids
@@ -273,8 +284,10 @@ class JailedRuntime:
         SANDLOT_UNFILTERED_EGRESS says (run_network.py). Runs sharing the runtime's uid (a Lambda function, one
         run at a time) keep the platform's own network, as before."""
         mode, setting = self.mode, self.config.unfiltered_egress
-        if mode is None or mode.shares_uid:
+        if mode is None or (mode.shares_uid and mode.serial_only):
             return run_network.RunNetwork(run_network.UNFILTERED, "the platform's own network (one run at a time)")
+        if mode.narrow_domain:  # the landlock mode: nothing tells its runs' packets from the service's
+            return run_network.decide(False, landlock_mode.NO_EGRESS_FILTER, setting)
         if mode.egress == modes.NFT_UID:
             installed = bool(self._egress and self._egress.installed)
             why = self._egress.error if self._egress and not installed else ""
@@ -301,6 +314,7 @@ class JailedRuntime:
             "runner": self.runner,
             "runner_config": self.runner_config(kind),
             "tree": self.tree().to_dict() if self.mode.tree == modes.PIVOT else None,
+            "readable": self.readable() if self.mode.narrow_domain else None,
             "tree_root": self._tree_root,
             "zygote_uid": self._zygote_uid,
             "network": self._network.zygote_config() if self._network else None,
@@ -448,6 +462,7 @@ class JailedRuntime:
             "capabilities": "none",
             "private_tmp": mode.tmp,
             "landlock": self.platform.landlock if self.platform else 0,
+            **(landlock_mode.health(self.platform.landlock if self.platform else 0) if mode.narrow_domain else {}),
             "time_namespace": bool(self.report.get("time_namespace")),  # clocks from zero: no host uptime
             "rlimits": True,
             "scrubbed_environment": True,

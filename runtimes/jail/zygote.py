@@ -106,7 +106,9 @@ class Zygote:
             self.plan = dataclasses.replace(self.plan, bounding_set_dropped=True)
         self.ids = (os.getuid(), os.getgid())
         if self.plan.landlock:  # inside the tree: its root and device nodes are the rules' places
-            self.landlock = landlock.Prepared(self.plan.landlock, DEVICES)
+            # the landlock mode: only what the runtime's tree would hold (landlock_mode.py)
+            readable = tuple(config.get("readable") or ("/",)) if mode.narrow_domain else ("/",)
+            self.landlock = landlock.Prepared(self.plan.landlock, DEVICES, readable)
         for path in config["import_paths"]:
             while path in sys.path:
                 sys.path.remove(path)
@@ -134,6 +136,10 @@ class Zygote:
         self.report.update(self.runner.warm(self.state))
         if self.plan.mode.pid_namespace:
             self.fence = seccomp_policy.fence_program(1)
+        self.shared_uid_rules = None  # the landlock mode: what Landlock leaves to seccomp (landlock_mode.py)
+        if self.plan.mode.narrow_domain and self.plan.seccomp:
+            rules = seccomp_policy.shared_uid_rules(self.plan.landlock)
+            self.shared_uid_rules = seccomp_policy.compile_program(rules)
         if self.plan.mode.pid_namespace and hasattr(self.runner, "as_pid_one"):
             self.runner.as_pid_one(self.state)  # once here, not in every child: each will be a pid 1
         # what each child is lent, the same for all: made once here, not in every child. The signals ignored
@@ -213,6 +219,8 @@ class Zygote:
             # stdin, stdout, stderr, ready
             confine(self.plan, uid, tmpdir, tuple(fds), self.handles)
             fence_signals(self.plan, self.fence)
+            if self.shared_uid_rules is not None:
+                self.shared_uid_rules.load()
             os.write(3, b"1")
             if not getattr(self.runner, "REPORTS_EXIT", False):
                 os.close(3)
