@@ -408,3 +408,19 @@ def test_a_runs_tmp_is_capped_by_the_watcher(pod):
     envelope = pod.run(code)
     assert envelope["code"] == 0 and "all written" not in envelope["data"]["stdout"], envelope
     assert "/tmp" in envelope["data"]["error"], envelope
+
+
+def test_names_show_contents_do_not(pod):
+    """What Landlock leaves visible, as the docs say: a host file's name and metadata (stat), never its
+    contents, nor a directory's listing."""
+    code = (
+        "import os\n"
+        "for path in ('/etc/shadow', '/etc/passwd', '/root'):\n"
+        "    print(path, os.path.exists(path), end=' ')\n"
+        "    try:\n"
+        "        open(path).read() if not os.path.isdir(path) else os.listdir(path)\n"
+        "        print('read')\n"
+        "    except PermissionError:\n"
+        "        print('refused')\n"
+    )
+    assert _out(pod.run(code)) == "/etc/shadow True refused\n/etc/passwd True refused\n/root True refused\n"
