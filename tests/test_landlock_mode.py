@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import fcntl
 import os
 import shutil
 import socket
@@ -92,7 +93,10 @@ def test_the_landlock_jail_fails_closed(record, requested, why):
 
 
 def test_what_seccomp_holds_for_each_abi():
-    assert landlock_mode.what_seccomp_adds(7) == ["chmod and utime by path"]
+    assert landlock_mode.what_seccomp_adds(7) == [
+        "chmod and utime by path",
+        "pipes grown past their default size (buffers counted per uid)",
+    ]
     assert "truncate by path" not in landlock_mode.what_seccomp_adds(3)
     assert any("no Landlock scopes" in held for held in landlock_mode.what_seccomp_adds(5))
     assert "truncate by path" in landlock_mode.what_seccomp_adds(2)
@@ -159,6 +163,14 @@ def _attempts(places: dict) -> dict:
     def read(path):
         return lambda: open(path).read()
 
+    def grow_pipe():
+        r, w = os.pipe()
+        try:
+            fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ
+        finally:
+            os.close(r)
+            os.close(w)
+
     def connect():
         with socket.socket(socket.AF_UNIX) as s:
             s.connect("\0" + places["abstract"])
@@ -176,6 +188,7 @@ def _attempts(places: dict) -> dict:
         "connect to the service's abstract socket": connect,
         "chmod the data dir": lambda: os.chmod(os.path.dirname(places["key"]), 0o755),  # its mode: no harm done
         "truncate the data dir's key": lambda: os.truncate(places["key"], 0),
+        "grow a pipe's buffer (counted per uid)": grow_pipe,
     }
 
 
@@ -210,10 +223,16 @@ def _confined_attempt(places: dict, name: str, abi: int, landlock_rules: bool, s
 ATTEMPTS = list(_attempts({"key": "/k/k/k", "build": "", "other_run": "", "shm": "", "service": 0, "abstract": ""}))
 # what Landlock alone leaves open at an ABI, for the seccomp part to hold (and which it does)
 LANDLOCK_ALONE_OPEN = {
-    7: {"chmod the data dir"},
-    5: {"chmod the data dir", "signal the service", "connect to the service's abstract socket"},
+    7: {"chmod the data dir", "grow a pipe's buffer (counted per uid)"},
+    5: {
+        "chmod the data dir",
+        "grow a pipe's buffer (counted per uid)",
+        "signal the service",
+        "connect to the service's abstract socket",
+    },
     2: {
         "chmod the data dir",
+        "grow a pipe's buffer (counted per uid)",
         "signal the service",
         "connect to the service's abstract socket",
         "truncate the data dir's key",

@@ -17,7 +17,8 @@ from being traced, or having its memory, descriptors or environment opened, by t
 What Landlock does not check, the seccomp filter of the runner refuses (`seccomp_policy.shared_uid_rules`):
 
 - at every ABI: chmod and utime by path (Landlock has no right for a file's mode or times: a run could make
-  the service's data dir unreadable to the service itself);
+  the service's data dir unreadable to the service itself), and growing a pipe (F_SETPIPE_SZ: pipe buffers
+  are counted per uid, and one run could take the whole 64 MiB of it, leaving every new pipe of the uid 8 KiB);
 - below ABI 3: truncate by path (no TRUNCATE right: a run could empty any file of its uid it can name);
 - below ABI 6 (no scopes): signals to any other pid (the signal fence every child loads already refuses
   them) and any AF_UNIX socket but socketpair (the allow-list already refuses them), both restated there.
@@ -58,7 +59,7 @@ def runner_modules() -> tuple[str, ...]:
 
 def what_seccomp_adds(abi: int) -> list[str]:
     """For the health detail: what the seccomp filter holds in this mode that Landlock at this ABI does not."""
-    held = ["chmod and utime by path"]
+    held = ["chmod and utime by path", "pipes grown past their default size (buffers counted per uid)"]
     if abi < TRUNCATE_ABI:
         held.append("truncate by path")
     if abi < SCOPES_ABI:
