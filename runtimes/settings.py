@@ -107,6 +107,13 @@ class RuntimeSettings(BaseSettings):
         "reason; `allow` gives them the network unfiltered (the host's loopback, private networks and metadata "
         "address too); `refuse` answers them with `-500`",
     )
+    SANDLOT_PROXY_EGRESS: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="runs asking for network where their egress cannot be filtered, with a proxy configured "
+        "(`HTTP_PROXY`, `HTTPS_PROXY`, `SOCKS5_PROXY`): `auto` lets them reach only the proxy's TCP port "
+        "(Landlock ABI 4+; the proxy's address handed to them resolved; no UDP, no DNS) unless "
+        "`SANDLOT_UNFILTERED_EGRESS=allow`; `on` also then; `off` never",
+    )
     SANDLOT_PASTA: str = Field(
         "pasta",
         description="without root: pasta (Debian package `passt`), command or path, which gives runs with network "
@@ -191,4 +198,5 @@ class RuntimeSettings(BaseSettings):
             egress_allow=tuple(str(network) for network in self.SANDLOT_EGRESS_ALLOW),
             pasta=self.SANDLOT_PASTA,
             unfiltered_egress=self.SANDLOT_UNFILTERED_EGRESS,
+            proxy_egress=self.SANDLOT_PROXY_EGRESS,
         )

@@ -40,7 +40,7 @@ import traceback
 from collections.abc import Mapping
 
 from runtimes import linux, tree
-from runtimes.jail import landlock, namespaces, nftables, protocol, seccomp_policy, timens, warmheap
+from runtimes.jail import landlock, namespaces, nftables, protocol, proxy_egress, seccomp_policy, timens, warmheap
 from runtimes.jail.child import ChildPlan, Handles, confine, fence_signals, tmpfs_takes_huge_pages
 from runtimes.jail.forkhooks import ForkHooks
 from runtimes.jail.modes import CHROOT, PIVOT, UID_PER_RUN, USER_NAMESPACE
@@ -108,7 +108,12 @@ class Zygote:
         if self.plan.landlock:  # inside the tree: its root and device nodes are the rules' places
             # the landlock mode: only what the runtime's tree would hold (landlock_mode.py)
             readable = tuple(config.get("readable") or ("/",)) if mode.narrow_domain else ("/",)
-            self.landlock = landlock.Prepared(self.plan.landlock, DEVICES, readable)
+            ports = config.get("connect_ports")  # proxy egress: TCP connect to these only (proxy_egress.py)
+            connect_ports = tuple(ports) if ports is not None else None
+            self.landlock = landlock.Prepared(self.plan.landlock, DEVICES, readable, connect_ports)
+        self.udp_refused = None  # proxy egress: no datagram socket either (stacked in every child)
+        if config.get("connect_ports") is not None and self.plan.seccomp:
+            self.udp_refused = seccomp_policy.compile_program(proxy_egress.udp_refused())
         for path in config["import_paths"]:
             while path in sys.path:
                 sys.path.remove(path)
@@ -221,6 +226,8 @@ class Zygote:
             fence_signals(self.plan, self.fence)
             if self.shared_uid_rules is not None:
                 self.shared_uid_rules.load()
+            if self.udp_refused is not None:
+                self.udp_refused.load()
             os.write(3, b"1")
             if not getattr(self.runner, "REPORTS_EXIT", False):
                 os.close(3)
