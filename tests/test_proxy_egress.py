@@ -10,11 +10,15 @@ refusal is the rule's.
 
 from __future__ import annotations
 
+import os
+import shutil
 import socketserver
+import tempfile
 import threading
 
 import pytest
 import unprivileged
+from service import DOCKER_DEFAULT, Service, standin
 from test_landlock_mode import KERNEL_ABI, RESTRICTED_POD
 
 from runtimes.jail import proxy_egress
@@ -148,3 +152,30 @@ def test_proxy_egress_is_planned_from_the_settings():
     assert (
         "cannot be resolved" in proxy_egress.plan("on", {"HTTP_PROXY": "http://no.such.host.invalid:1"}, 7, "").refused
     )
+
+
+@pytest.fixture(scope="module")
+def container(listeners):
+    """A default container's stand-in (root, Docker's capabilities without NET_ADMIN: the chroot jail)."""
+    if os.geteuid() != 0:
+        pytest.skip("the stand-in for a container narrows root's privileges")
+    if KERNEL_ABI < proxy_egress.NETWORK_ABI:
+        pytest.skip(f"needs Landlock ABI {proxy_egress.NETWORK_ABI}+ (this kernel: {KERNEL_ABI})")
+    data = tempfile.mkdtemp(prefix="sandlot-proxy-egress-", dir="/var/tmp")  # a volume's stand-in
+    os.chmod(data, 0o755)
+    svc = Service(launcher=standin(DOCKER_DEFAULT), SANDLOT_DATA_DIR=data, HTTP_PROXY=f"http://localhost:{PROXY_PORT}")
+    try:
+        yield svc.start()
+    finally:
+        svc.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def test_the_chroot_jail_without_net_admin_uses_the_proxy_too(container):
+    protections = container.detail()["runtimes"]["python3"]["protections"]
+    assert protections["mode"] == "chroot" and protections["network"] == "proxy"
+    out = _attempt(container, "import urllib.request\nprint(urllib.request.urlopen('http://example.invalid/c').read())")
+    assert "via proxy: GET http://example.invalid/c" in out
+    for name in ("another TCP port", "UDP (DNS)", "a unix socket"):
+        out = _attempt(container, ATTEMPTS[name])
+        assert "reached" not in out and "PermissionError" in out, (name, out)
