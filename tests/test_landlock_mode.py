@@ -25,7 +25,7 @@ import time
 
 import pytest
 import unprivileged
-from service import OUTER_FILTER
+from service import OUTER_FILTER, Service
 
 from runtimes import linux
 from runtimes.jail import landlock, landlock_mode, modes, seccomp_policy
@@ -443,3 +443,47 @@ def test_names_show_contents_do_not(pod):
         "        print('refused')\n"
     )
     assert _out(pod.run(code)) == "/etc/shadow True refused\n/etc/passwd True refused\n/root True refused\n"
+
+
+OPENSHIFT_UID = 1000680000
+
+
+def test_the_openshift_restricted_stand_in_serves_in_the_landlock_jail():
+    """Issue 30's stand-in as it is: an arbitrary uid, gid 0, no groups, no_new_privs, no capabilities, under a
+    seccomp profile refusing namespaces (setpriv below the outer filter, as a container runtime would start it)."""
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    if KERNEL_ABI < 1 or not shutil.which("setpriv"):
+        pytest.skip("needs Landlock and setpriv (util-linux)")
+    data = tempfile.mkdtemp(prefix="sandlot-openshift-", dir="/var/tmp")
+    os.chown(data, OPENSHIFT_UID, 0)
+    os.chmod(data, 0o770)
+    svc = Service(cwd="/", SANDLOT_DATA_DIR=data, HOME="/nonexistent")
+    svc.python, svc.source = unprivileged.venv_python(), unprivileged.source()
+    svc.launcher = [
+        sys.executable,
+        OUTER_FILTER,
+        "--profile",
+        "docker-default",
+        "--",
+        "setpriv",
+        f"--reuid={OPENSHIFT_UID}",
+        "--regid=0",
+        "--clear-groups",
+        "--no-new-privs",
+        "--bounding-set=-all",
+        "--",
+    ]
+    try:
+        svc.start()
+        detail = svc.detail()["runtimes"]
+        for language in ("python3", "nodejs"):
+            assert detail[language]["ready"] and detail[language]["protections"]["mode"] == "landlock"
+            assert (
+                detail[language]["platform"]["euid"] == OPENSHIFT_UID and detail[language]["platform"]["no_new_privs"]
+            )
+        assert _out(svc.run("import os; print(os.getuid(), os.getgid(), os.getgroups())")) == f"{OPENSHIFT_UID} 0 []\n"
+        assert _out(svc.run("console.log(process.getuid())", "nodejs")) == f"{OPENSHIFT_UID}\n"
+    finally:
+        svc.stop()
+        shutil.rmtree(data, ignore_errors=True)
