@@ -25,7 +25,7 @@ import time
 
 import pytest
 import unprivileged
-from service import OUTER_FILTER, Service
+from service import OUTER_FILTER, Service, descendants
 
 from runtimes import linux
 from runtimes.jail import landlock, landlock_mode, modes, seccomp_policy
@@ -487,3 +487,29 @@ def test_the_openshift_restricted_stand_in_serves_in_the_landlock_jail():
     finally:
         svc.stop()
         shutil.rmtree(data, ignore_errors=True)
+
+
+def test_the_service_its_zygotes_and_ready_children_are_not_dumpable(pod):
+    """Sharing their uid with the runs, their /proc entries (environment, memory, descriptors) belong to root:
+    closed to a run even where Landlock's own ptrace rule were missing. (The service and its zygotes make
+    themselves non-dumpable; a ready python child inherits it through fork.) A ready node child has exec'ed node,
+    which made it dumpable again: what closes it to a run is its Landlock domain (and the run's, which has no
+    /proc at all), asserted here from a run."""
+    processes = [pod.process.pid, *descendants(pod.process.pid)]
+    execed = [pid for pid in processes if _cmdline(pid).startswith(b"/usr/bin/node") or b"node\0" in _cmdline(pid)]
+    assert execed and len(processes) - len(execed) >= 4  # the service, two zygotes, ready python children
+    for pid in set(processes) - set(execed):
+        assert os.stat(f"/proc/{pid}/environ").st_uid == 0, (pid, _cmdline(pid))
+    for pid in execed:
+        code = f"import ctypes\nprint(ctypes.CDLL(None, use_errno=True).ptrace(16, {pid}, 0, 0), ctypes.get_errno())\n"
+        code += f"open('/proc/{pid}/environ').read()"
+        out = _out(pod.run(code))
+        assert out.startswith("-1 1\n") and "PermissionError" in out, out
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
