@@ -8,6 +8,11 @@ run, a child waiting for a later run, the zygote and the service are all
 outside). Rights the kernel's ABI does not know are left out, so the same call
 works from ABI 1 up; `restrict` says which ABI it used (0: no Landlock here).
 
+Where runs share the service's uid without a tree of their own (the landlock mode), the readable places are
+only what the runtime's tree would hold (landlock_mode.py) instead of the whole of "/"; and where runs with
+network may only reach the operator's proxy (proxy_egress.py), TCP connect (ABI 4) is handled too, allowed
+to the proxies' ports only.
+
 In every mode a domain also closes every process outside it to ptrace access, and so
 /proc/<pid>/mem, environ and fd: in `single` (Lambda), where the run shares the uid of the
 runtime client and the zygote and prctl cannot make them non-dumpable, that is what keeps
