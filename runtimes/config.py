@@ -67,6 +67,8 @@ class RuntimeConfig:
     pasta: str = "pasta"  # userns without root: the runs' way out (runtimes/jail/userspace_net.py); "": none
     # runs asking for network where egress cannot be filtered: no-network | allow | refuse (jail/run_network.py)
     unfiltered_egress: str = "no-network"
+    # where egress cannot be filtered and a proxy is configured: runs reach only its port (jail/proxy_egress.py)
+    proxy_egress: str = "auto"
 
     def environment(self) -> dict[str, str]:
         """The whole environment of a run: nothing of the service's own."""

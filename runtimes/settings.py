@@ -21,7 +21,7 @@ from runtimes.config import RuntimeConfig, comma_list, default_data_dir, default
 
 # SANDLOT_JAIL's values: modes.CHOICES (runtimes/jail/modes.py, which decides what each gives on this platform);
 # not imported from there, so that loading the settings loads no jail module (tests/test_settings.py keeps them equal)
-JAIL_MODES = ("auto", "full", "userns", "reduced", "chroot", "single")
+JAIL_MODES = ("auto", "full", "userns", "reduced", "chroot", "single", "landlock")
 
 
 def describe_invalid(exc: ValidationError) -> str:
@@ -84,7 +84,9 @@ class RuntimeSettings(BaseSettings):
         "auto",
         description="jail mode: `full` (root: a uid per run), `userns` (user namespaces per run; `reduced` is its "
         "older name), `chroot` (root without namespaces, a container on default privileges: a uid per run in a "
-        "materialized tree), `single` (one run at a time only, e.g. Lambda), `auto` (from the protections record)",
+        "materialized tree), `single` (one run at a time only, e.g. Lambda), `landlock` (no root, no "
+        "namespaces: runs share the service's uid, each in a Landlock domain of its own), `auto` (from the "
+        "protections record)",
     )
     SANDLOT_UID_BASE: int = Field(
         1_500_000_000, ge=65536, le=4_000_000_000, description="first uid of the run uid blocks (1024 uids each)"
@@ -104,6 +106,13 @@ class RuntimeSettings(BaseSettings):
         "no pasta without root): `no-network` serves them without network, their socket calls failing with the "
         "reason; `allow` gives them the network unfiltered (the host's loopback, private networks and metadata "
         "address too); `refuse` answers them with `-500`",
+    )
+    SANDLOT_PROXY_EGRESS: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="runs asking for network where their egress cannot be filtered, with a proxy configured "
+        "(`HTTP_PROXY`, `HTTPS_PROXY`, `SOCKS5_PROXY`): `auto` lets them reach only the proxy's TCP port "
+        "(Landlock ABI 4+; the proxy's address handed to them resolved; no UDP, no DNS) unless "
+        "`SANDLOT_UNFILTERED_EGRESS=allow`; `on` also then; `off` never",
     )
     SANDLOT_PASTA: str = Field(
         "pasta",
@@ -189,4 +198,5 @@ class RuntimeSettings(BaseSettings):
             egress_allow=tuple(str(network) for network in self.SANDLOT_EGRESS_ALLOW),
             pasta=self.SANDLOT_PASTA,
             unfiltered_egress=self.SANDLOT_UNFILTERED_EGRESS,
+            proxy_egress=self.SANDLOT_PROXY_EGRESS,
         )

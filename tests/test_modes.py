@@ -69,6 +69,7 @@ NO_NAMESPACES = dataclasses.replace(
         ("single", NO_NAMESPACES, True, modes.SINGLE),
         ("auto", ROOT_IN_A_CONTAINER, False, modes.CHROOT_MODE),
         ("chroot", ROOT, False, modes.CHROOT_MODE),
+        ("auto", NO_NAMESPACES, False, modes.LANDLOCK_MODE),  # a restricted pod (tests/test_landlock_mode.py)
     ],
 )
 def test_modes_chosen(requested, record, one_at_a_time, mode):
@@ -78,7 +79,7 @@ def test_modes_chosen(requested, record, one_at_a_time, mode):
 @pytest.mark.parametrize(
     ("requested", "record", "one_at_a_time", "why"),
     [
-        ("auto", NO_NAMESPACES, False, "no jail that keeps tenants apart"),
+        ("auto", dataclasses.replace(NO_NAMESPACES, landlock=0), False, "no jail that keeps tenants apart"),
         ("full", NOBODY, False, "missing: root"),
         ("userns", NO_NAMESPACES, False, "user_namespaces (PermissionError"),
         ("reduced", NO_NAMESPACES, False, "user_namespaces (PermissionError"),
@@ -108,7 +109,8 @@ def test_a_chroot_jail_filters_egress_by_uid_only_where_it_may_install_the_rules
 
 
 def test_a_container_without_user_namespaces_refuses_to_serve():
-    """Unprivileged and no namespaces (a container's filter refuses them): runs are refused, health says why."""
+    """Unprivileged, no namespaces and no Landlock (a container's filter refuses them): runs are refused, health
+    says why. (With Landlock, the landlock jail serves there: tests/test_landlock_mode.py.)"""
     if unprivileged.unavailable():
         pytest.skip(unprivileged.unavailable())
     svc = unprivileged.service()
@@ -120,7 +122,7 @@ def test_a_container_without_user_namespaces_refuses_to_serve():
             "--uid",
             str(unprivileged.NOBODY),
             "--eperm",
-            "unshare",
+            "unshare,landlock_create_ruleset",
             "--",
             svc.python,
             "-m",

@@ -8,6 +8,11 @@ run, a child waiting for a later run, the zygote and the service are all
 outside). Rights the kernel's ABI does not know are left out, so the same call
 works from ABI 1 up; `restrict` says which ABI it used (0: no Landlock here).
 
+Where runs share the service's uid without a tree of their own (the landlock mode), the readable places are
+only what the runtime's tree would hold (landlock_mode.py) instead of the whole of "/"; and where runs with
+network may only reach the operator's proxy (proxy_egress.py), TCP connect (ABI 4) is handled too, allowed
+to the proxies' ports only.
+
 In every mode a domain also closes every process outside it to ptrace access, and so
 /proc/<pid>/mem, environ and fd: in `single` (Lambda), where the run shares the uid of the
 runtime client and the zygote and prctl cannot make them non-dumpable, that is what keeps
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import stat
 import struct
 
 _SYS_CREATE_RULESET = 444  # the same numbers on every architecture
@@ -35,7 +41,10 @@ READ_DIR = 1 << 3
 _ABI1_FS = (1 << 13) - 1  # execute .. make_sym
 REFER = 1 << 13  # ABI 2
 TRUNCATE = 1 << 14  # ABI 3
+_FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE  # the rights a rule on a file (not a directory) may carry
 BIND_TCP = 1 << 0  # ABI 4 (network rights)
+CONNECT_TCP = 1 << 1
+_RULE_NET_PORT = 2
 SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
 SCOPE_SIGNAL = 1 << 1
 
@@ -72,24 +81,43 @@ class Prepared:
     with their rules packed. A child then only adds its own writable place and enters the domain
     (`restrict`), then closes what it inherited of this before user code (child.confine)."""
 
-    def __init__(self, abi: int, devices: tuple[str, ...]):
+    def __init__(
+        self,
+        abi: int,
+        devices: tuple[str, ...],
+        readable: tuple[str, ...] = ("/",),
+        connect_ports: tuple[int, ...] | None = None,
+    ):
+        """readable: the places a run may read and execute (files or directories; those missing here are left
+        out). connect_ports (ABI 4+): None leaves TCP connect unhandled; a tuple allows it to those ports only
+        (empty: to none)."""
         self.handled_fs = _filesystem_rights(abi)
+        network = BIND_TCP | (CONNECT_TCP if connect_ports is not None else 0)
+        if connect_ports is not None and abi < 4:
+            raise OSError(f"TCP connect rules need Landlock ABI 4 or later; this kernel gives ABI {abi}")
         attr = struct.pack("<Q", self.handled_fs)
         if abi >= 4:
-            attr += struct.pack("<Q", BIND_TCP)
+            attr += struct.pack("<Q", network)
         if abi >= 6:
             attr += struct.pack("<Q", SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL)
         self._attr = ctypes.create_string_buffer(attr, len(attr))
         self._attr_size = ctypes.c_size_t(len(attr))
         file_rights = WRITE_FILE | READ_FILE | (TRUNCATE if abi >= 3 else 0)
-        wanted = [("/", EXECUTE | READ_FILE | READ_DIR)] + [(d, file_rights) for d in devices if os.path.exists(d)]
+        wanted = [(path, EXECUTE | READ_FILE | READ_DIR) for path in readable]
+        wanted += [(d, file_rights) for d in devices]
         self._fds: list[int] = []
         self._rules = []
+        self._net_rules = [_net_rule(CONNECT_TCP, port) for port in connect_ports or ()]
         try:
             for path, rights in wanted:
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                try:
+                    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    continue
                 self._fds.append(fd)
-                self._rules.append(_rule(rights, fd))
+                if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                    rights &= _FILE_RIGHTS  # a file's rule may only carry a file's rights
+                self._rules.append(_rule(rights & self.handled_fs, fd))
         except BaseException:
             self.close()
             raise
@@ -100,6 +128,8 @@ class Prepared:
         try:
             for rule in self._rules:
                 _add_rule(ruleset, rule)
+            for rule in self._net_rules:
+                _call(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_NET_PORT), rule, ctypes.c_uint32(0))
             for path in writable:
                 fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
                 try:
@@ -127,6 +157,13 @@ def restrict(abi: int, writable: tuple[str, ...], devices: tuple[str, ...]) -> N
 
 def _rule(rights: int, fd: int) -> ctypes.Array:
     return ctypes.create_string_buffer(_RULE.pack(rights, fd), _RULE.size)
+
+
+_NET_RULE = struct.Struct("<QQ")  # struct landlock_net_port_attr: allowed_access, port
+
+
+def _net_rule(rights: int, port: int) -> ctypes.Array:
+    return ctypes.create_string_buffer(_NET_RULE.pack(rights, port), _NET_RULE.size)
 
 
 def _add_rule(ruleset: int, rule: ctypes.Array) -> None:

@@ -24,6 +24,15 @@ filtered), never the mode's name. Adding a mode adds a row here.
   of its uid before the uid goes back; nft egress by uid where NET_ADMIN is
   granted, else none (SANDLOT_UNFILTERED_EGRESS says what runs asking for
   network get: run_network.py).
+- `landlock`: no root, no capabilities, no user namespaces (a pod under Kubernetes'
+  `restricted` standard or OpenShift's `restricted-v2`). Runs share the
+  service's uid; each lives in a Landlock domain of its own (landlock_mode.py):
+  reads only of the interpreter, the layer and the libraries they need, writes
+  only to the run's own /tmp directory; signals and abstract unix sockets kept
+  inside the domain by Landlock's scopes (ABI 6), or by the seccomp filter
+  where the kernel has none; no ptrace of, nor /proc/<pid> access to, any
+  process outside it. Otherwise as `chroot`: seccomp with fork refused, rlimits,
+  the /tmp watcher's caps, no egress filter (SANDLOT_UNFILTERED_EGRESS).
 - `single`: no identity or namespace of the run's own at all (AWS Lambda). Only
   for one run at a time (the serial schedule): nothing of a run is left when the
   next one starts.
@@ -59,6 +68,9 @@ SHARED = "shared"  # the runtime's own uid
 NFT_UID = "nft_uid"  # nft rules on the host matching the runs' uids (egress.py)
 NETNS_PASTA = "netns_pasta"  # a network namespace per zygote, out through pasta (userspace_net.py)
 NO_EGRESS_FILTER = "none"
+# reads: what a run's Landlock domain lets it read, where the platform gives Landlock
+EVERYTHING = "everything"  # the whole tree (or the platform's filesystem)
+TREE_ONLY = "tree_only"  # only what the runtime's tree would hold (landlock_mode.py), and seccomp for the rest
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,13 @@ class Mode:
     needs: tuple[str, ...] = ()  # fields of the protections record the mode cannot do without
     needs_root: bool = False
     serial_only: bool = False  # may only serve one run at a time, nothing of it left before the next
+    reads: str = EVERYTHING
+
+    @property
+    def narrow_domain(self) -> bool:
+        """Each run's Landlock domain allows only what its tree would hold, and a seccomp filter refuses what
+        Landlock at the kernel's ABI does not (landlock_mode.py): runs share the service's uid."""
+        return self.reads == TREE_ONLY
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -145,8 +164,23 @@ SINGLE = Mode(
     serial_only=True,
 )
 
-MODES = {mode.name: mode for mode in (FULL, USERNS, CHROOT_MODE, SINGLE)}
-AUTO_ORDER = (FULL, USERNS, CHROOT_MODE, SINGLE)  # what `auto` tries, strongest first
+LANDLOCK_MODE = Mode(
+    "landlock",
+    tree=NO_TREE,
+    processes=UID_SWEEP,  # a run is one process (seccomp refuses fork): its pidfd ends it
+    tmp=DIRECTORY,
+    identity=SHARED,
+    egress=NO_EGRESS_FILTER,
+    # Landlock itself (its ABI decides what else the seccomp filter must refuse: landlock_mode.py), and
+    # seccomp, without which a run sharing the service's uid could fork past every pidfd and signal it
+    needs=("landlock", "seccomp", "pdeathsig", "no_new_privs"),
+    reads=TREE_ONLY,
+)
+
+MODES = {mode.name: mode for mode in (FULL, USERNS, CHROOT_MODE, SINGLE, LANDLOCK_MODE)}
+# what `auto` tries, strongest first (`single` before `landlock`: it only ever serves one run at a time, where
+# nothing of a run is left when the next starts; `landlock` is the one that serves many runs sharing a uid)
+AUTO_ORDER = (FULL, USERNS, CHROOT_MODE, SINGLE, LANDLOCK_MODE)
 ALIASES = {"reduced": USERNS.name}
 CHOICES = ("auto", *MODES, *ALIASES)
 
@@ -209,8 +243,9 @@ def select(requested: str, record: Protections, serial: bool) -> Mode:
         if not _refusal(mode, record, serial):
             return _resolved(mode, record)
     full, userns, chroot = (", ".join(missing(m, record)) for m in (FULL, USERNS, CHROOT_MODE))
+    landlock = _refusal(LANDLOCK_MODE, record, serial).partition("missing: ")[2] or "as root"
     raise JailRefused(
         f"no jail that keeps tenants apart is possible here: neither root ({full or 'not root'}) nor user "
-        f"namespaces ({userns}) nor root's chroot ({chroot}); refusing to serve many tenants with nothing "
-        "between them"
+        f"namespaces ({userns}) nor root's chroot ({chroot}) nor Landlock ({landlock}); refusing to serve many "
+        "tenants with nothing between them"
     )

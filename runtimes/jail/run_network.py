@@ -28,6 +28,7 @@ CHOICES = (NO_NETWORK, ALLOW, REFUSE)
 
 FILTERED = "filtered"  # the egress rules are in force
 UNFILTERED = "unfiltered"  # the operator allowed it
+PROXY = "proxy"  # only the operator's proxy's port (proxy_egress.py)
 NONE = "none"  # served without network
 REFUSED = "refused"  # refused with -500
 
@@ -36,7 +37,7 @@ REFUSED = "refused"  # refused with -500
 class RunNetwork:
     """What a runtime's runs that ask for network get."""
 
-    kind: str  # filtered | unfiltered | none | refused
+    kind: str  # filtered | proxy | unfiltered | none | refused
     why: str = ""  # why egress cannot be filtered here ("" where it can)
 
     @property
@@ -57,6 +58,8 @@ class RunNetwork:
     @property
     def log_line(self) -> str:
         """What the start-up log says ("" where the egress rules are in force)."""
+        if self.kind == PROXY:
+            return self.why
         if self.kind == UNFILTERED:
             return (
                 f"runs with network get it unfiltered (SANDLOT_UNFILTERED_EGRESS={ALLOW}): they reach what this "

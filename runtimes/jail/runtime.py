@@ -25,14 +25,16 @@ import pyseccomp
 import runtimes
 from runtimes import linux, tempdirs, trees
 from runtimes.config import MIB, RuntimeConfig
-from runtimes.jail import modes, run_network, sweep
+from runtimes.jail import landlock_mode, modes, proxy_egress, run_network, sweep
 from runtimes.jail.egress import EgressFilter
 from runtimes.jail.execution import execute
 from runtimes.jail.pool import MAIN, ChildPool
 from runtimes.jail.protections import Protections, platform_protections
+from runtimes.jail.proxy_egress import ProxyEgress
 from runtimes.jail.schedule import PooledSchedule, Schedule
 from runtimes.jail.scratch import Scratch
 from runtimes.jail.serial import SerialSchedule
+from runtimes.jail.shared_tmp import SharedRunDirectories
 from runtimes.jail.supervisor import Zygote
 from runtimes.jail.tmpcap import RunDirectories, TmpWatcher
 from runtimes.jail.uids import UidPool
@@ -64,6 +66,7 @@ class JailedRuntime:
         self._tree_root = ""  # the pivoted tree's mount point (in the zygotes' own namespaces; tempdirs.py)
         self._egress: EgressFilter | None = None
         self._network: NamespaceNetwork | None = None  # userns without root: the runs' own network namespace
+        self._proxy: ProxyEgress | None = None  # egress not filtered, a proxy configured: its port only
         self._unfiltered_why = ""  # userns without pasta, SANDLOT_UNFILTERED_EGRESS=allow: why there is no filter
         self._trees: trees.TreeStore | None = None  # the chroot mode: materialized trees
         self._tmp_watcher: TmpWatcher | None = None  # the chroot mode: each run's /tmp capped
@@ -81,6 +84,10 @@ class JailedRuntime:
 
     def tree(self) -> TreeSpec:
         raise NotImplementedError
+
+    def readable(self) -> list[str]:
+        """The landlock mode: what a run may read and execute (landlock_mode.py)."""
+        return landlock_mode.readable(self.tree(), landlock_mode.runner_modules())
 
     def run_hostname(self) -> str:
         """What uname() tells a run: RUN_HOSTNAME in a UTS namespace of its own; where it has none (chroot),
@@ -139,7 +146,17 @@ class JailedRuntime:
             log.info("%s jail: %s", self.language, self.mode.name)
             if config.require_seccomp and not self.platform.seccomp:
                 raise modes.JailRefused(self._no_seccomp(self.platform.errors.get("seccomp", "")))
+            if self.mode.narrow_domain and not config.require_seccomp:
+                raise modes.JailRefused(landlock_mode.needs_seccomp(self.platform.landlock))
             tmp_parent = self._claim_identities()
+            if self.mode.egress == modes.NO_EGRESS_FILTER and not self.mode.serial_only:
+                self._proxy = await asyncio.to_thread(
+                    proxy_egress.plan,
+                    config.proxy_egress,
+                    config.run_env,
+                    self.platform.landlock,
+                    config.unfiltered_egress,
+                )
             self._network = self._plan_network()
             if self.mode.tree == modes.PIVOT:
                 self._tree_root = tempdirs.make(f"root-{self.language}")
@@ -148,6 +165,10 @@ class JailedRuntime:
                 self._trees = await asyncio.to_thread(self._open_trees)
                 self._tmp_watcher = TmpWatcher()
                 run_dirs = RunDirectories(self._tmp_watcher, config.tmp_size_mb * MIB, config.tmp_files)
+            elif self.mode.narrow_domain:  # runs sharing the service's uid, many at once: capped as chroot's
+                self._tmp_watcher = TmpWatcher()
+                caps = (config.tmp_size_mb * MIB, config.tmp_files)
+                run_dirs = SharedRunDirectories(self._tmp_watcher, *caps, parent=tmp_parent)
             if self.mode.processes == modes.UID_SWEEP and self._uids is not None:
                 # a killed instance of this uid block may have left runs (whose zygote died, a parent-death
                 # signal away from them): none of them may meet the runs about to get the same uids
@@ -273,8 +294,14 @@ class JailedRuntime:
         SANDLOT_UNFILTERED_EGRESS says (run_network.py). Runs sharing the runtime's uid (a Lambda function, one
         run at a time) keep the platform's own network, as before."""
         mode, setting = self.mode, self.config.unfiltered_egress
-        if mode is None or mode.shares_uid:
+        if mode is None or (mode.shares_uid and mode.serial_only):
             return run_network.RunNetwork(run_network.UNFILTERED, "the platform's own network (one run at a time)")
+        if self._proxy is not None:
+            if self._proxy.refused:
+                return run_network.RunNetwork(run_network.REFUSED, self._proxy.refused)
+            return run_network.RunNetwork(run_network.PROXY, self._proxy.description)
+        if mode.narrow_domain:  # the landlock mode: nothing tells its runs' packets from the service's
+            return run_network.decide(False, landlock_mode.NO_EGRESS_FILTER, setting)
         if mode.egress == modes.NFT_UID:
             installed = bool(self._egress and self._egress.installed)
             why = self._egress.error if self._egress and not installed else ""
@@ -301,6 +328,9 @@ class JailedRuntime:
             "runner": self.runner,
             "runner_config": self.runner_config(kind),
             "tree": self.tree().to_dict() if self.mode.tree == modes.PIVOT else None,
+            "readable": self.readable() if self.mode.narrow_domain else None,
+            # proxy egress: every child's domain allows TCP connect to the proxy's ports only (proxy_egress.py)
+            "connect_ports": list(self._proxy.ports) if self._proxy and not self._proxy.refused else None,
             "tree_root": self._tree_root,
             "zygote_uid": self._zygote_uid,
             "network": self._network.zygote_config() if self._network else None,
@@ -328,7 +358,10 @@ class JailedRuntime:
         if self._trees is not None:  # built now if this layer has none yet (a thread: runs go on meanwhile)
             root = await asyncio.to_thread(self._ensure_tree, self.tree().to_dict())
             config["tree_root"] = root
-        zygote = Zygote(self.interpreter(), config, self.config.environment(), network=self._network)
+        environment = self.config.environment()
+        if self._proxy is not None:  # the proxies' addresses resolved: runs have no DNS then
+            environment.update(self._proxy.env)
+        zygote = Zygote(self.interpreter(), config, environment, network=self._network)
         zygote.tag = self.layer()
         zygote.tree_root = root
         try:
@@ -448,6 +481,7 @@ class JailedRuntime:
             "capabilities": "none",
             "private_tmp": mode.tmp,
             "landlock": self.platform.landlock if self.platform else 0,
+            **(landlock_mode.health(self.platform.landlock if self.platform else 0) if mode.narrow_domain else {}),
             "time_namespace": bool(self.report.get("time_namespace")),  # clocks from zero: no host uptime
             "rlimits": True,
             "scrubbed_environment": True,

@@ -628,3 +628,43 @@ def prepared(config: dict, allow_exec: bool = False) -> tuple[dict[bool, Seccomp
     filters = programs(tuple(config.get("extra_syscalls", ())), allow_exec=allow_exec)
     error = probe(filters[False])
     return (filters if error is None else {}), error
+
+
+# ---- The landlock mode: what Landlock leaves to seccomp where runs share the service's uid ----------------
+# (runtimes/jail/landlock_mode.py). Kept apart from the allow-list above: stacked on it in that mode only.
+
+CHMOD_BY_PATH = ("chmod", "fchmodat", "fchmodat2")
+F_SETPIPE_SZ = 1031
+UTIME_BY_PATH = ("utime", "utimes", "futimesat")
+LANDLOCK_TRUNCATE_ABI = 3  # LANDLOCK_ACCESS_FS_TRUNCATE
+LANDLOCK_SCOPES_ABI = 6  # LANDLOCK_SCOPE_SIGNAL, LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET
+
+
+def shared_uid_rules(abi: int) -> pyseccomp.SyscallFilter:
+    """What a run sharing the service's uid must not do that its Landlock domain (ABI abi) does not refuse.
+
+    Pipes keep their default size (F_SETPIPE_SZ refused): their buffers count against the uid's, shared with the
+    service and every other run. Landlock has no right for a file's mode or times, at any ABI: chmod and utime
+    by path are refused (a run's
+    own files stay settable through their descriptors: fchmod, and utimensat with no path, which is futimens).
+    Below ABI 3 it does not check truncate by path either: refused (ftruncate needs a descriptor opened for
+    writing, which the domain checks). Below ABI 6 it has no scopes: kill, tgkill and tkill stay fenced to the
+    run's own pid by fence_for, which every child loads; any AF_UNIX socket but socketpair (an abstract socket
+    of the service or of another run) is refused here too, besides the allow-list's own refusal of it.
+    """
+    flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    refuse = pyseccomp.ERRNO(errno.EPERM)
+    for name in (*CHMOD_BY_PATH, *UTIME_BY_PATH):
+        try:
+            flt.add_rule(refuse, name)
+        except (ValueError, OSError):
+            pass  # not a system call on this architecture (or unknown to this libseccomp: fchmodat2)
+    flt.add_rule(refuse, "utimensat", pyseccomp.Arg(1, pyseccomp.NE, 0))
+    # pipe buffers are counted per uid (fs.pipe-user-pages-soft, 64 MiB): one run growing its pipes to 1 MiB
+    # each reaches it alone, and then every new pipe of the uid, the service's and other runs', gets 8 KiB
+    flt.add_rule(refuse, "fcntl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, F_SETPIPE_SZ))
+    if abi < LANDLOCK_TRUNCATE_ABI:
+        flt.add_rule(refuse, "truncate")
+    if abi < LANDLOCK_SCOPES_ABI:
+        flt.add_rule(refuse, "socket", pyseccomp.Arg(0, pyseccomp.EQ, AF_UNIX))
+    return flt

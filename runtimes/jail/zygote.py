@@ -40,7 +40,7 @@ import traceback
 from collections.abc import Mapping
 
 from runtimes import linux, tree
-from runtimes.jail import landlock, namespaces, nftables, protocol, seccomp_policy, timens, warmheap
+from runtimes.jail import landlock, namespaces, nftables, protocol, proxy_egress, seccomp_policy, timens, warmheap
 from runtimes.jail.child import ChildPlan, Handles, confine, fence_signals, tmpfs_takes_huge_pages
 from runtimes.jail.forkhooks import ForkHooks
 from runtimes.jail.modes import CHROOT, PIVOT, UID_PER_RUN, USER_NAMESPACE
@@ -106,7 +106,14 @@ class Zygote:
             self.plan = dataclasses.replace(self.plan, bounding_set_dropped=True)
         self.ids = (os.getuid(), os.getgid())
         if self.plan.landlock:  # inside the tree: its root and device nodes are the rules' places
-            self.landlock = landlock.Prepared(self.plan.landlock, DEVICES)
+            # the landlock mode: only what the runtime's tree would hold (landlock_mode.py)
+            readable = tuple(config.get("readable") or ("/",)) if mode.narrow_domain else ("/",)
+            ports = config.get("connect_ports")  # proxy egress: TCP connect to these only (proxy_egress.py)
+            connect_ports = tuple(ports) if ports is not None else None
+            self.landlock = landlock.Prepared(self.plan.landlock, DEVICES, readable, connect_ports)
+        self.udp_refused = None  # proxy egress: no datagram socket either (stacked in every child)
+        if config.get("connect_ports") is not None and self.plan.seccomp:
+            self.udp_refused = seccomp_policy.compile_program(proxy_egress.udp_refused())
         for path in config["import_paths"]:
             while path in sys.path:
                 sys.path.remove(path)
@@ -134,6 +141,10 @@ class Zygote:
         self.report.update(self.runner.warm(self.state))
         if self.plan.mode.pid_namespace:
             self.fence = seccomp_policy.fence_program(1)
+        self.shared_uid_rules = None  # the landlock mode: what Landlock leaves to seccomp (landlock_mode.py)
+        if self.plan.mode.narrow_domain and self.plan.seccomp:
+            rules = seccomp_policy.shared_uid_rules(self.plan.landlock)
+            self.shared_uid_rules = seccomp_policy.compile_program(rules)
         if self.plan.mode.pid_namespace and hasattr(self.runner, "as_pid_one"):
             self.runner.as_pid_one(self.state)  # once here, not in every child: each will be a pid 1
         # what each child is lent, the same for all: made once here, not in every child. The signals ignored
@@ -213,6 +224,10 @@ class Zygote:
             # stdin, stdout, stderr, ready
             confine(self.plan, uid, tmpdir, tuple(fds), self.handles)
             fence_signals(self.plan, self.fence)
+            if self.shared_uid_rules is not None:
+                self.shared_uid_rules.load()
+            if self.udp_refused is not None:
+                self.udp_refused.load()
             os.write(3, b"1")
             if not getattr(self.runner, "REPORTS_EXIT", False):
                 os.close(3)

@@ -110,6 +110,10 @@ class NodeRuntime(JailedRuntime):
             "node_path": os.path.join(self.config.nodejs_layer, "node_modules") if self.config.nodejs_layer else "",
         }
 
+    def readable(self) -> list[str]:
+        # the landlock mode: this zygote's startup snapshot too (a file of the data dir, read by each run's node)
+        return [*super().readable(), *([self.snapshot.path] if self.snapshot else [])]
+
     def layer(self) -> str:
         return self.config.nodejs_layer
 

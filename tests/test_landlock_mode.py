@@ -1,0 +1,515 @@
+"""The `landlock` jail: runs share the service's uid, each in a Landlock domain of its own (jail/landlock_mode.py).
+
+Two levels. The domain itself, in a forked process of the service's uid (nobody) confined as a child of that
+mode is: every reach of issue 30's list (the data dir and its keys, a layer's build directory, another run's
+files, /dev/shm, a same-uid process's signals and /proc files, an abstract unix socket) is refused, at this
+kernel's ABI and as older ABIs would give it (the seccomp part standing in); the same attempts with no rule at
+all, and with Landlock alone where the ABI lacks a right, succeed, so each assertion can fail. Then a whole
+service started as nobody under a stand-in of a restricted pod (no capabilities, no_new_privs, a seccomp
+profile refusing namespaces): it picks `landlock`, serves both languages, and its runs reach none of those.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import fcntl
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+import unprivileged
+from service import OUTER_FILTER, Service, descendants
+
+from runtimes import linux
+from runtimes.jail import landlock, landlock_mode, modes, seccomp_policy
+from runtimes.jail.protections import Protections, in_child
+from runtimes.tree import DEVICES
+
+NOBODY = unprivileged.NOBODY
+KERNEL_ABI = 0
+try:
+    KERNEL_ABI = landlock.abi_version()
+except OSError:
+    pass
+needs_landlock = pytest.mark.skipif(KERNEL_ABI < 6, reason="needs a kernel with Landlock ABI 6 or later")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as the service's uid (nobody)")
+
+RESTRICTED = Protections(
+    euid=1000680000,
+    seccomp=True,
+    no_new_privs=True,
+    dumpable=True,
+    pdeathsig=True,
+    user_namespaces=False,
+    mount_namespaces=False,
+    pid_namespaces=False,
+    net_namespaces=False,
+    chroot=False,
+    setuid=False,
+    rlimits=True,
+    landlock=7,
+    cgroups=False,
+    errors={"user_namespaces": "PermissionError: [Errno 1] Operation not permitted"},
+)
+NO_LANDLOCK = dataclasses.replace(RESTRICTED, landlock=0, errors={"landlock": "OSError: [Errno 38]"})
+
+
+# ---- the mode record ----------------------------------------------------------------------------------------
+
+
+def test_a_restricted_pod_gets_the_landlock_jail():
+    chosen = modes.select("auto", RESTRICTED, False)
+    assert chosen.name == "landlock" and chosen.narrow_domain and chosen.shares_uid
+    assert chosen.tree == modes.NO_TREE and chosen.tmp == modes.DIRECTORY and chosen.clone_flags == 0
+    assert modes.select("landlock", RESTRICTED, False).name == "landlock"
+    # one run at a time (a Lambda function, `sandlot run --local`) keeps the single jail, as before
+    assert modes.select("auto", RESTRICTED, True).name == "single"
+
+
+@pytest.mark.parametrize(
+    ("record", "requested", "why"),
+    [
+        (dataclasses.replace(RESTRICTED, landlock=0, errors={"landlock": "OSError: [Errno 38]"}), "auto", "landlock"),
+        (
+            dataclasses.replace(RESTRICTED, landlock=0, errors={"landlock": "OSError: [Errno 38]"}),
+            "landlock",
+            "[Errno 38]",
+        ),
+        (dataclasses.replace(RESTRICTED, seccomp=False), "landlock", "missing: seccomp"),
+        (dataclasses.replace(RESTRICTED, euid=0), "landlock", "would run user code as root"),
+    ],
+)
+def test_the_landlock_jail_fails_closed(record, requested, why):
+    with pytest.raises(modes.JailRefused) as refused:
+        modes.select(requested, record, False)
+    assert why in str(refused.value)
+
+
+def test_what_seccomp_holds_for_each_abi():
+    assert landlock_mode.what_seccomp_adds(7) == [
+        "chmod and utime by path",
+        "pipes grown past their default size (buffers counted per uid)",
+    ]
+    assert "truncate by path" not in landlock_mode.what_seccomp_adds(3)
+    assert any("no Landlock scopes" in held for held in landlock_mode.what_seccomp_adds(5))
+    assert "truncate by path" in landlock_mode.what_seccomp_adds(2)
+
+
+# ---- the domain, in a process of the service's uid ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def places():
+    """What a run must not reach, all of them the service's uid's (nobody): a data dir with a key, a layer
+    beside its build directory, another run's directory, a /dev/shm file, a same-uid process (the service
+    stand-in) listening on an abstract unix socket."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as the service's uid (nobody)")
+    base = tempfile.mkdtemp(prefix="sandlot-landlock-", dir="/var/tmp")
+    os.chmod(base, 0o755)
+    paths = {
+        "key": os.path.join(base, "data", "keys", "api.key"),
+        "build": os.path.join(base, "data", "layers", "python", "build-1", "setup.py"),
+        "layer": os.path.join(base, "data", "layers", "python", "layer-1", "module.py"),
+        "other_run": os.path.join(base, "runs", "run-other", "secret.txt"),
+        "own_run": os.path.join(base, "runs", "run-own", "mine.txt"),
+        "shm": f"/dev/shm/sandlot-landlock-{os.getpid()}",
+    }
+    for path in paths.values():
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("secret\n")
+    for root, dirs, files in os.walk(base):
+        for name in [*dirs, *files]:
+            os.chown(os.path.join(root, name), NOBODY, NOBODY)
+    os.chown(base, NOBODY, NOBODY)
+    os.chown(paths["shm"], NOBODY, NOBODY)
+    abstract = f"sandlot-landlock-{os.getpid()}"
+    service = subprocess.Popen(
+        [
+            unprivileged.SYSTEM_PYTHON,
+            "-c",
+            "import socket, sys, time\n"
+            "s = socket.socket(socket.AF_UNIX)\n"
+            "s.bind('\\0' + sys.argv[1]); s.listen(8)\n"
+            "print('up', flush=True)\n"
+            "time.sleep(600)\n",
+            abstract,
+        ],
+        user=NOBODY,
+        group=NOBODY,
+        extra_groups=[],
+        stdout=subprocess.PIPE,
+        env={"API_KEY": "the-service-key"},
+    )
+    assert service.stdout.readline() == b"up\n"
+    yield {**paths, "base": base, "service": service.pid, "abstract": abstract}
+    service.kill()
+    service.wait()
+    shutil.rmtree(base, ignore_errors=True)
+    os.unlink(paths["shm"])
+
+
+def _attempts(places: dict) -> dict:
+    """What a run might try, each returning "ok" or the errno's name."""
+
+    def read(path):
+        return lambda: open(path).read()
+
+    def grow_pipe():
+        r, w = os.pipe()
+        try:
+            fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ
+        finally:
+            os.close(r)
+            os.close(w)
+
+    def connect():
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect("\0" + places["abstract"])
+
+    return {
+        "read the data dir's key": read(places["key"]),
+        "list the data dir": lambda: os.listdir(os.path.dirname(os.path.dirname(places["key"]))),
+        "read a layer's build directory": read(places["build"]),
+        "read another run's file": read(places["other_run"]),
+        "write into another run's directory": lambda: open(places["other_run"] + ".new", "w").close(),
+        "read another's /dev/shm file": read(places["shm"]),
+        "signal the service": lambda: os.kill(places["service"], 0),
+        "read the service's environment": read(f"/proc/{places['service']}/environ"),
+        "list processes": lambda: os.listdir("/proc"),
+        "connect to the service's abstract socket": connect,
+        "chmod the data dir": lambda: os.chmod(os.path.dirname(places["key"]), 0o755),  # its mode: no harm done
+        "truncate the data dir's key": lambda: os.truncate(places["key"], 0),
+        "grow a pipe's buffer (counted per uid)": grow_pipe,
+    }
+
+
+def _confined_attempt(places: dict, name: str, abi: int, landlock_rules: bool, seccomp_rules: bool):
+    readable = (os.path.dirname(places["layer"]),)
+    writable = (os.path.dirname(places["own_run"]),)
+
+    def attempt():
+        os.setgroups([])
+        os.setresgid(NOBODY, NOBODY, NOBODY)
+        os.setresuid(NOBODY, NOBODY, NOBODY)
+        linux.set_no_new_privs()
+        if landlock_rules:
+            landlock.Prepared(abi, DEVICES, readable).restrict(writable)
+        if seccomp_rules:
+            seccomp_policy.compile_program(seccomp_policy.shared_uid_rules(abi)).load()
+            seccomp_policy.fence_program(os.getpid()).load()
+            if abi < landlock_mode.SCOPES_ABI:  # the runner's allow-list: no AF_UNIX socket but socketpair
+                flt = seccomp_policy.build(network=True)
+                seccomp_policy.compile_program(flt).load()
+        try:
+            _attempts(places)[name]()
+        except OSError as exc:
+            return errno.errorcode[exc.errno]
+        return "ok"
+
+    value, error = in_child(attempt)
+    assert not error, error
+    return value
+
+
+ATTEMPTS = list(_attempts({"key": "/k/k/k", "build": "", "other_run": "", "shm": "", "service": 0, "abstract": ""}))
+# what Landlock alone leaves open at an ABI, for the seccomp part to hold (and which it does)
+LANDLOCK_ALONE_OPEN = {
+    7: {"chmod the data dir", "grow a pipe's buffer (counted per uid)"},
+    5: {
+        "chmod the data dir",
+        "grow a pipe's buffer (counted per uid)",
+        "signal the service",
+        "connect to the service's abstract socket",
+    },
+    2: {
+        "chmod the data dir",
+        "grow a pipe's buffer (counted per uid)",
+        "signal the service",
+        "connect to the service's abstract socket",
+        "truncate the data dir's key",
+    },
+}
+
+
+@needs_root
+@needs_landlock
+@pytest.mark.parametrize("name", ATTEMPTS)
+def test_with_no_rule_every_attempt_succeeds(places, name):
+    """The control: the service's uid reaches all of it, so each refusal below is the rule's doing."""
+    assert _confined_attempt(places, name, KERNEL_ABI, landlock_rules=False, seccomp_rules=False) == "ok"
+
+
+@needs_root
+@needs_landlock
+@pytest.mark.parametrize("abi", [7, 5, 2])
+@pytest.mark.parametrize("name", ATTEMPTS)
+def test_a_run_reaches_none_of_it(places, name, abi):
+    """At this kernel's ABI and as older kernels give it: Landlock, and seccomp where Landlock cannot."""
+    abi = min(abi, KERNEL_ABI)
+    result = _confined_attempt(places, name, abi, landlock_rules=True, seccomp_rules=True)
+    assert result in ("EACCES", "EPERM"), f"{name} at ABI {abi}: {result}"
+    alone = _confined_attempt(places, name, abi, landlock_rules=True, seccomp_rules=False)
+    if name in LANDLOCK_ALONE_OPEN[abi]:
+        assert alone == "ok", f"Landlock ABI {abi} alone already refuses {name}: {alone}"
+    else:
+        assert alone in ("EACCES", "EPERM"), f"{name} at ABI {abi}, Landlock alone: {alone}"
+
+
+@needs_root
+@needs_landlock
+def test_a_run_still_uses_its_own_directory_and_the_layer(places):
+    def own():
+        return open(places["own_run"]).read() + open(places["layer"]).read()
+
+    def attempt():
+        os.setgroups([])
+        os.setresgid(NOBODY, NOBODY, NOBODY)
+        os.setresuid(NOBODY, NOBODY, NOBODY)
+        linux.set_no_new_privs()
+        landlock.Prepared(KERNEL_ABI, DEVICES, (os.path.dirname(places["layer"]),)).restrict(
+            (os.path.dirname(places["own_run"]),)
+        )
+        seccomp_policy.compile_program(seccomp_policy.shared_uid_rules(KERNEL_ABI)).load()
+        with open(os.path.join(os.path.dirname(places["own_run"]), "new.txt"), "w") as f:
+            f.write("x")
+            os.fchmod(f.fileno(), 0o600)  # a mode set by descriptor: allowed
+        return own()
+
+    value, error = in_child(attempt)
+    assert not error and value == "secret\nsecret\n"
+
+
+# ---- a whole service in a restricted pod's stand-in ---------------------------------------------------------
+
+# nobody, no capabilities (not root), no_new_privs, a seccomp profile refusing unshare and clone with CLONE_NEW*
+# (Docker's default: the RuntimeDefault profile a restricted pod gets): no user namespaces
+RESTRICTED_POD = [sys.executable, OUTER_FILTER, "--uid", str(NOBODY), "--profile", "docker-default", "--"]
+
+
+@pytest.fixture(scope="module")
+def pod():
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    if KERNEL_ABI < 1:
+        pytest.skip("needs Landlock")
+    svc = unprivileged.service()
+    svc.user = None  # outer_filter changes to it, after its filter is loaded as root
+    svc.launcher = RESTRICTED_POD
+    svc.start()
+    yield svc
+    svc.stop()
+
+
+def _out(envelope: dict) -> str:
+    assert envelope["code"] == 0, envelope
+    return envelope["data"]["stdout"] + envelope["data"]["stderr"]
+
+
+def test_the_restricted_pod_serves_both_languages_in_the_landlock_jail(pod):
+    detail = pod.detail()
+    for language in ("python3", "nodejs"):
+        runtime = detail["runtimes"][language]
+        assert runtime["ready"], runtime["error"]
+        assert runtime["protections"]["mode"] == "landlock"
+        assert runtime["protections"]["landlock_scopes"] is (KERNEL_ABI >= 6)
+        assert runtime["protections"]["network"] == "none"  # SANDLOT_UNFILTERED_EGRESS=no-network
+    assert _out(pod.run("import requests, json; print(json.dumps([1]))")) == "[1]\n"
+    assert _out(pod.run("console.log(require('crypto').createHash('sha1').update('a').digest('hex'))", "nodejs"))
+
+
+SERVICE_REACH = {
+    "the data dir": "import os; os.listdir({data!r})",
+    "the layers' directory": "import os; os.listdir({data!r} + '/layers/python')",
+    "a process list": "import os; os.listdir('/proc')",
+    "the service's environment": "open('/proc/{service}/environ').read()",
+    "the service's signals": "import os; os.kill({service}, 0)",
+    "the service's files' modes": "import os; os.chmod({data!r}, 0o700)",
+}
+
+
+@pytest.mark.parametrize("name", list(SERVICE_REACH))
+def test_a_run_cannot_reach_the_service(pod, name):
+    # the stand-in launcher execs the service: its pid is the service's
+    code = SERVICE_REACH[name].format(data=pod.env["SANDLOT_DATA_DIR"], service=pod.process.pid)
+    out = _out(pod.run(code + "\nprint('reached')"))
+    assert "reached" not in out and ("PermissionError" in out), out
+
+
+def test_a_run_cannot_reach_another_run(pod):
+    """Run A keeps a file in its /tmp and sleeps; run B, knowing A's path and pid, can neither read, nor write
+    beside, nor signal, nor open A's /proc entries."""
+    results = {}
+    marker = f"marker-{os.getpid()}-{time.monotonic_ns()}"
+    a = threading.Thread(
+        target=lambda: results.setdefault(
+            "a", pod.run(f"open('{marker}', 'w').write('secret'); import time; time.sleep(4); print('a done')")
+        )
+    )
+    a.start()
+    found = None
+    deadline = time.monotonic() + 10
+    while found is None and time.monotonic() < deadline:
+        for root in _run_parents():
+            for run in os.listdir(root):
+                if os.path.exists(os.path.join(root, run, marker)):
+                    found = os.path.join(root, run)
+        time.sleep(0.05)
+    assert found, "run A's directory was not found"
+    pid = _pid_with_cwd(found)
+    code = (
+        "import os\n"
+        f"for attempt in (lambda: open({found!r} + '/{marker}').read(), lambda: open({found!r} + '/x', 'w'),\n"
+        f"                lambda: os.listdir({found!r}), lambda: os.kill({pid}, 0),\n"
+        f"                lambda: open('/proc/{pid}/environ').read(), lambda: os.readlink('/proc/{pid}/cwd')):\n"
+        "    try:\n"
+        "        attempt(); print('reached')\n"
+        "    except PermissionError:\n"
+        "        print('refused')\n"
+    )
+    out = _out(pod.run(code))
+    a.join()
+    assert out == "refused\n" * 6, out
+    assert _out(results["a"]) == "a done\n"
+
+
+def test_a_run_cannot_read_another_runs_shm_file(pod):
+    path = f"/dev/shm/sandlot-landlock-run-{os.getpid()}"
+    with open(path, "w") as f:
+        f.write("secret")
+    os.chown(path, NOBODY, NOBODY)  # the service's uid's, as another run of it would have made it
+    try:
+        out = _out(pod.run(f"print(open({path!r}).read())"))
+        assert "PermissionError" in out and "secret" not in out
+    finally:
+        os.unlink(path)
+
+
+def _run_parents() -> list[str]:
+    parents = []
+    for name in os.listdir("/tmp"):
+        if name.startswith("sandlot-python3-") and os.stat(os.path.join("/tmp", name)).st_uid == NOBODY:
+            parents.append(os.path.join("/tmp", name))
+    return parents
+
+
+def _pid_with_cwd(directory: str) -> int:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/cwd") == directory:
+                    return int(entry)
+            except OSError:
+                pass
+    raise AssertionError(f"no process works in {directory}")
+
+
+def test_a_runs_tmp_is_capped_by_the_watcher(pod):
+    """Many small files, none past RLIMIT_FSIZE, together past SANDLOT_TMP_SIZE_MB (64): the watcher ends the
+    run, as in the chroot mode (without it, a run sharing the uid could fill the service's disk)."""
+    code = (
+        "import os\n"
+        "chunk = b'x' * (8 << 20)\n"
+        "for i in range(12):\n"
+        "    with open(f'f{i}', 'wb') as f:\n"
+        "        f.write(chunk)\n"
+        "import time; time.sleep(3)\n"
+        "print('all written')\n"
+    )
+    envelope = pod.run(code)
+    assert envelope["code"] == 0 and "all written" not in envelope["data"]["stdout"], envelope
+    assert "/tmp" in envelope["data"]["error"], envelope
+
+
+def test_names_show_contents_do_not(pod):
+    """What Landlock leaves visible, as the docs say: a host file's name and metadata (stat), never its
+    contents, nor a directory's listing."""
+    code = (
+        "import os\n"
+        "for path in ('/etc/shadow', '/etc/passwd', '/root'):\n"
+        "    print(path, os.path.exists(path), end=' ')\n"
+        "    try:\n"
+        "        open(path).read() if not os.path.isdir(path) else os.listdir(path)\n"
+        "        print('read')\n"
+        "    except PermissionError:\n"
+        "        print('refused')\n"
+    )
+    assert _out(pod.run(code)) == "/etc/shadow True refused\n/etc/passwd True refused\n/root True refused\n"
+
+
+OPENSHIFT_UID = 1000680000
+
+
+def test_the_openshift_restricted_stand_in_serves_in_the_landlock_jail():
+    """Issue 30's stand-in as it is: an arbitrary uid, gid 0, no groups, no_new_privs, no capabilities, under a
+    seccomp profile refusing namespaces (setpriv below the outer filter, as a container runtime would start it)."""
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    if KERNEL_ABI < 1 or not shutil.which("setpriv"):
+        pytest.skip("needs Landlock and setpriv (util-linux)")
+    data = tempfile.mkdtemp(prefix="sandlot-openshift-", dir="/var/tmp")
+    os.chown(data, OPENSHIFT_UID, 0)
+    os.chmod(data, 0o770)
+    svc = Service(cwd="/", SANDLOT_DATA_DIR=data, HOME="/nonexistent")
+    svc.python, svc.source = unprivileged.venv_python(), unprivileged.source()
+    svc.launcher = [
+        sys.executable,
+        OUTER_FILTER,
+        "--profile",
+        "docker-default",
+        "--",
+        "setpriv",
+        f"--reuid={OPENSHIFT_UID}",
+        "--regid=0",
+        "--clear-groups",
+        "--no-new-privs",
+        "--bounding-set=-all",
+        "--",
+    ]
+    try:
+        svc.start()
+        detail = svc.detail()["runtimes"]
+        for language in ("python3", "nodejs"):
+            assert detail[language]["ready"] and detail[language]["protections"]["mode"] == "landlock"
+            assert (
+                detail[language]["platform"]["euid"] == OPENSHIFT_UID and detail[language]["platform"]["no_new_privs"]
+            )
+        assert _out(svc.run("import os; print(os.getuid(), os.getgid(), os.getgroups())")) == f"{OPENSHIFT_UID} 0 []\n"
+        assert _out(svc.run("console.log(process.getuid())", "nodejs")) == f"{OPENSHIFT_UID}\n"
+    finally:
+        svc.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def test_the_service_its_zygotes_and_ready_children_are_not_dumpable(pod):
+    """Sharing their uid with the runs, their /proc entries (environment, memory, descriptors) belong to root:
+    closed to a run even where Landlock's own ptrace rule were missing. (The service and its zygotes make
+    themselves non-dumpable; a ready python child inherits it through fork.) A ready node child has exec'ed node,
+    which made it dumpable again: what closes it to a run is its Landlock domain (and the run's, which has no
+    /proc at all), asserted here from a run."""
+    processes = [pod.process.pid, *descendants(pod.process.pid)]
+    execed = [pid for pid in processes if _cmdline(pid).startswith(b"/usr/bin/node") or b"node\0" in _cmdline(pid)]
+    assert execed and len(processes) - len(execed) >= 4  # the service, two zygotes, ready python children
+    for pid in set(processes) - set(execed):
+        assert os.stat(f"/proc/{pid}/environ").st_uid == 0, (pid, _cmdline(pid))
+    for pid in execed:
+        code = f"import ctypes\nprint(ctypes.CDLL(None, use_errno=True).ptrace(16, {pid}, 0, 0), ctypes.get_errno())\n"
+        code += f"open('/proc/{pid}/environ').read()"
+        out = _out(pod.run(code))
+        assert out.startswith("-1 1\n") and "PermissionError" in out, out
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
