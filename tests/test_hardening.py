@@ -284,6 +284,19 @@ CLOCKS = (
 )
 
 
+def test_times_does_not_tell_the_hosts_uptime(jail):
+    """times() returns clock ticks since the host booted, which no time namespace shifts: it answers ENOSYS (as on a
+    kernel without it; glibc hands the raw -38 on, so Python's os.times() says -0.38 s elapsed, not the host's
+    uptime), and Python and Node start and run without it."""
+    code = (
+        "import ctypes, errno, os\nlibc = ctypes.CDLL(None, use_errno=True)\nanswer = libc.syscall(100, None)\n"
+        "print(answer, errno.errorcode.get(ctypes.get_errno()), round(os.times().elapsed * os.sysconf('SC_CLK_TCK')))"
+    )
+    assert output(jail, code) == "-1 ENOSYS -38\n"
+    node = "console.log(process.uptime() < 60, process.cpuUsage().user >= 0)"
+    assert output(jail, node, language="nodejs") == "true true\n"
+
+
 def _host_boot() -> float:
     with open("/proc/uptime") as f:
         return time.time() - float(f.read().split()[0])

@@ -30,6 +30,7 @@ SYS = {
     "listen": 50,
     "bind": 49,
     "setsockopt": 54,
+    "times": 100,
 }
 HIGH = 1 << 32
 
@@ -368,3 +369,9 @@ def test_the_calls_that_evict_or_probe_cannot_be_reopened_by_allowed_syscalls():
     for number in (27, 28, 99, 221, 327, 328):
         with pytest.raises(ValueError, match="may not be allowed"):
             seccomp_policy.check_extra_syscalls([number])
+
+
+def test_times_answers_enosys():
+    """Its return value is the host's clock ticks since boot, which no time namespace shifts."""
+    buf = ctypes.create_string_buffer(32)
+    assert in_filter(False, lambda: syscall("times", buf)) == "ENOSYS"

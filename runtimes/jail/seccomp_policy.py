@@ -36,6 +36,11 @@ blocks and inodes: where a run's /tmp is a directory of the host's disk, the
 chroot mode, its free inodes are a counter every run can move and read; a tmpfs's
 default size and inode count are a fraction of the machine's memory). What
 remains is timing: README, "What remains".
+
+Nor does a run read the host's clocks past its time namespace: times() answers
+ENOSYS (its return value counts clock ticks since the host booted, which no time
+namespace shifts; neither Python's nor Node's start calls it, and os.times()
+raises OSError).
 """
 
 from __future__ import annotations
@@ -155,7 +160,6 @@ BASE_SYSCALLS = (
     "clock_getres",
     "gettimeofday",
     "time",
-    "times",
     # identity and limits (read-only views)
     "getpid",
     "getppid",
@@ -440,6 +444,7 @@ NEVER_ALLOWED = frozenset(
         "sethostname",
         "setdomainname",
         "settimeofday",
+        "times",  # clock ticks since the host booted: no time namespace shifts them (answered ENOSYS)
         "clock_settime",
         "clock_adjtime",
         "adjtimex",
@@ -475,6 +480,13 @@ def _allow(flt: pyseccomp.SyscallFilter, name: str, *args: pyseccomp.Arg) -> Non
         pass  # not a system call on this architecture (e.g. "open" on arm64)
 
 
+def _refuse(flt: pyseccomp.SyscallFilter, error: int, name: str) -> None:
+    try:
+        flt.add_rule(pyseccomp.ERRNO(error), name)
+    except (ValueError, OSError):
+        pass  # not a system call on this architecture (e.g. "times" on some)
+
+
 def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) -> pyseccomp.SyscallFilter:
     """The allow-list for one run. Build once per process, load in each child."""
     check_extra_syscalls(list(extra))  # whoever built the config (a Lambda's environment too)
@@ -489,6 +501,7 @@ def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) 
         flt.add_rule(pyseccomp.ALLOW, number)
     _allow(flt, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, CLONE_THREAD, CLONE_THREAD))
     flt.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
+    _refuse(flt, errno.ENOSYS, "times")  # as on a kernel without it: callers must handle that
     _allow(flt, "socketpair", pyseccomp.Arg(0, pyseccomp.EQ, AF_UNIX))
     for name, index in SELF_ONLY.items():
         _allow(flt, name, pyseccomp.Arg(index, pyseccomp.EQ, 0))
