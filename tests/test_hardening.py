@@ -297,6 +297,23 @@ def test_times_does_not_tell_the_hosts_uptime(jail):
     assert output(jail, node, language="nodejs") == "true true\n"
 
 
+def test_a_run_reads_no_other_processes_cpu_clock(jail):
+    """A negative clock id names a pid: the kernel reads any process's CPU time for whoever asks. Without a PID
+    namespace (the chroot mode) that named 118 processes, the service and the zygotes among them, and carried a
+    byte a second between two runs. Only the run's own clocks answer now."""
+    code = (
+        "import os, time\nme = os.getpid()\nnamed = []\n"
+        "for pid in range(1, 65536):\n"
+        "    if pid == me:\n        continue\n"
+        "    try:\n        time.clock_getres((~pid << 3) | 2)\n        named.append(pid)\n"
+        "    except OSError:\n        pass\n"
+        "own = [time.clock_gettime(c) >= 0 for c in ((~me << 3) | 2, (~0 << 3) | 2, (~0 << 3) | 6,"
+        " time.CLOCK_PROCESS_CPUTIME_ID, time.CLOCK_THREAD_CPUTIME_ID)]\n"
+        "print(len(named), os.getppid() in named, all(own))"
+    )
+    assert output(jail, code) == "0 False True\n"
+
+
 def _host_boot() -> float:
     with open("/proc/uptime") as f:
         return time.time() - float(f.read().split()[0])

@@ -48,6 +48,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import sys
 
 import pyseccomp
 
@@ -574,25 +575,108 @@ def fence_for(pid: int) -> pyseccomp.SyscallFilter:
 # A pid no process can have (above the largest pid_max, 2**22): the fence is compiled once
 # for it, and each child's copy has it replaced by the child's pid (see fence_program).
 _FENCE_PLACEHOLDER = 0x7A5A5A01
-_fence_template: list = []  # [program bytes, offsets of the placeholder's k fields]
+_fence_template: list = []  # [program bytes, offsets of the placeholder's k fields, (arch, clock call numbers)]
 
 
 def fence_program(pid: int) -> SeccompProgram:
-    """fence_for(pid), compiled: libseccomp's program for a placeholder pid with the
-    placeholder replaced, a copy instead of a build in every child (a build costs
+    """fence_for(pid), compiled, behind clock_prefix(pid): libseccomp's program for a placeholder
+    pid with the placeholder replaced, a copy instead of a build in every child (a build costs
     about a millisecond more). The zygote compiles the template in programs()."""
     if not _fence_template:
         bpf = _export(fence_for(_FENCE_PLACEHOLDER))
         insns = struct.iter_unpack(_BPF_INSN, bpf)
         offsets = [i * 8 + 4 for i, (_code, _jt, _jf, k) in enumerate(insns) if k == _FENCE_PLACEHOLDER]
-        _fence_template.extend((bpf, offsets))
-    bpf, offsets = _fence_template
+        _fence_template.extend((bpf, offsets, _clock_calls()))
+    bpf, offsets, clock_calls = _fence_template
     program = bytearray(bpf)
     for offset in offsets:
         struct.pack_into("I", program, offset, pid)
-    return SeccompProgram(bytes(program))
+    return SeccompProgram(clock_prefix(pid, clock_calls) + bytes(program))
 
 
+# The calls that take a clock id as their first argument and accept a CPU clock's (timerfd_create takes the
+# system clocks only). Linux encodes a CPU clock as (~pid << 3) | type: type 0-2 the process's (PROF, VIRT,
+# SCHED), with 4 added a thread's, 3 a descriptor's clock (CLOCKFD); pid 0 is the caller. The kernel reads
+# the CPU time of any process of the machine for whoever names it: in the chroot mode, with no PID
+# namespace, that is every other run, the zygotes and the service, and two runs passed a byte a second
+# through it.
+CLOCK_CALLS = ("clock_gettime", "clock_getres", "clock_nanosleep", "timer_create")
+SYSTEM_CLOCKS = 12  # CLOCK_REALTIME (0) to CLOCK_TAI (11)
+CPU_CLOCK_TYPES = (0, 1, 2, 4, 5, 6)  # a process's and a thread's PROF, VIRT, SCHED; not 3 or 7 (CLOCKFD)
+_SECCOMP_DATA_ARCH, _SECCOMP_DATA_NR, _SECCOMP_DATA_ARG0 = 4, 0, 16
+_BPF_LD_ABS, _BPF_JEQ, _BPF_JGT, _BPF_JGE, _BPF_SUB, _BPF_RET = 0x20, 0x15, 0x25, 0x35, 0x14, 0x06
+_RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
+
+
+def _clock_calls() -> tuple[int, tuple[int, ...]]:
+    """(this machine's audit arch, the numbers of CLOCK_CALLS on it)."""
+    arch = pyseccomp.system_arch()
+    numbers = []
+    for name in CLOCK_CALLS:
+        try:
+            numbers.append(pyseccomp.resolve_syscall(arch, name))
+        except (ValueError, OSError):
+            pass
+    return int(arch), tuple(int(n) for n in numbers)
+
+
+def clock_prefix(pid: int, calls: tuple[int, tuple[int, ...]] | None = None) -> bytes:
+    """A few BPF instructions run before the fence: CLOCK_CALLS take only the system clocks (0 to 11) and the
+    CPU clocks of the caller, named by pid 0 (-8 to -2, but CLOCKFD's -5) or by its own pid (the main thread's
+    tid is the pid); any other clock id answers EINVAL, as a pid that does not exist would. The first
+    argument is an int: only its lower 32 bits are tested, all the kernel reads (glibc's syscall passes a
+    negative id sign-extended, the vDSO's fallback zero-extended). Other calls go on to the fence's program,
+    which follows. Hand-written because libseccomp takes one test per argument in a rule, and this one needs
+    a range and the pid's encoding. The other threads of a run have their CPU clock as
+    CLOCK_THREAD_CPUTIME_ID (or pid 0) only: pthread_getcpuclockid() of a thread but the first gives an id
+    this refuses."""
+    arch, numbers = calls or _clock_calls()
+    own = (~pid << 3) & 0xFFFFFFFF  # the process's PROF clock; the others follow it
+    refuse, allow = "refuse", "allow"
+    code: list[tuple] = [
+        (_BPF_LD_ABS, 0, 0, _SECCOMP_DATA_ARCH),
+        (_BPF_JEQ, 0, "next", arch),
+        (_BPF_LD_ABS, 0, 0, _SECCOMP_DATA_NR),
+    ]
+    for i, number in enumerate(numbers):
+        code.append((_BPF_JEQ, "check", "next" if i == len(numbers) - 1 else 0, number))
+    low = _SECCOMP_DATA_ARG0 if _LITTLE_ENDIAN else _SECCOMP_DATA_ARG0 + 4  # the int the kernel reads
+    code += [
+        ("check",),
+        (_BPF_LD_ABS, 0, 0, low),
+        (_BPF_JGT, 0, allow, SYSTEM_CLOCKS - 1),
+        (_BPF_JGE, "self", 0, 0xFFFFFFF8),  # pid 0: -8 to -1
+        (_BPF_SUB, 0, 0, own),  # its own pid: own + type, with type in CPU_CLOCK_TYPES
+        (_BPF_JGT, refuse, 0, max(CPU_CLOCK_TYPES)),
+        (_BPF_JEQ, refuse, allow, 3),
+        ("self",),
+        (_BPF_JEQ, refuse, 0, 0xFFFFFFFB),
+        (_BPF_JEQ, refuse, allow, 0xFFFFFFFF),
+        ("allow",),
+        (_BPF_RET, 0, 0, _RET_ALLOW),
+        ("refuse",),
+        (_BPF_RET, 0, 0, _RET_ERRNO | errno.EINVAL),
+        ("next",),
+    ]
+    labels, index = {}, 0
+    for item in code:
+        if len(item) == 1:
+            labels[item[0]] = index
+        else:
+            index += 1
+    program, index = [], 0
+    for item in code:
+        if len(item) == 1:
+            continue
+        op, jt, jf, k = item
+        index += 1
+        jt = labels[jt] - index if isinstance(jt, str) else jt
+        jf = labels[jf] - index if isinstance(jf, str) else jf
+        program.append(struct.pack(_BPF_INSN, op, jt, jf, k & 0xFFFFFFFF))
+    return b"".join(program)
+
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
 _BPF_INSN = "HBBI"  # struct sock_filter: code, jt, jf, k
 
 
