@@ -314,6 +314,17 @@ def test_a_run_reads_no_other_processes_cpu_clock(jail):
     assert output(jail, code) == "0 False True\n"
 
 
+def test_a_run_cannot_grow_its_pipes_past_the_default(jail):
+    """Pipe pages are counted per uid (fs.pipe-user-pages-soft): one run growing 127 pipes to 1 MiB passed the
+    limit, which other runs of its uid read from a new pipe's size. Growing past 64 KiB is refused."""
+    code = (
+        "import fcntl, os\nr, w = os.pipe()\ntry:\n    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)\n"
+        "    print('grown')\nexcept PermissionError:\n    print('refused')\n"
+        "print(fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096), fcntl.fcntl(r, fcntl.F_GETPIPE_SZ))"
+    )
+    assert output(jail, code) == "refused\n4096 4096\n"
+
+
 def _host_boot() -> float:
     with open("/proc/uptime") as f:
         return time.time() - float(f.read().split()[0])

@@ -470,3 +470,36 @@ def test_python_clocks_work_under_the_filter():
         return seen
 
     assert in_filter(False, probe) == [True] * 5
+
+
+def pipe_sizes() -> dict:
+    import fcntl
+
+    r, w = os.pipe()
+    found = {}
+    for name, size in (
+        ("one page", 4096),
+        ("the default", 65536),
+        ("a byte more", 65537),
+        ("1 MiB", 1 << 20),
+        ("a page, high bits", HIGH | 4096),
+        ("1 MiB, high bits", HIGH | (1 << 20)),
+    ):
+        ctypes.set_errno(0)
+        result = libc.fcntl(w, fcntl.F_SETPIPE_SZ, ctypes.c_long(size))
+        found[name] = "ok" if result >= 0 else errno.errorcode[ctypes.get_errno()]
+    found["size"] = fcntl.fcntl(r, fcntl.F_GETPIPE_SZ)
+    return found
+
+
+def test_pipes_grow_no_larger_than_the_default():
+    """Pipe pages are counted per uid: runs that share one passed bits by growing pipes past the soft limit."""
+    assert in_filter(False, pipe_sizes) == {
+        "one page": "ok",
+        "the default": "ok",
+        "a byte more": "EPERM",
+        "1 MiB": "EPERM",
+        "a page, high bits": "ok",
+        "1 MiB, high bits": "EPERM",
+        "size": 4096,  # the last size set: a page
+    }

@@ -302,12 +302,18 @@ FCNTL_ALLOWED = (
     36,  # F_OFD_GETLK
     1025,  # F_GETLEASE
     1030,  # F_DUPFD_CLOEXEC
-    1031,  # F_SETPIPE_SZ
     1032,  # F_GETPIPE_SZ
     1033,  # F_ADD_SEALS
     1034,  # F_GET_SEALS
 )
 FCNTL_LOCKS = (6, 7, 37, 38)  # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW: succeed, lock nothing
+# F_SETPIPE_SZ up to the default size only (16 pages), refused above with the kernel's own EPERM (what an
+# unprivileged caller gets past fs.pipe-max-size). Pipe pages are counted per uid (fs.pipe-user-pages-soft,
+# 16384 pages): past it, new pipes get 2 pages, which any run of the same uid reads with F_GETPIPE_SZ. Runs
+# that share a uid (no root) passed 8 bits in 8 s so, one run growing 127 pipes to 1 MiB; at the default size
+# its 256 descriptors hold 2,032 pages at most.
+F_SETPIPE_SZ = 1031
+PIPE_DEFAULT_BYTES = 65536
 # ioctl commands carry a type byte (bits 8-15). Only type 'T' (0x54) is allowed: terminals' (TCGETS for
 # isatty, TIOCGWINSZ) and the generic descriptor ones (FIONREAD, FIONBIO, FIOCLEX, FIONCLEX, FIOASYNC,
 # FIOQSIZE), tested on bits 8-15 only, which the kernel reads whatever the upper bits say. Every other type
@@ -510,6 +516,9 @@ def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) 
         _allow(flt, "fcntl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, command))
     for command in FCNTL_LOCKS:
         flt.add_rule(pyseccomp.ERRNO(0), "fcntl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, command))
+    pipe_size = pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, F_SETPIPE_SZ)
+    for mask, value in ((0xFFFF0000, 0), (0xFFFFFFFF, PIPE_DEFAULT_BYTES)):  # the kernel reads an unsigned int
+        _allow(flt, "fcntl", pipe_size, pyseccomp.Arg(2, pyseccomp.MASKED_EQ, mask, value))
     flt.add_rule(pyseccomp.ERRNO(0), "flock")
     for level in SOCKET_OPTION_LEVELS:
         _allow(flt, "setsockopt", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, level))
