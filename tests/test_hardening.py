@@ -325,6 +325,19 @@ def test_a_run_cannot_grow_its_pipes_past_the_default(jail):
     assert output(jail, code) == "refused\n4096 4096\n"
 
 
+def test_a_run_preallocates_only_what_its_file_size_shows(jail):
+    """fallocate(FALLOC_FL_KEEP_SIZE) allocates past a file's size, which RLIMIT_FSIZE does not bound: the chroot
+    mode's /tmp cap was walked past by 1 GiB so. It answers EOPNOTSUPP; posix_fallocate (mode 0) still works."""
+    code = (
+        "import ctypes, errno, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "fd = os.open(os.path.join(os.environ.get('TMPDIR', '/tmp'), 'f'), os.O_CREAT | os.O_RDWR, 0o600)\n"
+        "answer = libc.fallocate(fd, 1, ctypes.c_long(0), ctypes.c_long(1 << 20))\n"
+        "print(errno.errorcode.get(ctypes.get_errno()) if answer else 'allocated')\n"
+        "os.posix_fallocate(fd, 0, 1 << 20)\nprint(os.fstat(fd).st_size)"
+    )
+    assert output(jail, code) in ("EOPNOTSUPP\n1048576\n", "ENOTSUP\n1048576\n")
+
+
 def _host_boot() -> float:
     with open("/proc/uptime") as f:
         return time.time() - float(f.read().split()[0])

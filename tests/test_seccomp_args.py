@@ -31,6 +31,7 @@ SYS = {
     "bind": 49,
     "setsockopt": 54,
     "times": 100,
+    "fallocate": 285,
     "timer_create": 222,
     "timer_delete": 226,
     "clock_gettime": 228,
@@ -502,4 +503,40 @@ def test_pipes_grow_no_larger_than_the_default():
         "a page, high bits": "ok",
         "1 MiB, high bits": "EPERM",
         "size": 4096,  # the last size set: a page
+    }
+
+
+NOT_SUPPORTED = errno.errorcode[errno.EOPNOTSUPP]  # ENOTSUP: the same number
+
+
+def fallocate_modes(path: str) -> dict:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    modes = {
+        "0 (grow the file)": 0,
+        "0 with high bits": HIGH,
+        "KEEP_SIZE": 1,
+        "PUNCH_HOLE | KEEP_SIZE": 3,
+        "ZERO_RANGE": 0x10,
+        "ZERO_RANGE | KEEP_SIZE": 0x11,
+        "INSERT_RANGE": 0x20,
+        "KEEP_SIZE with high bits": HIGH | 1,
+    }
+    found = {name: syscall("fallocate", fd, mode, 0, 1 << 20) for name, mode in modes.items()}
+    found["size"] = os.fstat(fd).st_size
+    return found
+
+
+def test_fallocate_takes_mode_0_only(tmp_path):
+    """KEEP_SIZE allocates past the file's size, which RLIMIT_FSIZE does not bound: the chroot mode's /tmp cap was
+    walked past by 1 GiB so. Mode 0 grows the file, as a write does."""
+    assert in_filter(False, lambda: fallocate_modes(str(tmp_path / "f"))) == {
+        "0 (grow the file)": "ok",
+        "0 with high bits": "ok",
+        "KEEP_SIZE": NOT_SUPPORTED,
+        "PUNCH_HOLE | KEEP_SIZE": NOT_SUPPORTED,
+        "ZERO_RANGE": NOT_SUPPORTED,
+        "ZERO_RANGE | KEEP_SIZE": NOT_SUPPORTED,
+        "INSERT_RANGE": NOT_SUPPORTED,
+        "KEEP_SIZE with high bits": NOT_SUPPORTED,
+        "size": 1 << 20,
     }

@@ -119,7 +119,6 @@ BASE_SYSCALLS = (
     "ftruncate",
     "fsync",
     "fdatasync",
-    "fallocate",
     "dup",
     "dup2",
     "dup3",
@@ -313,6 +312,12 @@ FCNTL_LOCKS = (6, 7, 37, 38)  # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW: su
 # that share a uid (no root) passed 8 bits in 8 s so, one run growing 127 pipes to 1 MiB; at the default size
 # its 256 descriptors hold 2,032 pages at most.
 F_SETPIPE_SZ = 1031
+# fallocate's mode: 0 only, which allocates and grows the file (bounded by RLIMIT_FSIZE, as a write is).
+# FALLOC_FL_KEEP_SIZE allocates past the size, where RLIMIT_FSIZE does not look (a run held 1 GiB past a
+# 64 MiB /tmp cap in the chroot mode), and the other modes (punching, zeroing, collapsing, inserting
+# ranges) need it or move blocks about: EOPNOTSUPP, as on a filesystem without them (posix_fallocate
+# then writes zeros, as there).
+FALLOCATE_MODE_ARG = 1
 PIPE_DEFAULT_BYTES = 65536
 # ioctl commands carry a type byte (bits 8-15). Only type 'T' (0x54) is allowed: terminals' (TCGETS for
 # isatty, TIOCGWINSZ) and the generic descriptor ones (FIONREAD, FIONBIO, FIOCLEX, FIONCLEX, FIOASYNC,
@@ -516,6 +521,13 @@ def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) 
         _allow(flt, "fcntl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, command))
     for command in FCNTL_LOCKS:
         flt.add_rule(pyseccomp.ERRNO(0), "fcntl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, command))
+    _allow(flt, "fallocate", pyseccomp.Arg(FALLOCATE_MODE_ARG, pyseccomp.MASKED_EQ, 0xFFFFFFFF, 0))
+    for mask, value in all_but({0}, 1 << 32):  # every other mode, on the int's 32 bits the kernel reads
+        flt.add_rule(
+            pyseccomp.ERRNO(errno.EOPNOTSUPP),
+            "fallocate",
+            pyseccomp.Arg(FALLOCATE_MODE_ARG, pyseccomp.MASKED_EQ, mask, value),
+        )
     pipe_size = pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, F_SETPIPE_SZ)
     for mask, value in ((0xFFFF0000, 0), (0xFFFFFFFF, PIPE_DEFAULT_BYTES)):  # the kernel reads an unsigned int
         _allow(flt, "fcntl", pipe_size, pyseccomp.Arg(2, pyseccomp.MASKED_EQ, mask, value))
