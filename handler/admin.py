@@ -9,10 +9,16 @@ log live on the main page.
 Sign-in: a form takes the admin key and sets a session cookie: not the key
 itself but `nonce.expiry.HMAC(key, nonce|expiry)`, HttpOnly, SameSite=Strict,
 Path=/admin, Secure over HTTPS, 12 hours. The key never sits in the browser,
-and changing the key ends every session. Every form carries a CSRF token
+and changing the key ends every session. The service also keeps the list of
+the sessions it opened (in memory, at most MAX_SESSIONS): signing out takes the
+session off it, so a copy of the cookie is worth nothing afterwards, and a
+restart of the service ends every session. Every form carries a CSRF token
 (HMAC(key, csrf|nonce)): a page behind a key must not be drivable from another
 site; a POST whose Origin or Sec-Fetch-Site says it came from elsewhere is
 refused too. Responses forbid framing, caching and inline script (CSP).
+
+Whatever a request carries (a cookie, token or build id that is not ASCII, or
+thousands of digits long) is answered 4xx, never 500.
 
 The try box runs code through the same path as `POST /v1/sandbox/run` (admission,
 the invoker, the metrics), so what it shows is what a client gets.
@@ -42,6 +48,8 @@ from runtimes.payload import LANGUAGES, RunRequest
 HERE = Path(__file__).parent
 COOKIE = "sandlot_admin"
 SESSION_SECONDS = 12 * 3600
+MAX_SESSIONS = 64  # live sessions kept; signing in past it ends the oldest
+MAX_NUMBER = 18  # digits: a build id, an offset or an expiry longer than this is not one of ours
 MAX_FORM = 256 * 1024  # a try box's code fits; anything bigger is refused
 LOG_TAIL = 200
 STATIC = {"admin.css": "text/css; charset=utf-8", "admin.js": "text/javascript; charset=utf-8"}
@@ -58,6 +66,20 @@ TRY_EXAMPLES = {"python3": "import sys\nprint(sys.version)", "nodejs": "console.
 
 class FormError(Exception):
     pass
+
+
+def number(value: str) -> int | None:
+    """A non-negative number written in ASCII digits, not too long to be one we gave out; None otherwise.
+    (str.isdigit() takes other scripts' digits, which int() may then refuse; int() refuses 4,300 digits.)"""
+    if not (value and len(value) <= MAX_NUMBER and value.isascii() and value.isdigit()):
+        return None
+    return int(value)
+
+
+def same(given: str, expected: str) -> bool:
+    """Constant-time comparison of what a request carries against what we made. compare_digest() refuses str with
+    non-ASCII characters (TypeError): compare their UTF-8 bytes."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode())
 
 
 def run_counts(metrics) -> dict:
@@ -93,6 +115,7 @@ class AdminPage:
             trim_blocks=True,
             lstrip_blocks=True,
         )
+        self._sessions: dict[str, int] = {}  # nonce: expiry, oldest first
         self.templates.filters["when"] = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else ""
 
     @property
@@ -105,18 +128,29 @@ class AdminPage:
         return hmac.new(self.key, "|".join((purpose, *parts)).encode(), hashlib.sha256).hexdigest()
 
     def _new_session(self) -> str:
-        nonce, expires = secrets.token_urlsafe(18), str(int(time.time()) + SESSION_SECONDS)
-        return f"{nonce}.{expires}.{self._sign('session', nonce, expires)}"
+        now = int(time.time())
+        for old, expiry in list(self._sessions.items()):
+            if expiry < now or len(self._sessions) >= MAX_SESSIONS:
+                del self._sessions[old]
+        nonce, expires = secrets.token_urlsafe(18), now + SESSION_SECONDS
+        self._sessions[nonce] = expires
+        return f"{nonce}.{expires}.{self._sign('session', nonce, str(expires))}"
 
     def session(self, request: Request) -> str | None:
-        """The session's nonce when the cookie is one we made, for this key, and not expired."""
+        """The session's nonce when the cookie is one we made, for this key, not expired and not signed out."""
         nonce, _, rest = request.cookies.get(COOKIE, "").partition(".")
-        expires, _, signature = rest.partition(".")
-        if not (nonce and expires.isdigit() and signature):
+        text, _, signature = rest.partition(".")
+        expires = number(text)
+        if not (nonce and expires is not None and signature):
             return None
-        if not hmac.compare_digest(signature, self._sign("session", nonce, expires)) or int(expires) < time.time():
+        if not same(signature, self._sign("session", nonce, text)) or expires < time.time():
+            return None
+        if self._sessions.get(nonce) != expires:  # signed out, ended by a restart, or pushed out by newer ones
             return None
         return nonce
+
+    def end_session(self, nonce: str) -> None:
+        self._sessions.pop(nonce, None)
 
     def csrf(self, nonce: str) -> str:
         return self._sign("csrf", nonce)
@@ -180,7 +214,7 @@ class AdminPage:
             fields = await self.form(request)
         except FormError as exc:
             return self.respond(HTMLResponse(str(exc), status_code=400))
-        if not hmac.compare_digest(fields.get("csrf", ""), self.csrf(nonce)):
+        if not same(fields.get("csrf", ""), self.csrf(nonce)):
             return self.respond(HTMLResponse("missing or wrong CSRF token: reload the page", status_code=403))
         return nonce, fields
 
@@ -237,7 +271,7 @@ class AdminPage:
             fields = await self.form(request)
         except FormError as exc:
             return self.page("login.html", status=400, error=str(exc))
-        if not hmac.compare_digest(fields.get("key", "").encode(), self.key):
+        if not hmac.compare_digest(fields.get("key", "").encode("utf-8", "surrogatepass"), self.key):
             await asyncio.sleep(0.5)  # guessing costs time
             return self.page("login.html", status=401, error="wrong key")
         response = RedirectResponse("/admin", status_code=303)
@@ -256,6 +290,7 @@ class AdminPage:
         checked = await self.guarded_post(request)
         if isinstance(checked, Response):
             return checked
+        self.end_session(checked[0])
         response = RedirectResponse("/admin", status_code=303)
         response.delete_cookie(COOKIE, path="/admin", httponly=True, samesite="strict")
         return self.respond(response)
@@ -307,13 +342,20 @@ class AdminPage:
         context = await self.context(nonce, try_result=body, try_language=language, try_code=code)
         return self.page("admin.html", **context)
 
+    def _build(self, request: Request):
+        """The build the path names; PackageError 404 when there is none (an id that is no number included)."""
+        build_id = number(request.path_params["id"])
+        if build_id is None:
+            raise PackageError(404, "no such build")
+        return self.packages.build(build_id)
+
     async def build_page(self, request: Request) -> Response:
         if not self.on:
             return self.off()
         if self.session(request) is None:
             return self.respond(RedirectResponse("/admin", status_code=303))
         try:
-            build = self.packages.build(int(request.path_params["id"]))
+            build = self._build(request)
         except PackageError as exc:
             return self.respond(HTMLResponse(str(exc), status_code=404))
         return self.page("build.html", build=build.to_dict(tail=2000))
@@ -323,12 +365,11 @@ class AdminPage:
             return self.off()
         if self.session(request) is None:
             return self.respond(JSONResponse({"error": "signed out"}, status_code=401))
-        offset = request.query_params.get("offset", "")
         try:
-            build = self.packages.build(int(request.path_params["id"]))
+            build = self._build(request)
         except PackageError as exc:
             return self.respond(JSONResponse({"error": str(exc)}, status_code=404))
-        data = build.to_dict(offset=int(offset) if offset.isdigit() else None, tail=LOG_TAIL)
+        data = build.to_dict(offset=number(request.query_params.get("offset", "")), tail=LOG_TAIL)
         return self.respond(JSONResponse(data))
 
     async def static(self, request: Request) -> Response:
@@ -345,7 +386,8 @@ class AdminPage:
             Route("/admin/packages", self.add, methods=["POST"]),
             Route("/admin/packages/remove", self.remove, methods=["POST"]),
             Route("/admin/try", self.try_code, methods=["POST"]),
-            Route("/admin/builds/{id:int}", self.build_page, methods=["GET"]),
-            Route("/admin/builds/{id:int}.json", self.build_json, methods=["GET"]),
+            # ids as text, read by number(): Starlette's int convertor lets int() raise on 4,300 digits (a 500)
+            Route("/admin/builds/{id}.json", self.build_json, methods=["GET"]),
+            Route("/admin/builds/{id}", self.build_page, methods=["GET"]),
             Route("/admin/static/{name}", self.static, methods=["GET"]),
         ]

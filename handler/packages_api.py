@@ -50,6 +50,7 @@ BAKED = (
 )
 MAX_BODY = 64 * 1024
 MAX_SPECS = 50  # in one request
+MAX_DIGITS = 18  # a build id, offset or tail: below 2**63
 
 
 class PackageError(Exception):
@@ -181,15 +182,17 @@ class Packages:
 
 
 def _int(value: str | None, name: str, default: int | None) -> int | None:
+    """A query or path number: ASCII digits only, at most MAX_DIGITS of them (int() takes other scripts' digits,
+    `_`, signs and spaces, and raises past 4,300 digits)."""
     if value is None or value == "":
         return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise PackageError(400, f"{name} must be an integer") from None
-    if number < 0:
+    if value.startswith("-") and value[1:].isascii() and value[1:].isdigit():
         raise PackageError(400, f"{name} must not be negative")
-    return number
+    if not (value.isascii() and value.isdigit()):
+        raise PackageError(400, f"{name} must be an integer")
+    if len(value) > MAX_DIGITS:
+        raise PackageError(400, f"{name} is out of range (at most {MAX_DIGITS} digits)")
+    return int(value)
 
 
 class PackagesAPI:

@@ -284,6 +284,60 @@ CLOCKS = (
 )
 
 
+def test_times_does_not_tell_the_hosts_uptime(jail):
+    """times() returns clock ticks since the host booted, which no time namespace shifts: it answers ENOSYS (as on a
+    kernel without it; glibc hands the raw -38 on, so Python's os.times() says -0.38 s elapsed, not the host's
+    uptime), and Python and Node start and run without it."""
+    code = (
+        "import ctypes, errno, os\nlibc = ctypes.CDLL(None, use_errno=True)\nanswer = libc.syscall(100, None)\n"
+        "print(answer, errno.errorcode.get(ctypes.get_errno()), round(os.times().elapsed * os.sysconf('SC_CLK_TCK')))"
+    )
+    assert output(jail, code) == "-1 ENOSYS -38\n"
+    node = "console.log(process.uptime() < 60, process.cpuUsage().user >= 0)"
+    assert output(jail, node, language="nodejs") == "true true\n"
+
+
+def test_a_run_reads_no_other_processes_cpu_clock(jail):
+    """A negative clock id names a pid: the kernel reads any process's CPU time for whoever asks. Without a PID
+    namespace (the chroot mode) that named 118 processes, the service and the zygotes among them, and carried a
+    byte a second between two runs. Only the run's own clocks answer now."""
+    code = (
+        "import os, time\nme = os.getpid()\nnamed = []\n"
+        "for pid in range(1, 65536):\n"
+        "    if pid == me:\n        continue\n"
+        "    try:\n        time.clock_getres((~pid << 3) | 2)\n        named.append(pid)\n"
+        "    except OSError:\n        pass\n"
+        "own = [time.clock_gettime(c) >= 0 for c in ((~me << 3) | 2, (~0 << 3) | 2, (~0 << 3) | 6,"
+        " time.CLOCK_PROCESS_CPUTIME_ID, time.CLOCK_THREAD_CPUTIME_ID)]\n"
+        "print(len(named), os.getppid() in named, all(own))"
+    )
+    assert output(jail, code) == "0 False True\n"
+
+
+def test_a_run_cannot_grow_its_pipes_past_the_default(jail):
+    """Pipe pages are counted per uid (fs.pipe-user-pages-soft): one run growing 127 pipes to 1 MiB passed the
+    limit, which other runs of its uid read from a new pipe's size. Growing past 64 KiB is refused."""
+    code = (
+        "import fcntl, os\nr, w = os.pipe()\ntry:\n    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)\n"
+        "    print('grown')\nexcept PermissionError:\n    print('refused')\n"
+        "print(fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096), fcntl.fcntl(r, fcntl.F_GETPIPE_SZ))"
+    )
+    assert output(jail, code) == "refused\n4096 4096\n"
+
+
+def test_a_run_preallocates_only_what_its_file_size_shows(jail):
+    """fallocate(FALLOC_FL_KEEP_SIZE) allocates past a file's size, which RLIMIT_FSIZE does not bound: the chroot
+    mode's /tmp cap was walked past by 1 GiB so. It answers EOPNOTSUPP; posix_fallocate (mode 0) still works."""
+    code = (
+        "import ctypes, errno, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "fd = os.open(os.path.join(os.environ.get('TMPDIR', '/tmp'), 'f'), os.O_CREAT | os.O_RDWR, 0o600)\n"
+        "answer = libc.fallocate(fd, 1, ctypes.c_long(0), ctypes.c_long(1 << 20))\n"
+        "print(errno.errorcode.get(ctypes.get_errno()) if answer else 'allocated')\n"
+        "os.posix_fallocate(fd, 0, 1 << 20)\nprint(os.fstat(fd).st_size)"
+    )
+    assert output(jail, code) in ("EOPNOTSUPP\n1048576\n", "ENOTSUP\n1048576\n")
+
+
 def _host_boot() -> float:
     with open("/proc/uptime") as f:
         return time.time() - float(f.read().split()[0])

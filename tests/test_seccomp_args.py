@@ -30,6 +30,13 @@ SYS = {
     "listen": 50,
     "bind": 49,
     "setsockopt": 54,
+    "times": 100,
+    "fallocate": 285,
+    "timer_create": 222,
+    "timer_delete": 226,
+    "clock_gettime": 228,
+    "clock_getres": 229,
+    "clock_nanosleep": 230,
 }
 HIGH = 1 << 32
 
@@ -284,8 +291,10 @@ def test_a_lock_taken_under_the_filter_is_not_held():
 
 @pytest.mark.parametrize("pid", [1, 2, 300, 32767, 65536, 4194304])
 def test_the_fence_copied_for_a_pid_is_the_fence_built_for_it(pid):
-    built = seccomp_policy.compile_program(seccomp_policy.fence_for(pid))
-    assert bytes(seccomp_policy.fence_program(pid)._buffer) == bytes(built._buffer)
+    built = seccomp_policy.clock_prefix(pid) + bytes(
+        seccomp_policy.compile_program(seccomp_policy.fence_for(pid))._buffer
+    )
+    assert bytes(seccomp_policy.fence_program(pid)._buffer) == built
 
 
 # ---- the page cache and machine-wide counters (issue 19) ----------------------------------
@@ -368,3 +377,166 @@ def test_the_calls_that_evict_or_probe_cannot_be_reopened_by_allowed_syscalls():
     for number in (27, 28, 99, 221, 327, 328):
         with pytest.raises(ValueError, match="may not be allowed"):
             seccomp_policy.check_extra_syscalls([number])
+
+
+def test_times_answers_enosys():
+    """Its return value is the host's clock ticks since boot, which no time namespace shifts."""
+    buf = ctypes.create_string_buffer(32)
+    assert in_filter(False, lambda: syscall("times", buf)) == "ENOSYS"
+
+
+def cpu_clock(pid: int, kind: int) -> int:
+    """Linux's CPU clock id: (~pid << 3) | kind (0-2 a process's, 4-6 a thread's)."""
+    return (~pid << 3) | kind
+
+
+def clocks() -> dict:
+    ts = ctypes.create_string_buffer(16)
+    parent, me = os.getppid(), os.getpid()
+
+    def gettime(clock: int) -> str:
+        return syscall("clock_gettime", clock, ts)
+
+    timer = ctypes.c_int(0)
+
+    def timer_create(clock: int) -> str:
+        answer = syscall("timer_create", clock, None, ctypes.byref(timer))
+        if answer == "ok":
+            syscall("timer_delete", timer.value)
+        return answer
+
+    struct.pack_into("qq", ts, 0, 0, 1000)
+    return {
+        "system clocks": {c: gettime(c) for c in (0, 1, 2, 3, 4, 5, 6, 7, 11)},
+        "unknown clock 12": gettime(12),
+        "own process, pid 0": [gettime(cpu_clock(0, kind)) for kind in (0, 1, 2)],
+        "own thread, pid 0": [gettime(cpu_clock(0, kind)) for kind in (4, 5, 6)],
+        "own process, its pid": [gettime(cpu_clock(me, kind)) for kind in (0, 1, 2)],
+        "own main thread, its tid": gettime(cpu_clock(me, 6)),
+        "clockfd 0": gettime(cpu_clock(0, 3)),
+        "parent's process clock": [gettime(cpu_clock(parent, kind)) for kind in (0, 1, 2)],
+        "pid 1's process clock": gettime(cpu_clock(1, 2)),
+        "parent's clock, getres": syscall("clock_getres", cpu_clock(parent, 2), ts),
+        "parent's clock, nanosleep": syscall("clock_nanosleep", cpu_clock(parent, 2), 0, ts, None),
+        "parent's clock, timer_create": timer_create(cpu_clock(parent, 2)),
+        "own clock, timer_create": timer_create(cpu_clock(0, 2)),
+        "own clock, getres": syscall("clock_getres", cpu_clock(0, 2), ts),
+        "process cputime with high bits": gettime(HIGH | 2),
+        "own clock zero-extended (the vDSO's way)": gettime(cpu_clock(0, 2) & 0xFFFFFFFF),
+        "parent's clock zero-extended": gettime(cpu_clock(parent, 2) & 0xFFFFFFFF),
+        "parent's clock with other high bits": gettime((cpu_clock(parent, 2) & 0xFFFFFFFF) | (5 << 32)),
+    }
+
+
+def test_cpu_clocks_name_the_run_itself_only():
+    """The kernel reads any process's CPU time for whoever names its pid in a clock id: in the chroot mode (no
+    PID namespace) every other run's, the zygotes' and the service's. Only the caller's own are allowed."""
+    assert in_filter(False, clocks) == {
+        "system clocks": {str(c): "ok" for c in (0, 1, 2, 3, 4, 5, 6, 7, 11)},
+        "unknown clock 12": "EINVAL",
+        "own process, pid 0": ["ok"] * 3,
+        "own thread, pid 0": ["ok"] * 3,
+        "own process, its pid": ["ok"] * 3,
+        "own main thread, its tid": "ok",
+        "clockfd 0": "EINVAL",
+        "parent's process clock": ["EINVAL"] * 3,
+        "pid 1's process clock": "EINVAL",
+        "parent's clock, getres": "EINVAL",
+        "parent's clock, nanosleep": "EINVAL",
+        "parent's clock, timer_create": "EINVAL",
+        "own clock, timer_create": "ok",
+        "own clock, getres": "ok",
+        "process cputime with high bits": "ok",  # the kernel reads 2
+        "own clock zero-extended (the vDSO's way)": "ok",
+        "parent's clock zero-extended": "EINVAL",
+        "parent's clock with other high bits": "EINVAL",
+    }
+
+
+def test_the_parents_cpu_clock_is_readable_without_the_filter():
+    """The case above is not the kernel's own refusal: outside the filter the parent's clock answers."""
+    ts = ctypes.create_string_buffer(16)
+    answer, error = in_child(lambda: syscall("clock_gettime", cpu_clock(os.getppid(), 2), ts))
+    assert not error and answer == "ok"
+
+
+def test_python_clocks_work_under_the_filter():
+    import threading
+    import time
+
+    def probe() -> list:
+        seen = [time.process_time() >= 0, time.thread_time() >= 0, time.monotonic() > 0, time.time() > 0]
+        seen.append(time.clock_gettime(time.pthread_getcpuclockid(threading.get_ident())) >= 0)
+        time.sleep(0.001)
+        return seen
+
+    assert in_filter(False, probe) == [True] * 5
+
+
+def pipe_sizes() -> dict:
+    import fcntl
+
+    r, w = os.pipe()
+    found = {}
+    for name, size in (
+        ("one page", 4096),
+        ("the default", 65536),
+        ("a byte more", 65537),
+        ("1 MiB", 1 << 20),
+        ("a page, high bits", HIGH | 4096),
+        ("1 MiB, high bits", HIGH | (1 << 20)),
+    ):
+        ctypes.set_errno(0)
+        result = libc.fcntl(w, fcntl.F_SETPIPE_SZ, ctypes.c_long(size))
+        found[name] = "ok" if result >= 0 else errno.errorcode[ctypes.get_errno()]
+    found["size"] = fcntl.fcntl(r, fcntl.F_GETPIPE_SZ)
+    return found
+
+
+def test_pipes_grow_no_larger_than_the_default():
+    """Pipe pages are counted per uid: runs that share one passed bits by growing pipes past the soft limit."""
+    assert in_filter(False, pipe_sizes) == {
+        "one page": "ok",
+        "the default": "ok",
+        "a byte more": "EPERM",
+        "1 MiB": "EPERM",
+        "a page, high bits": "ok",
+        "1 MiB, high bits": "EPERM",
+        "size": 4096,  # the last size set: a page
+    }
+
+
+NOT_SUPPORTED = errno.errorcode[errno.EOPNOTSUPP]  # ENOTSUP: the same number
+
+
+def fallocate_modes(path: str) -> dict:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    modes = {
+        "0 (grow the file)": 0,
+        "0 with high bits": HIGH,
+        "KEEP_SIZE": 1,
+        "PUNCH_HOLE | KEEP_SIZE": 3,
+        "ZERO_RANGE": 0x10,
+        "ZERO_RANGE | KEEP_SIZE": 0x11,
+        "INSERT_RANGE": 0x20,
+        "KEEP_SIZE with high bits": HIGH | 1,
+    }
+    found = {name: syscall("fallocate", fd, mode, 0, 1 << 20) for name, mode in modes.items()}
+    found["size"] = os.fstat(fd).st_size
+    return found
+
+
+def test_fallocate_takes_mode_0_only(tmp_path):
+    """KEEP_SIZE allocates past the file's size, which RLIMIT_FSIZE does not bound: the chroot mode's /tmp cap was
+    walked past by 1 GiB so. Mode 0 grows the file, as a write does."""
+    assert in_filter(False, lambda: fallocate_modes(str(tmp_path / "f"))) == {
+        "0 (grow the file)": "ok",
+        "0 with high bits": "ok",
+        "KEEP_SIZE": NOT_SUPPORTED,
+        "PUNCH_HOLE | KEEP_SIZE": NOT_SUPPORTED,
+        "ZERO_RANGE": NOT_SUPPORTED,
+        "ZERO_RANGE | KEEP_SIZE": NOT_SUPPORTED,
+        "INSERT_RANGE": NOT_SUPPORTED,
+        "KEEP_SIZE with high bits": NOT_SUPPORTED,
+        "size": 1 << 20,
+    }

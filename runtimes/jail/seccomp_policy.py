@@ -36,6 +36,11 @@ blocks and inodes: where a run's /tmp is a directory of the host's disk, the
 chroot mode, its free inodes are a counter every run can move and read; a tmpfs's
 default size and inode count are a fraction of the machine's memory). What
 remains is timing: README, "What remains".
+
+Nor does a run read the host's clocks past its time namespace: times() answers
+ENOSYS (its return value counts clock ticks since the host booted, which no time
+namespace shifts; neither Python's nor Node's start calls it, and os.times()
+raises OSError).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import sys
 
 import pyseccomp
 
@@ -113,7 +119,6 @@ BASE_SYSCALLS = (
     "ftruncate",
     "fsync",
     "fdatasync",
-    "fallocate",
     "dup",
     "dup2",
     "dup3",
@@ -155,7 +160,6 @@ BASE_SYSCALLS = (
     "clock_getres",
     "gettimeofday",
     "time",
-    "times",
     # identity and limits (read-only views)
     "getpid",
     "getppid",
@@ -297,12 +301,24 @@ FCNTL_ALLOWED = (
     36,  # F_OFD_GETLK
     1025,  # F_GETLEASE
     1030,  # F_DUPFD_CLOEXEC
-    1031,  # F_SETPIPE_SZ
     1032,  # F_GETPIPE_SZ
     1033,  # F_ADD_SEALS
     1034,  # F_GET_SEALS
 )
 FCNTL_LOCKS = (6, 7, 37, 38)  # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW: succeed, lock nothing
+# F_SETPIPE_SZ up to the default size only (16 pages), refused above with the kernel's own EPERM (what an
+# unprivileged caller gets past fs.pipe-max-size). Pipe pages are counted per uid (fs.pipe-user-pages-soft,
+# 16384 pages): past it, new pipes get 2 pages, which any run of the same uid reads with F_GETPIPE_SZ. Runs
+# that share a uid (no root) passed 8 bits in 8 s so, one run growing 127 pipes to 1 MiB; at the default size
+# its 256 descriptors hold 2,032 pages at most.
+F_SETPIPE_SZ = 1031
+# fallocate's mode: 0 only, which allocates and grows the file (bounded by RLIMIT_FSIZE, as a write is).
+# FALLOC_FL_KEEP_SIZE allocates past the size, where RLIMIT_FSIZE does not look (a run held 1 GiB past a
+# 64 MiB /tmp cap in the chroot mode), and the other modes (punching, zeroing, collapsing, inserting
+# ranges) need it or move blocks about: EOPNOTSUPP, as on a filesystem without them (posix_fallocate
+# then writes zeros, as there).
+FALLOCATE_MODE_ARG = 1
+PIPE_DEFAULT_BYTES = 65536
 # ioctl commands carry a type byte (bits 8-15). Only type 'T' (0x54) is allowed: terminals' (TCGETS for
 # isatty, TIOCGWINSZ) and the generic descriptor ones (FIONREAD, FIONBIO, FIOCLEX, FIONCLEX, FIOASYNC,
 # FIOQSIZE), tested on bits 8-15 only, which the kernel reads whatever the upper bits say. Every other type
@@ -440,6 +456,7 @@ NEVER_ALLOWED = frozenset(
         "sethostname",
         "setdomainname",
         "settimeofday",
+        "times",  # clock ticks since the host booted: no time namespace shifts them (answered ENOSYS)
         "clock_settime",
         "clock_adjtime",
         "adjtimex",
@@ -475,6 +492,13 @@ def _allow(flt: pyseccomp.SyscallFilter, name: str, *args: pyseccomp.Arg) -> Non
         pass  # not a system call on this architecture (e.g. "open" on arm64)
 
 
+def _refuse(flt: pyseccomp.SyscallFilter, error: int, name: str) -> None:
+    try:
+        flt.add_rule(pyseccomp.ERRNO(error), name)
+    except (ValueError, OSError):
+        pass  # not a system call on this architecture (e.g. "times" on some)
+
+
 def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) -> pyseccomp.SyscallFilter:
     """The allow-list for one run. Build once per process, load in each child."""
     check_extra_syscalls(list(extra))  # whoever built the config (a Lambda's environment too)
@@ -489,6 +513,7 @@ def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) 
         flt.add_rule(pyseccomp.ALLOW, number)
     _allow(flt, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, CLONE_THREAD, CLONE_THREAD))
     flt.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
+    _refuse(flt, errno.ENOSYS, "times")  # as on a kernel without it: callers must handle that
     _allow(flt, "socketpair", pyseccomp.Arg(0, pyseccomp.EQ, AF_UNIX))
     for name, index in SELF_ONLY.items():
         _allow(flt, name, pyseccomp.Arg(index, pyseccomp.EQ, 0))
@@ -496,6 +521,16 @@ def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) 
         _allow(flt, "fcntl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, command))
     for command in FCNTL_LOCKS:
         flt.add_rule(pyseccomp.ERRNO(0), "fcntl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, command))
+    _allow(flt, "fallocate", pyseccomp.Arg(FALLOCATE_MODE_ARG, pyseccomp.MASKED_EQ, 0xFFFFFFFF, 0))
+    for mask, value in all_but({0}, 1 << 32):  # every other mode, on the int's 32 bits the kernel reads
+        flt.add_rule(
+            pyseccomp.ERRNO(errno.EOPNOTSUPP),
+            "fallocate",
+            pyseccomp.Arg(FALLOCATE_MODE_ARG, pyseccomp.MASKED_EQ, mask, value),
+        )
+    pipe_size = pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, F_SETPIPE_SZ)
+    for mask, value in ((0xFFFF0000, 0), (0xFFFFFFFF, PIPE_DEFAULT_BYTES)):  # the kernel reads an unsigned int
+        _allow(flt, "fcntl", pipe_size, pyseccomp.Arg(2, pyseccomp.MASKED_EQ, mask, value))
     flt.add_rule(pyseccomp.ERRNO(0), "flock")
     for level in SOCKET_OPTION_LEVELS:
         _allow(flt, "setsockopt", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, level))
@@ -561,25 +596,108 @@ def fence_for(pid: int) -> pyseccomp.SyscallFilter:
 # A pid no process can have (above the largest pid_max, 2**22): the fence is compiled once
 # for it, and each child's copy has it replaced by the child's pid (see fence_program).
 _FENCE_PLACEHOLDER = 0x7A5A5A01
-_fence_template: list = []  # [program bytes, offsets of the placeholder's k fields]
+_fence_template: list = []  # [program bytes, offsets of the placeholder's k fields, (arch, clock call numbers)]
 
 
 def fence_program(pid: int) -> SeccompProgram:
-    """fence_for(pid), compiled: libseccomp's program for a placeholder pid with the
-    placeholder replaced, a copy instead of a build in every child (a build costs
+    """fence_for(pid), compiled, behind clock_prefix(pid): libseccomp's program for a placeholder
+    pid with the placeholder replaced, a copy instead of a build in every child (a build costs
     about a millisecond more). The zygote compiles the template in programs()."""
     if not _fence_template:
         bpf = _export(fence_for(_FENCE_PLACEHOLDER))
         insns = struct.iter_unpack(_BPF_INSN, bpf)
         offsets = [i * 8 + 4 for i, (_code, _jt, _jf, k) in enumerate(insns) if k == _FENCE_PLACEHOLDER]
-        _fence_template.extend((bpf, offsets))
-    bpf, offsets = _fence_template
+        _fence_template.extend((bpf, offsets, _clock_calls()))
+    bpf, offsets, clock_calls = _fence_template
     program = bytearray(bpf)
     for offset in offsets:
         struct.pack_into("I", program, offset, pid)
-    return SeccompProgram(bytes(program))
+    return SeccompProgram(clock_prefix(pid, clock_calls) + bytes(program))
 
 
+# The calls that take a clock id as their first argument and accept a CPU clock's (timerfd_create takes the
+# system clocks only). Linux encodes a CPU clock as (~pid << 3) | type: type 0-2 the process's (PROF, VIRT,
+# SCHED), with 4 added a thread's, 3 a descriptor's clock (CLOCKFD); pid 0 is the caller. The kernel reads
+# the CPU time of any process of the machine for whoever names it: in the chroot mode, with no PID
+# namespace, that is every other run, the zygotes and the service, and two runs passed a byte a second
+# through it.
+CLOCK_CALLS = ("clock_gettime", "clock_getres", "clock_nanosleep", "timer_create")
+SYSTEM_CLOCKS = 12  # CLOCK_REALTIME (0) to CLOCK_TAI (11)
+CPU_CLOCK_TYPES = (0, 1, 2, 4, 5, 6)  # a process's and a thread's PROF, VIRT, SCHED; not 3 or 7 (CLOCKFD)
+_SECCOMP_DATA_ARCH, _SECCOMP_DATA_NR, _SECCOMP_DATA_ARG0 = 4, 0, 16
+_BPF_LD_ABS, _BPF_JEQ, _BPF_JGT, _BPF_JGE, _BPF_SUB, _BPF_RET = 0x20, 0x15, 0x25, 0x35, 0x14, 0x06
+_RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
+
+
+def _clock_calls() -> tuple[int, tuple[int, ...]]:
+    """(this machine's audit arch, the numbers of CLOCK_CALLS on it)."""
+    arch = pyseccomp.system_arch()
+    numbers = []
+    for name in CLOCK_CALLS:
+        try:
+            numbers.append(pyseccomp.resolve_syscall(arch, name))
+        except (ValueError, OSError):
+            pass
+    return int(arch), tuple(int(n) for n in numbers)
+
+
+def clock_prefix(pid: int, calls: tuple[int, tuple[int, ...]] | None = None) -> bytes:
+    """A few BPF instructions run before the fence: CLOCK_CALLS take only the system clocks (0 to 11) and the
+    CPU clocks of the caller, named by pid 0 (-8 to -2, but CLOCKFD's -5) or by its own pid (the main thread's
+    tid is the pid); any other clock id answers EINVAL, as a pid that does not exist would. The first
+    argument is an int: only its lower 32 bits are tested, all the kernel reads (glibc's syscall passes a
+    negative id sign-extended, the vDSO's fallback zero-extended). Other calls go on to the fence's program,
+    which follows. Hand-written because libseccomp takes one test per argument in a rule, and this one needs
+    a range and the pid's encoding. The other threads of a run have their CPU clock as
+    CLOCK_THREAD_CPUTIME_ID (or pid 0) only: pthread_getcpuclockid() of a thread but the first gives an id
+    this refuses."""
+    arch, numbers = calls or _clock_calls()
+    own = (~pid << 3) & 0xFFFFFFFF  # the process's PROF clock; the others follow it
+    refuse, allow = "refuse", "allow"
+    code: list[tuple] = [
+        (_BPF_LD_ABS, 0, 0, _SECCOMP_DATA_ARCH),
+        (_BPF_JEQ, 0, "next", arch),
+        (_BPF_LD_ABS, 0, 0, _SECCOMP_DATA_NR),
+    ]
+    for i, number in enumerate(numbers):
+        code.append((_BPF_JEQ, "check", "next" if i == len(numbers) - 1 else 0, number))
+    low = _SECCOMP_DATA_ARG0 if _LITTLE_ENDIAN else _SECCOMP_DATA_ARG0 + 4  # the int the kernel reads
+    code += [
+        ("check",),
+        (_BPF_LD_ABS, 0, 0, low),
+        (_BPF_JGT, 0, allow, SYSTEM_CLOCKS - 1),
+        (_BPF_JGE, "self", 0, 0xFFFFFFF8),  # pid 0: -8 to -1
+        (_BPF_SUB, 0, 0, own),  # its own pid: own + type, with type in CPU_CLOCK_TYPES
+        (_BPF_JGT, refuse, 0, max(CPU_CLOCK_TYPES)),
+        (_BPF_JEQ, refuse, allow, 3),
+        ("self",),
+        (_BPF_JEQ, refuse, 0, 0xFFFFFFFB),
+        (_BPF_JEQ, refuse, allow, 0xFFFFFFFF),
+        ("allow",),
+        (_BPF_RET, 0, 0, _RET_ALLOW),
+        ("refuse",),
+        (_BPF_RET, 0, 0, _RET_ERRNO | errno.EINVAL),
+        ("next",),
+    ]
+    labels, index = {}, 0
+    for item in code:
+        if len(item) == 1:
+            labels[item[0]] = index
+        else:
+            index += 1
+    program, index = [], 0
+    for item in code:
+        if len(item) == 1:
+            continue
+        op, jt, jf, k = item
+        index += 1
+        jt = labels[jt] - index if isinstance(jt, str) else jt
+        jf = labels[jf] - index if isinstance(jf, str) else jf
+        program.append(struct.pack(_BPF_INSN, op, jt, jf, k & 0xFFFFFFFF))
+    return b"".join(program)
+
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
 _BPF_INSN = "HBBI"  # struct sock_filter: code, jt, jf, k
 
 

@@ -29,6 +29,12 @@ no quota, so a run's /tmp is a directory of the tree's filesystem (runtimes/tree
   mapping or into a directory since removed report nothing), so any run that has changed anything
   in its directory counts as one that may: while it lives the filesystem's free space is read
   every DISK_EVERY seconds, and should it fall below a floor those runs are ended.
+- writes through a mapping raise no inotify event: a run that has changed anything in its directory
+  is also scanned again every RESCAN_EVERY seconds while it lives, events or not, and the blocks a
+  mapping has dirtied are in st_blocks from the fault on (ext4 and xfs count delayed allocation). A
+  run over its cap however it wrote ends within about RESCAN_EVERY plus a scan. fallocate() takes
+  mode 0 only (seccomp_policy): FALLOC_FL_KEEP_SIZE would allocate past RLIMIT_FSIZE, unseen in the
+  size, and punching holes needs it.
 
 What this cannot give that a tmpfs gives: the caps are enforced after the fact, within a scan's
 delay (a run writing at disk speed may pass the size cap by what it writes in that time before it
@@ -65,6 +71,7 @@ POLL_INTERVAL = 0.05  # where no inotify watch could be had
 DISK_FLOOR = 256 * MIB  # free space under which runs holding hidden files are ended
 DIRECTORY_BLOCK = 4096  # not charged: an empty directory's size on ext4 and xfs
 DISK_EVERY = 0.1  # seconds between two reads of the free space while a run may hold hidden files
+RESCAN_EVERY = 0.2  # seconds, at most, between two scans of a run that has changed its directory, events or not
 SETTLE_TIMEOUT = 2.0  # seconds a run's result waits, at most, for the scan of its last changes
 WATCHED = (
     ev.CREATE | ev.MODIFY | ev.DELETE | ev.MOVED_TO | ev.MOVED_FROM | ev.ATTRIB | ev.CLOSE_WRITE | ev.ONLYDIR
@@ -469,6 +476,11 @@ class TmpWatcher:
     def _check_again(self, cap: TmpCap) -> None:
         cap._disk = None
         self._watch_disk(cap)
+        # Writes through a mapping raise no event, nor does a file filled in a directory removed since: a run
+        # that has changed its directory is scanned again every RESCAN_EVERY while it lives, whatever it says.
+        if not cap.ended and time.monotonic() - cap._last_scan >= RESCAN_EVERY:
+            cap._dirty = True
+            self._schedule(cap)
 
     def _check_disk(self, cap: TmpCap) -> None:
         try:
