@@ -1,33 +1,51 @@
-"""Run a layer build (pip, npm) as an unprivileged user in a tree of its own.
+"""Run a layer build (pip, npm) confined, and end every process it started when it ends.
 
 pip and npm run code from the internet (an sdist's setup.py, a package's
-scripts): never with the service's privileges. As root, the build command runs
-in a fresh mount namespace whose root holds, read-only, only what the tool
-needs (its interpreter, its own package, the files it is configured to read)
-plus a writable scratch directory, as a uid of its own with no groups, no
-capabilities and no_new_privs. Where mount namespaces are refused (a container on
-default privileges: Docker's seccomp profile refuses unshare without SYS_ADMIN)
-the command still runs as that uid, with no groups, no capabilities and
-no_new_privs, and a /tmp of its own, but sees the container's files as any
-unprivileged user would; the log says so. Without root the command runs as the
-service's own user (nothing to drop to).
+scripts): never with the service's privileges, never past the build's end.
 
-    python -m layers.isolation '<json plan>'   # as root; execs the build command (or isolation.main)
+- As root with mount namespaces (`full`, `reduced`): the build runs in a fresh
+  mount and PID namespace. Its root holds, read-only, only what the tool needs
+  (its interpreter, its own package, the files it is configured to read) plus its
+  own writable directory (the new layer) and a tmpfs /tmp; no /proc. It runs as a
+  uid of its own (never the service's or a run's) with no groups, no
+  capabilities and no_new_privs, under Landlock and a seccomp filter that refuses
+  ptrace and process_vm_*. The build's first process is pid 1 of the namespace:
+  when the build command ends, pid 1 exits and the kernel kills everything else
+  the build started.
+- Without root (`userns`): the same, in a user namespace of the build's own (the
+  service has no other uid to give: the build's uid is the service's outside it).
+  It cannot name, signal, trace or open any process outside its PID namespace,
+  and writes nothing but its own layer directory and /tmp.
+- As root where mount namespaces are refused (a container on default
+  privileges, the `chroot` mode): no PID namespace either. The build runs as its
+  uid (SANDLOT_BUILD_UID, outside every uid block: nothing else ever runs as it),
+  with no groups, capabilities or new privileges, the seccomp filter, Landlock
+  where the kernel has it, and a /tmp of its own; every process of that uid is
+  killed before the build starts and once it has ended (runtimes/jail/sweep.py).
+  It sees the container's files as any unprivileged user would; the log says so.
+- Without root and without user namespaces, the command runs as the service's
+  own user, under Landlock and the seccomp filter; what it leaves behind cannot be
+  told from the service's own processes (the log says so).
+
+    python -m layers.isolation '<json plan>'   # execs the build command (or isolation.main)
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
 
 from runtimes import linux, tree
+from runtimes.jail import landlock, namespaces
 
 log = logging.getLogger("sandlot.layers")
 
@@ -61,67 +79,106 @@ def run(
     uid: int,
     on_output: Callable[[bytes], None] | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run argv in workdir; as root, confined as described above. Output is captured (and echoed, and handed
-    line by line to on_output: a build's live log)."""
-    if os.geteuid() != 0:
-        return _run_and_echo(argv, env, workdir, on_output)
-    os.chown(workdir, uid, uid)
-    for dirpath, dirnames, filenames in os.walk(workdir):
-        for name in dirnames + filenames:
-            os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
-    interpreter = sys.executable
+    """Run argv in workdir, confined as described above. Output is captured (and echoed, and handed line by line
+    to on_output: a build's live log)."""
+    root = os.geteuid() == 0
+    if root:
+        _check_uid(uid)
+        os.chown(workdir, uid, uid)
+        for dirpath, dirnames, filenames in os.walk(workdir):
+            for name in dirnames + filenames:
+                os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
     refused = _no_tree_here()
     if refused:
+        if root:
+            log.warning(
+                "layer build runs as uid %d without a tree of its own (it sees this container's files as any "
+                "unprivileged user would; its processes are ended by a sweep of its uid): %s",
+                uid,
+                refused,
+            )
+            return _run_without_tree(argv, workdir, env, uid, on_output)
         log.warning(
-            "layer build runs as uid %d without a tree of its own (it sees this container's files as any "
-            "unprivileged user would): %s",
-            uid,
+            "layer build runs as the service's own uid without a tree or PID namespace of its own (what it leaves "
+            "running cannot be told from the service's own processes): %s",
             refused,
         )
-        return _run_without_tree(argv, workdir, env, uid, on_output)
+        return _run_and_echo(
+            _confining(sys.executable, _plain_plan(argv, workdir, env)), dict(os.environ), "/", on_output
+        )
+    interpreter = sys.executable
     spec = tree.TreeSpec(tmp_replaced=False)  # the build's /tmp is mounted first, under the binds
     spec.add(*readable, *BUILD_FILES, *tree.SYSTEM_FILES)
     spec.add(*tree.shared_libraries([os.path.realpath(interpreter), *readable_elves(readable)]))
     plan = {
         "spec": spec.to_dict(),
         "workdir": workdir,
-        "uid": uid,
+        "uid": uid if root else os.getuid(),
+        "gid": uid if root else os.getgid(),
+        "user_namespace": not root,
         "argv": argv,
         "env": env,
         "root": tempfile.mkdtemp(prefix="sandlot-build-root-"),
     }
+    if not root:
+        os.chmod(plan["root"], 0o755)
     try:
         return _run_and_echo(_confining(interpreter, plan), dict(os.environ), "/", on_output)
     finally:
         os.rmdir(plan["root"])
 
 
+def _check_uid(uid: int) -> None:
+    """The build's uid is its own: never root's, the service's or one a run may have."""
+    if uid <= 0 or uid == os.getuid():
+        raise ValueError(f"refusing to run a layer build as uid {uid}")
+
+
 def _no_tree_here() -> str:
-    """Why a build cannot have a tree of its own here ("" where it can): no mount namespace."""
+    """Why a build cannot have a tree (and PID namespace) of its own here ("" where it can)."""
     from runtimes.jail.protections import platform_protections
 
     record = platform_protections()
-    if record.mount_namespaces:
+    if record.mount_namespaces and record.pid_namespaces and (os.geteuid() == 0 or record.user_namespaces):
         return ""
-    return f"mount namespaces are refused ({record.errors.get('mount_namespaces', 'not available')})"
+    if not record.mount_namespaces:
+        return f"mount namespaces are refused ({record.errors.get('mount_namespaces', 'not available')})"
+    if not record.pid_namespaces:
+        return f"PID namespaces are refused ({record.errors.get('pid_namespaces', 'not available')})"
+    return f"user namespaces are refused ({record.errors.get('user_namespaces', 'not available')})"
+
+
+def _plain_plan(argv: list[str], workdir: str, env: dict[str, str]) -> dict:
+    return {"workdir": workdir, "uid": os.getuid(), "gid": os.getgid(), "argv": argv, "env": env, "root": ""}
 
 
 def _run_without_tree(
     argv: list[str], workdir: str, env: dict[str, str], uid: int, on_output: Callable[[bytes], None] | None
 ) -> subprocess.CompletedProcess:
-    """The build as uid with no groups, capabilities or new privileges, its /tmp a directory of its own."""
+    """The build as uid with no groups, capabilities or new privileges, its /tmp a directory of its own; every
+    process of uid killed before and after it."""
+    from runtimes.jail import sweep
+
+    killed = sweep.kill_strays(uid)
+    if killed:
+        log.warning("killed %d process(es) of the build uid %d left from an earlier build", len(killed), uid)
     private_tmp = tempfile.mkdtemp(prefix="sandlot-build-tmp-")
     os.chown(private_tmp, uid, uid)
     plan = {
         "workdir": workdir,
         "uid": uid,
+        "gid": uid,
         "argv": argv,
         "env": {**env, "TMPDIR": private_tmp},
         "root": "",
+        "writable": [private_tmp],
     }
     try:
         return _run_and_echo(_confining(sys.executable, plan), dict(os.environ), "/", on_output)
     finally:
+        killed = sweep.kill_strays(uid)
+        if killed:
+            log.warning("killed %d process(es) the layer build left running", len(killed))
         shutil.rmtree(private_tmp, ignore_errors=True)
 
 
@@ -165,15 +222,99 @@ def _run_and_echo(
 
 
 def _confine_and_exec(plan: dict) -> None:
-    workdir, uid = plan["workdir"], plan["uid"]
-    if plan["root"]:
-        tree.build_and_enter(plan["spec"], plan["root"], writable=(workdir,), tmp_options="size=2g,mode=1777")
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
+    linux.set_parent_death_signal(signal.SIGKILL)  # the service gone, the build goes too
+    workdir, uid, gid = plan["workdir"], plan["uid"], plan["gid"]
+    if not plan["root"]:  # no namespace to be had: this process becomes the build
+        _drop(uid, gid, in_user_namespace=False)
+        _restrict((workdir, *plan.get("writable", ())), _untraceable())
+        os.chdir(workdir)
+        os.execve(plan["argv"][0], plan["argv"], plan["env"])
+    if plan["user_namespace"]:
+        proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        linux.unshare(linux.CLONE_NEWUSER | linux.CLONE_NEWPID)
+        namespaces.map_own_ids(proc, uid, gid)
+        os.close(proc)
+    else:
+        linux.unshare(linux.CLONE_NEWPID)
+    first = os.fork()  # pid 1 of the build's namespace: when it exits, the kernel kills the rest
+    if first:
+        os._exit(_exit_code(_wait_for(first)))
+    linux.set_parent_death_signal(signal.SIGKILL)
+    filter_ = _untraceable()
+    tree.build_and_enter(plan["spec"], plan["root"], writable=(workdir,), tmp_options="size=2g,mode=1777")
+    _drop(uid, gid, in_user_namespace=plan["user_namespace"])
+    _restrict((workdir, "/tmp"), filter_)
+    build = os.fork()
+    if build == 0:
+        try:
+            os.chdir(workdir)
+            os.execve(plan["argv"][0], plan["argv"], plan["env"])
+        finally:
+            os._exit(127)
+    os._exit(_exit_code(_wait_for(build)))
+
+
+def _wait_for(pid: int) -> int:
+    """Reap every child (orphans come to pid 1) until pid has ended; its wait status."""
+    while True:
+        try:
+            ended, status = os.wait()
+        except ChildProcessError:
+            return 1 << 8
+        if ended == pid:
+            return status
+
+
+def _exit_code(status: int) -> int:
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else 128 - code
+
+
+def _drop(uid: int, gid: int, in_user_namespace: bool) -> None:
+    """No groups, no capabilities, no new privileges; pdeathsig armed again after the credential change."""
+    if in_user_namespace:
+        namespaces.drop_bounding_set()
+        namespaces.clear_capabilities()
+    else:
+        if os.geteuid() == 0:
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+    linux.set_parent_death_signal(signal.SIGKILL)
     linux.set_no_new_privs()
-    os.chdir(workdir)
-    os.execve(plan["argv"][0], plan["argv"], plan["env"])
+
+
+def _restrict(writable: tuple[str, ...], filter_) -> None:
+    """Landlock (writes only to the build's own places) where the kernel has it; seccomp: no ptrace, no
+    process_vm_* (no reaching into another process of the same uid)."""
+    try:
+        abi = landlock.abi_version()
+    except OSError:
+        abi = 0
+    if abi:
+        devices = tuple(d for d in tree.DEVICES if os.path.exists(d))
+        landlock.restrict(abi, tuple(p for p in writable if os.path.isdir(p)), devices)
+    else:
+        sys.stderr.write("sandlot: no Landlock here: the build's writes are bounded by its uid and tree alone\n")
+    if filter_ is None:
+        sys.stderr.write("sandlot: libseccomp is missing: the build runs without its seccomp filter\n")
+    else:
+        filter_.load()
+
+
+def _untraceable():
+    """The build's seccomp filter (made before the build's tree is entered: libseccomp is not in it), or None."""
+    try:
+        import pyseccomp
+    except (ImportError, RuntimeError):
+        return None
+    flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    for name in UNTRACEABLE:
+        flt.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+    return flt
+
+
+UNTRACEABLE = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp")
 
 
 def main(plan: str) -> None:
