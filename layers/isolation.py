@@ -20,12 +20,19 @@ scripts): never with the service's privileges, never past the build's end.
   privileges, the `chroot` mode): no PID namespace either. The build runs as its
   uid (SANDLOT_BUILD_UID, outside every uid block: nothing else ever runs as it),
   with no groups, capabilities or new privileges, the seccomp filter, Landlock
-  where the kernel has it, and a /tmp of its own; every process of that uid is
-  killed before the build starts and once it has ended (runtimes/jail/sweep.py).
-  It sees the container's files as any unprivileged user would; the log says so.
+  where the kernel has it, and a /tmp of its own. Its first process's parent (root)
+  is a subreaper: every orphan of the build comes to it, and once the build command
+  has ended it kills and reaps them all before it exits. It sees the container's
+  files as any unprivileged user would; the log says so.
 - Without root and without user namespaces, the command runs as the service's
   own user, under Landlock and the seccomp filter; what it leaves behind cannot be
   told from the service's own processes (the log says so).
+
+Egress, as root: the build uid's sockets get the runs' nft rules (no loopback,
+metadata address, private range or address of the host) while it runs, with the
+package index or mirror, its file host and the configured proxies excepted
+(builds_egress). Without root the build shares the host's network (runs get a
+namespace of their own with pasta; builds do not yet).
 
     python -m layers.isolation '<json plan>'   # execs the build command (or isolation.main)
 """
@@ -42,7 +49,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from urllib.parse import urlsplit
 
 from runtimes import linux, tree
 from runtimes.jail import landlock, namespaces
@@ -78,12 +88,80 @@ def run(
     env: dict[str, str],
     uid: int,
     on_output: Callable[[bytes], None] | None = None,
+    reaches: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
     """Run argv in workdir, confined as described above. Output is captured (and echoed, and handed line by line
-    to on_output: a build's live log)."""
+    to on_output: a build's live log). reaches: URLs the build must reach whatever their address (the package
+    index or mirror, the proxies); as root, its egress is otherwise the runs' (see builds_egress)."""
     root = os.geteuid() == 0
     if root:
         _check_uid(uid)
+        with builds_egress(uid, reaches):
+            return _confined(argv, workdir, readable, env, uid, on_output)
+    return _confined(argv, workdir, readable, env, uid, on_output)
+
+
+@contextmanager
+def builds_egress(uid: int, reaches: tuple[str, ...]) -> Iterator[None]:
+    """As root, the build uid's sockets get the runs' egress rules (runtimes/jail/egress.py: no loopback, no
+    metadata address, no private range, no address of the host) while the build runs, the package index,
+    mirror and proxies excepted. Where nft cannot install them the log says so and the build goes on."""
+    from runtimes.jail.egress import EgressFilter
+
+    rules = EgressFilter(uid, uid, proxies=tuple(url for url in reaches if url))
+    if not rules.install():
+        log.warning("layer build's egress is not filtered: %s", rules.error)
+    try:
+        yield
+    finally:
+        rules.remove()
+
+
+def reached(urls: list[str]) -> tuple[str, ...]:
+    """The http(s) URLs among urls (an index, a registry, a mirror, a proxy), each as host:port, for the egress
+    rules' exceptions (port: the URL's own, else its scheme's)."""
+    found = []
+    for url in urls:
+        for word in url.split():
+            parts = urlsplit(word if "://" in word else f"http://{word}")
+            if parts.scheme not in ("http", "https", "socks5", "socks5h", "socks4") or not parts.hostname:
+                continue
+            try:
+                port = parts.port or (443 if parts.scheme == "https" else 1080 if parts.scheme[:5] == "socks" else 80)
+            except ValueError:
+                continue
+            found.append(f"http://{parts.hostname}:{port}")
+    return tuple(dict.fromkeys(found))
+
+
+def configured_urls(command: list[str], keys: tuple[str, ...]) -> list[str]:
+    """The values of keys (`index-url`, `registry`, ...) in a tool's configuration listing."""
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    found = []
+    for line in out.splitlines():
+        name, _, value = line.partition("=")
+        if value and name.strip().rsplit(".", 1)[-1] in keys:
+            found += shlex.split(value.strip(), posix=True)
+    return found
+
+
+def proxies(env: dict[str, str]) -> list[str]:
+    return [v for k, v in env.items() if k.lower().endswith("_proxy") and k.lower() != "no_proxy"]
+
+
+def _confined(
+    argv: list[str],
+    workdir: str,
+    readable: list[str],
+    env: dict[str, str],
+    uid: int,
+    on_output: Callable[[bytes], None] | None,
+) -> subprocess.CompletedProcess:
+    root = os.geteuid() == 0
+    if root:
         os.chown(workdir, uid, uid)
         for dirpath, dirnames, filenames in os.walk(workdir):
             for name in dirnames + filenames:
@@ -93,7 +171,7 @@ def run(
         if root:
             log.warning(
                 "layer build runs as uid %d without a tree of its own (it sees this container's files as any "
-                "unprivileged user would; its processes are ended by a sweep of its uid): %s",
+                "unprivileged user would; what it leaves running is ended by a subreaper of its own): %s",
                 uid,
                 refused,
             )
@@ -155,13 +233,8 @@ def _plain_plan(argv: list[str], workdir: str, env: dict[str, str]) -> dict:
 def _run_without_tree(
     argv: list[str], workdir: str, env: dict[str, str], uid: int, on_output: Callable[[bytes], None] | None
 ) -> subprocess.CompletedProcess:
-    """The build as uid with no groups, capabilities or new privileges, its /tmp a directory of its own; every
-    process of uid killed before and after it."""
-    from runtimes.jail import sweep
-
-    killed = sweep.kill_strays(uid)
-    if killed:
-        log.warning("killed %d process(es) of the build uid %d left from an earlier build", len(killed), uid)
+    """The build as uid with no groups, capabilities or new privileges, its /tmp a directory of its own, under a
+    subreaper of its own that ends every process it left once it has ended (_reap_all)."""
     private_tmp = tempfile.mkdtemp(prefix="sandlot-build-tmp-")
     os.chown(private_tmp, uid, uid)
     plan = {
@@ -172,13 +245,11 @@ def _run_without_tree(
         "env": {**env, "TMPDIR": private_tmp},
         "root": "",
         "writable": [private_tmp],
+        "reap": True,
     }
     try:
         return _run_and_echo(_confining(sys.executable, plan), dict(os.environ), "/", on_output)
     finally:
-        killed = sweep.kill_strays(uid)
-        if killed:
-            log.warning("killed %d process(es) the layer build left running", len(killed))
         shutil.rmtree(private_tmp, ignore_errors=True)
 
 
@@ -224,9 +295,18 @@ def _run_and_echo(
 def _confine_and_exec(plan: dict) -> None:
     linux.set_parent_death_signal(signal.SIGKILL)  # the service gone, the build goes too
     workdir, uid, gid = plan["workdir"], plan["uid"], plan["gid"]
-    if not plan["root"]:  # no namespace to be had: this process becomes the build
+    if not plan["root"]:  # no namespace to be had
+        filter_ = _untraceable()
+        if plan.get("reap"):
+            # As root: every orphan of the build comes to this process, which outlives it, and is ended with it
+            linux.prctl(PR_SET_CHILD_SUBREAPER, 1)
+            build = os.fork()
+            if build:
+                status = _wait_for(build)
+                _reap_all()
+                os._exit(_exit_code(status))
         _drop(uid, gid, in_user_namespace=False)
-        _restrict((workdir, *plan.get("writable", ())), _untraceable())
+        _restrict((workdir, *plan.get("writable", ())), filter_)
         os.chdir(workdir)
         os.execve(plan["argv"][0], plan["argv"], plan["env"])
     if plan["user_namespace"]:
@@ -263,6 +343,43 @@ def _wait_for(pid: int) -> int:
             return 1 << 8
         if ended == pid:
             return status
+
+
+PR_SET_CHILD_SUBREAPER = 36
+REAP_ROUNDS = 5000
+
+
+def _children() -> list[int]:
+    me, found = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(b")") + 2 :].split()[1]) == me:
+                found.append(int(entry))
+    return found
+
+
+def _reap_all() -> None:
+    """SIGKILL every child of this subreaper (the build's orphans come to it) and reap them, until none is left.
+    A process of the build cannot signal this one (root's), nor leave the subreaper's care: only its death would
+    send orphans to init, and then its parent-death signal has ended the build's first process too."""
+    for _ in range(REAP_ROUNDS):
+        for pid in _children():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            return  # no child left, live or dead
+        time.sleep(0.001)
+    sys.stderr.write("sandlot: processes of the build kept appearing; some may be left\n")
 
 
 def _exit_code(status: int) -> int:

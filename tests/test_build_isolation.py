@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -27,6 +28,8 @@ BUILD_UID = 1_499_999_999
 DAEMON = r"""
 import json, os, signal, sys, time
 token, layer, work, targets = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+work = os.environ["HOME"] if work == "HOME" else work  # pip's HOME is the layer it builds
+extra = sys.argv[5:]  # more places to plant into: the data directory, the packages list
 if os.fork():  # the build itself: it goes on (for a while) once the daemon has looked around
     for _ in range(200):
         if os.path.exists(os.path.join(work, "findings.json")):
@@ -49,11 +52,18 @@ for pid in targets:
         found.append(f"may signal {pid}")
     except (ProcessLookupError, PermissionError):
         pass
-for place in (layer, os.path.join(layer, "requests")):
+for place in (layer, os.path.join(layer, "requests"), *extra):
     try:
         with open(os.path.join(place, "planted-" + token), "w") as f:
             f.write("x")
         found.append(f"wrote into {place}")
+    except OSError:
+        pass
+    try:
+        for name in os.listdir(place):
+            if name.endswith(".json"):
+                with open(os.path.join(place, name), "a"):
+                    found.append(f"opened {name} in {place} for writing")
     except OSError:
         pass
 with open(os.path.join(work, "findings.json.new"), "w") as f:
@@ -62,7 +72,11 @@ os.rename(os.path.join(work, "findings.json.new"), os.path.join(work, "findings.
 for fd in range(0, 3):
     os.close(fd)
 while True:  # a leftover that would plant into whatever comes next
-    for place in (layer, work):
+    try:
+        later = [os.path.join(os.path.dirname(layer), n) for n in os.listdir(os.path.dirname(layer))]
+    except OSError:
+        later = []
+    for place in (layer, work, *later):
         try:
             open(os.path.join(place, "later-" + token), "w").close()
         except OSError:
@@ -297,6 +311,142 @@ def test_build_code_finds_nothing_and_is_gone_when_its_build_ends(tool, mode, pl
     finally:
         neighbour.kill()
         neighbour.wait()
+        for pid in alive_with(token):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+CONNECT = r"""
+import socket, sys
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=3).close()
+    print("reached")
+except OSError as exc:
+    print("refused", type(exc).__name__)
+"""
+
+
+@needs_root
+def test_a_build_reaches_no_loopback_service(place):
+    """As root the build uid's sockets get the runs' egress rules: a loopback canary (the service's own port,
+    say) is never reached; the metadata address and private ranges fall under the same rules."""
+    from layers import isolation
+
+    canary = socket.socket()
+    canary.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    canary.bind(("127.0.0.1", 18611))
+    canary.listen(8)
+    canary.settimeout(0.5)
+    _layer, work = layout(place, 0)
+    try:
+        result = isolation.run(
+            [sys.executable, "-c", CONNECT, "18611"], str(work), [sys.prefix, sys.base_prefix], {}, BUILD_UID
+        )
+        assert result.stdout.decode().split()[0] == "refused", result.stdout
+        with pytest.raises(TimeoutError):
+            canary.accept()
+    finally:
+        canary.close()
+
+
+# ---- the whole case through a service: an operator adds an sdist whose setup.py starts the daemon ----------
+
+ADMIN_KEY = "admin-" + os.urandom(8).hex()
+
+
+def _service(mode: str, data: str, source: Path, base: Path):
+    from service import Service
+
+    env = {
+        "SANDLOT_PYTHON_REQUIREMENTS": str(base / "requirements.txt"),
+        "SANDLOT_NODEJS_PACKAGE": str(base / "package.json"),
+        "SANDLOT_PIP_FIND_LINKS": str(source),
+        "SANDLOT_DATA_DIR": data,
+        "SANDLOT_ADMIN_KEY": ADMIN_KEY,
+        "MAX_WORKERS": "1",
+    }
+    if mode == "userns":
+        return unprivileged.service(**env)
+    if mode == "chroot":
+        return Service(launcher=standin(DOCKER_DEFAULT), **env)
+    if mode == "reduced":
+        env["SANDLOT_JAIL"] = "reduced"
+    return Service(**env)
+
+
+def _build(svc, method: str, **kwargs) -> dict:
+    import httpx
+
+    with httpx.Client(base_url=svc.url, headers={"X-Api-Key": ADMIN_KEY}, timeout=60) as client:
+        build_id = client.request(method, "/v1/sandlot/packages", **kwargs).json()["data"]["build"]["id"]
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            build = client.get(f"/v1/sandlot/builds/{build_id}", params={"tail": 1000}).json()["data"]
+            if build["state"] in ("succeeded", "failed"):
+                return build
+            time.sleep(0.2)
+    raise AssertionError(f"build {build_id} did not end:\n{svc.output()[-3000:]}")
+
+
+@needs_root
+@pytest.mark.parametrize("mode", ["full", "reduced", "userns", "chroot"])
+def test_an_added_sdist_whose_setup_py_starts_a_daemon_finds_nothing_and_leaves_nothing(mode, place, build_wheels):
+    from service import descendants
+
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    owner = unprivileged.NOBODY if mode == "userns" else 0
+    token = "sandlot-daemon-" + os.urandom(4).hex()
+    base, source, data = place / "base", place / "source", place / "data"
+    for path in (base, source, data):
+        path.mkdir()
+        os.chown(path, owner, owner)
+    (base / "requirements.txt").write_text("setuptools\n")
+    (base / "package.json").write_text('{"name": "layer", "version": "1.0.0", "private": true}\n')
+    for wheel in build_wheels.iterdir():
+        shutil.copy(wheel, source)
+    for path in [place, base, source, *base.iterdir(), *source.iterdir()]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    svc = _service(mode, str(data), source, base).start()
+    try:
+        detail = svc.detail()["runtimes"]
+        python_layer = detail["python3"]["layer"]
+        # the service, its zygotes and ready children (Node's among them, dumpable after its exec)
+        targets = [svc.process.pid, *descendants(svc.process.pid)]
+        extra = [str(data), str(data / "packages")]
+        if "nodejs" in detail:
+            extra.append(detail["nodejs"]["layer"])
+        hostile_sdist(source, [token, python_layer, "HOME", json.dumps(targets), *extra])
+        for path in source.iterdir():
+            path.chmod(0o644)
+        build = _build(svc, "POST", json={"language": "python3", "specs": ["sandlot-hostile==1.0"]})
+        assert build["state"] == "succeeded", build["error"] + svc.output()[-4000:]
+        time.sleep(0.5)
+        assert alive_with(token) == [], f"the setup.py daemon outlived its build ({mode})"
+        new_layer = Path(build["layer"])
+        findings = json.loads((new_layer / "findings.json").read_text())
+        assert findings == [], findings
+        # sealed before any run sees it: nothing in it writable by the build's uid or by others
+        for path in [new_layer, *new_layer.rglob("*")]:
+            info = path.lstat()
+            if not path.is_symlink():
+                assert info.st_uid in (0, owner) and not info.st_mode & 0o022, path
+        # a later build (the package removed): nothing planted in it either
+        later = _build(svc, "DELETE", params=[("language", "python3"), ("name", "sandlot-hostile")])
+        assert later["state"] == "succeeded", later["error"]
+        # what it wrote into its own layer while its build ran is its own (and served sealed): nothing elsewhere
+        planted = [
+            os.path.join(top, name)
+            for top, dirs, files in os.walk(data)  # (trees being replaced meanwhile: errors ignored)
+            for name in dirs + files
+            if token in name and new_layer.name not in top
+        ]
+        assert planted == []
+        assert svc.run("print('served')")["data"]["stdout"] == "served\n"
+    finally:
+        svc.stop()
         for pid in alive_with(token):
             try:
                 os.kill(pid, 9)
