@@ -415,8 +415,11 @@ def _restrict(writable: tuple[str, ...], filter_) -> None:
         sys.stderr.write("sandlot: no Landlock here: the build's writes are bounded by its uid and tree alone\n")
     if filter_ is None:
         sys.stderr.write("sandlot: libseccomp is missing: the build runs without its seccomp filter\n")
-    else:
+        return
+    try:
         filter_.load()
+    except OSError as exc:  # a platform refusing seccomp filters (an outer profile): as builds always ran there
+        sys.stderr.write(f"sandlot: the build's seccomp filter could not be loaded here ({exc})\n")
 
 
 def _untraceable():
