@@ -31,8 +31,11 @@ scripts): never with the service's privileges, never past the build's end.
 Egress, as root: the build uid's sockets get the runs' nft rules (no loopback,
 metadata address, private range or address of the host) while it runs, with the
 package index or mirror, its file host and the configured proxies excepted
-(builds_egress). Without root the build shares the host's network (runs get a
-namespace of their own with pasta; builds do not yet).
+(builds_egress). Without root, as the runs: the build's user namespace has a
+network namespace of its own holding the same rules (nft inside it, the host's
+addresses refused by name), out through pasta (runtimes/jail/userspace_net.py),
+the index, mirror and proxies excepted; pasta ends with the build. Where that
+cannot be had the build shares the host's network, and the log says so.
 
     python -m layers.isolation '<json plan>'   # execs the build command (or isolation.main)
 """
@@ -40,12 +43,15 @@ namespace of their own with pasta; builds do not yet).
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import os
+import select
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -98,7 +104,7 @@ def run(
         _check_uid(uid)
         with builds_egress(uid, reaches):
             return _confined(argv, workdir, readable, env, uid, on_output)
-    return _confined(argv, workdir, readable, env, uid, on_output)
+    return _confined(argv, workdir, readable, env, uid, on_output, reaches)
 
 
 @contextmanager
@@ -159,6 +165,7 @@ def _confined(
     env: dict[str, str],
     uid: int,
     on_output: Callable[[bytes], None] | None,
+    reaches: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
     root = os.geteuid() == 0
     if root:
@@ -198,12 +205,87 @@ def _confined(
         "env": env,
         "root": tempfile.mkdtemp(prefix="sandlot-build-root-"),
     }
+    network = None if root else _namespace_network(reaches)
     if not root:
         os.chmod(plan["root"], 0o755)
+        plan["netns_ruleset"] = network.ruleset() if network else ""
     try:
-        return _run_and_echo(_confining(interpreter, plan), dict(os.environ), "/", on_output)
+        if network is None:
+            return _run_and_echo(_confining(interpreter, plan), dict(os.environ), "/", on_output)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        plan["netns_socket"] = theirs.fileno()
+        with ours, theirs:
+            return _run_and_echo(
+                _confining(interpreter, plan),
+                dict(os.environ),
+                "/",
+                on_output,
+                pass_fds=(theirs.fileno(),),
+                started=lambda: (theirs.close(), _give_way_out(network, ours)),
+            )
     finally:
         os.rmdir(plan["root"])
+
+
+def _namespace_network(reaches: tuple[str, ...]):
+    """Without root: the build's network namespace with the runs' rules (runtimes/jail/userspace_net.py), out
+    through pasta, the index and proxies excepted; None where that cannot be had (the build then shares the
+    host's network, and the log says so)."""
+    from runtimes.jail.egress import proxy_endpoints
+    from runtimes.jail.protections import platform_protections
+    from runtimes.jail.userspace_net import NamespaceNetwork
+
+    record = platform_protections()
+    pasta = shutil.which("pasta")
+    if not (record.net_namespaces and record.netns_egress and pasta):
+        why = "no pasta (apt-get install passt)" if not pasta else "no network namespace with nftables here"
+        log.warning("layer build's egress is not filtered: %s", why)
+        return None
+    return NamespaceNetwork(netns=True, pasta=pasta, proxies=tuple(proxy_endpoints(list(reaches))))
+
+
+NETNS_TIMEOUT = 10.0
+_pastas: list[subprocess.Popen] = []
+
+
+def _give_way_out(network, control: socket.socket) -> None:
+    """The build's namespaces (sent by its first process) get pasta; the build goes on once pasta is ready.
+    pasta ends with the build (stop_pasta, after the build) or with the service (its parent-death signal)."""
+    from runtimes.jail.userspace_net import _die_with_parent
+
+    control.settimeout(NETNS_TIMEOUT)
+    try:
+        _message, fds, _flags, _address = socket.recv_fds(control, 16, 2)
+    except OSError:
+        return  # the bootstrap failed before its namespaces existed: its output says why
+    if len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        return
+    ready, written = os.pipe2(os.O_CLOEXEC)
+    try:
+        process = subprocess.Popen(
+            network.pasta_command(fds[0], fds[1], f"/proc/self/fd/{written}"),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={},
+            cwd="/",
+            pass_fds=(fds[0], fds[1], written),
+            preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+        )
+        _pastas.append(process)
+        os.close(written)
+        written = -1
+        if select.select([ready], [], [], NETNS_TIMEOUT)[0] and os.read(ready, 64):
+            control.send(b"g")
+        else:
+            log.warning("layer build's network: pasta did not start; the build has no way out")
+            control.send(b"n")
+    finally:
+        for fd in (*fds, ready, written):
+            if fd >= 0:
+                os.close(fd)
 
 
 def _check_uid(uid: int) -> None:
@@ -278,17 +360,35 @@ def _confining(interpreter: str, plan: dict) -> list[str]:
 
 
 def _run_and_echo(
-    argv: list[str], env: dict[str, str], cwd: str, on_output: Callable[[bytes], None] | None = None
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    on_output: Callable[[bytes], None] | None = None,
+    pass_fds: tuple[int, ...] = (),
+    started: Callable[[], object] | None = None,
 ) -> subprocess.CompletedProcess:
-    process = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    lines = []
-    assert process.stdout is not None
-    for raw in process.stdout:  # the tool's own progress, for the operator, as it comes
-        sys.stderr.write(raw.decode(errors="replace"))
-        lines.append(raw)
-        if on_output is not None:
-            on_output(raw)
-    process.wait()
+    process = subprocess.Popen(
+        argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=pass_fds
+    )
+    try:
+        if started is not None:
+            started()
+        lines = []
+        assert process.stdout is not None
+        for raw in process.stdout:  # the tool's own progress, for the operator, as it comes
+            sys.stderr.write(raw.decode(errors="replace"))
+            lines.append(raw)
+            if on_output is not None:
+                on_output(raw)
+        process.wait()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        while _pastas:
+            pasta = _pastas.pop()
+            pasta.kill()
+            pasta.wait()
     return subprocess.CompletedProcess(argv, process.returncode, b"".join(lines), b"")
 
 
@@ -311,8 +411,11 @@ def _confine_and_exec(plan: dict) -> None:
         os.execve(plan["argv"][0], plan["argv"], plan["env"])
     if plan["user_namespace"]:
         proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        linux.unshare(linux.CLONE_NEWUSER | linux.CLONE_NEWPID)
+        netns = plan.get("netns_socket", -1) >= 0
+        linux.unshare(linux.CLONE_NEWUSER | linux.CLONE_NEWPID | (linux.CLONE_NEWNET if netns else 0))
         namespaces.map_own_ids(proc, uid, gid)
+        if netns:
+            _join_network(plan, proc)
         os.close(proc)
     else:
         linux.unshare(linux.CLONE_NEWPID)
@@ -332,6 +435,25 @@ def _confine_and_exec(plan: dict) -> None:
         finally:
             os._exit(127)
     os._exit(_exit_code(_wait_for(build)))
+
+
+def _join_network(plan: dict, proc: int) -> None:
+    """In the build's new network namespace: the runs' egress rules, then pasta from the service (which needs
+    the namespaces' fds: this process is not dumpable, its /proc/<pid>/ns closed to it)."""
+    from runtimes.jail import nftables
+
+    nftables.run(plan["netns_ruleset"])
+    control = socket.socket(fileno=plan["netns_socket"])
+    spaces = [os.open(f"self/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc) for kind in ("user", "net")]
+    try:
+        socket.send_fds(control, [b"n"], spaces)
+    finally:
+        for fd in spaces:
+            os.close(fd)
+    answer = control.recv(16)
+    control.close()
+    if answer != b"g":
+        sys.stderr.write("sandlot: the build's network namespace has no way out (pasta did not start)\n")
 
 
 def _wait_for(pid: int) -> int:

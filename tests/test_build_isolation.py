@@ -320,35 +320,70 @@ def test_build_code_finds_nothing_and_is_gone_when_its_build_ends(tool, mode, pl
 
 CONNECT = r"""
 import socket, sys
-try:
-    socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=3).close()
-    print("reached")
-except OSError as exc:
-    print("refused", type(exc).__name__)
+for port in sys.argv[1:]:
+    try:
+        socket.create_connection(("127.0.0.1", int(port)), timeout=3).close()
+        print(port, "reached")
+    except OSError as exc:
+        print(port, "refused", type(exc).__name__)
+"""
+
+RUN_CONNECT = """
+import json, os, sys
+from layers import isolation
+work, python, code, mirror = sys.argv[1:5]
+result = isolation.run(
+    [python, "-c", code, *sys.argv[5:]], work, [os.path.dirname(os.path.dirname(python)), sys.base_prefix], {},
+    int(os.environ["BUILD_UID"]), reaches=(mirror,),
+)
+print(json.dumps(result.stdout.decode(errors="replace")))
 """
 
 
-@needs_root
-def test_a_build_reaches_no_loopback_service(place):
-    """As root the build uid's sockets get the runs' egress rules: a loopback canary (the service's own port,
-    say) is never reached; the metadata address and private ranges fall under the same rules."""
-    from layers import isolation
+def canary(port: int) -> socket.socket:
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(8)
+    listener.settimeout(0.5)
+    return listener
 
-    canary = socket.socket()
-    canary.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    canary.bind(("127.0.0.1", 18611))
-    canary.listen(8)
-    canary.settimeout(0.5)
-    _layer, work = layout(place, 0)
+
+@needs_root
+@pytest.mark.parametrize("mode", ["full", "userns"])
+def test_a_build_reaches_its_mirror_and_no_other_loopback_service(mode, place):
+    """The build's egress is the runs': a loopback canary (the service's own port, say) is never reached; the
+    metadata address and private ranges fall under the same rules. The configured mirror (here on loopback) is
+    reached. As root by nft rules on the build uid; as uid 65534 in a network namespace of the build's own, out
+    through pasta."""
+    if mode == "userns" and unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    owner = unprivileged.NOBODY if mode == "userns" else 0
+    python = unprivileged.venv_python() if mode == "userns" else sys.executable
+    identity = {"user": owner, "group": owner, "extra_groups": []} if owner else {}
+    _layer, work = layout(place, owner)
+    forbidden, mirror = canary(18611), canary(18612)
     try:
-        result = isolation.run(
-            [sys.executable, "-c", CONNECT, "18611"], str(work), [sys.prefix, sys.base_prefix], {}, BUILD_UID
+        result = subprocess.run(
+            [python, "-c", RUN_CONNECT, str(work), python, CONNECT, "http://127.0.0.1:18612/simple", "18611", "18612"],
+            env={**os.environ, "PYTHONPATH": unprivileged.source(), "BUILD_UID": str(BUILD_UID)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd="/",
+            **identity,
         )
-        assert result.stdout.decode().split()[0] == "refused", result.stdout
+        assert result.returncode == 0, result.stderr[-3000:]
+        said = json.loads(result.stdout.splitlines()[-1]).splitlines()
+        assert [line.split()[:2] for line in said if line[:1].isdigit()] == [
+            ["18611", "refused"],
+            ["18612", "reached"],
+        ], said
         with pytest.raises(TimeoutError):
-            canary.accept()
+            forbidden.accept()
     finally:
-        canary.close()
+        forbidden.close()
+        mirror.close()
 
 
 # ---- the whole case through a service: an operator adds an sdist whose setup.py starts the daemon ----------
