@@ -1,33 +1,67 @@
-"""Run a layer build (pip, npm) as an unprivileged user in a tree of its own.
+"""Run a layer build (pip, npm) confined, and end every process it started when it ends.
 
 pip and npm run code from the internet (an sdist's setup.py, a package's
-scripts): never with the service's privileges. As root, the build command runs
-in a fresh mount namespace whose root holds, read-only, only what the tool
-needs (its interpreter, its own package, the files it is configured to read)
-plus a writable scratch directory, as a uid of its own with no groups, no
-capabilities and no_new_privs. Where mount namespaces are refused (a container on
-default privileges: Docker's seccomp profile refuses unshare without SYS_ADMIN)
-the command still runs as that uid, with no groups, no capabilities and
-no_new_privs, and a /tmp of its own, but sees the container's files as any
-unprivileged user would; the log says so. Without root the command runs as the
-service's own user (nothing to drop to).
+scripts): never with the service's privileges, never past the build's end.
 
-    python -m layers.isolation '<json plan>'   # as root; execs the build command (or isolation.main)
+- As root with mount namespaces (`full`, `reduced`): the build runs in a fresh
+  mount and PID namespace. Its root holds, read-only, only what the tool needs
+  (its interpreter, its own package, the files it is configured to read) plus its
+  own writable directory (the new layer) and a tmpfs /tmp; no /proc. It runs as a
+  uid of its own (never the service's or a run's) with no groups, no
+  capabilities and no_new_privs, under Landlock and a seccomp filter that refuses
+  ptrace and process_vm_*. The build's first process is pid 1 of the namespace:
+  when the build command ends, pid 1 exits and the kernel kills everything else
+  the build started.
+- Without root (`userns`): the same, in a user namespace of the build's own (the
+  service has no other uid to give: the build's uid is the service's outside it).
+  It cannot name, signal, trace or open any process outside its PID namespace,
+  and writes nothing but its own layer directory and /tmp.
+- As root where mount namespaces are refused (a container on default
+  privileges, the `chroot` mode): no PID namespace either. The build runs as its
+  uid (SANDLOT_BUILD_UID, outside every uid block: nothing else ever runs as it),
+  with no groups, capabilities or new privileges, the seccomp filter, Landlock
+  where the kernel has it, and a /tmp of its own. Its first process's parent (root)
+  is a subreaper: every orphan of the build comes to it, and once the build command
+  has ended it kills and reaps them all before it exits. It sees the container's
+  files as any unprivileged user would; the log says so.
+- Without root and without user namespaces, the command runs as the service's
+  own user, under Landlock and the seccomp filter; what it leaves behind cannot be
+  told from the service's own processes (the log says so).
+
+Egress, as root: the build uid's sockets get the runs' nft rules (no loopback,
+metadata address, private range or address of the host) while it runs, with the
+package index or mirror, its file host and the configured proxies excepted
+(builds_egress). Without root, as the runs: the build's user namespace has a
+network namespace of its own holding the same rules (nft inside it, the host's
+addresses refused by name), out through pasta (runtimes/jail/userspace_net.py),
+the index, mirror and proxies excepted; pasta ends with the build. Where that
+cannot be had the build shares the host's network, and the log says so.
+
+    python -m layers.isolation '<json plan>'   # execs the build command (or isolation.main)
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import json
 import logging
 import os
+import select
 import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from urllib.parse import urlsplit
 
 from runtimes import linux, tree
+from runtimes.jail import landlock, namespaces
 
 log = logging.getLogger("sandlot.layers")
 
@@ -60,64 +94,240 @@ def run(
     env: dict[str, str],
     uid: int,
     on_output: Callable[[bytes], None] | None = None,
+    reaches: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
-    """Run argv in workdir; as root, confined as described above. Output is captured (and echoed, and handed
-    line by line to on_output: a build's live log)."""
-    if os.geteuid() != 0:
-        return _run_and_echo(argv, env, workdir, on_output)
-    os.chown(workdir, uid, uid)
-    for dirpath, dirnames, filenames in os.walk(workdir):
-        for name in dirnames + filenames:
-            os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
-    interpreter = sys.executable
+    """Run argv in workdir, confined as described above. Output is captured (and echoed, and handed line by line
+    to on_output: a build's live log). reaches: URLs the build must reach whatever their address (the package
+    index or mirror, the proxies); as root, its egress is otherwise the runs' (see builds_egress)."""
+    root = os.geteuid() == 0
+    if root:
+        _check_uid(uid)
+        with builds_egress(uid, reaches):
+            return _confined(argv, workdir, readable, env, uid, on_output)
+    return _confined(argv, workdir, readable, env, uid, on_output, reaches)
+
+
+@contextmanager
+def builds_egress(uid: int, reaches: tuple[str, ...]) -> Iterator[None]:
+    """As root, the build uid's sockets get the runs' egress rules (runtimes/jail/egress.py: no loopback, no
+    metadata address, no private range, no address of the host) while the build runs, the package index,
+    mirror and proxies excepted. Where nft cannot install them the log says so and the build goes on."""
+    from runtimes.jail.egress import EgressFilter
+
+    rules = EgressFilter(uid, uid, proxies=tuple(url for url in reaches if url))
+    if not rules.install():
+        log.warning("layer build's egress is not filtered: %s", rules.error)
+    try:
+        yield
+    finally:
+        rules.remove()
+
+
+def reached(urls: list[str]) -> tuple[str, ...]:
+    """The http(s) URLs among urls (an index, a registry, a mirror, a proxy), each as host:port, for the egress
+    rules' exceptions (port: the URL's own, else its scheme's)."""
+    found = []
+    for url in urls:
+        for word in url.split():
+            parts = urlsplit(word if "://" in word else f"http://{word}")
+            if parts.scheme not in ("http", "https", "socks5", "socks5h", "socks4") or not parts.hostname:
+                continue
+            try:
+                port = parts.port or (443 if parts.scheme == "https" else 1080 if parts.scheme[:5] == "socks" else 80)
+            except ValueError:
+                continue
+            found.append(f"http://{parts.hostname}:{port}")
+    return tuple(dict.fromkeys(found))
+
+
+def configured_urls(command: list[str], keys: tuple[str, ...]) -> list[str]:
+    """The values of keys (`index-url`, `registry`, ...) in a tool's configuration listing."""
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    found = []
+    for line in out.splitlines():
+        name, _, value = line.partition("=")
+        if value and name.strip().rsplit(".", 1)[-1] in keys:
+            found += shlex.split(value.strip(), posix=True)
+    return found
+
+
+def proxies(env: dict[str, str]) -> list[str]:
+    return [v for k, v in env.items() if k.lower().endswith("_proxy") and k.lower() != "no_proxy"]
+
+
+def _confined(
+    argv: list[str],
+    workdir: str,
+    readable: list[str],
+    env: dict[str, str],
+    uid: int,
+    on_output: Callable[[bytes], None] | None,
+    reaches: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess:
+    root = os.geteuid() == 0
+    if root:
+        os.chown(workdir, uid, uid)
+        for dirpath, dirnames, filenames in os.walk(workdir):
+            for name in dirnames + filenames:
+                os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
     refused = _no_tree_here()
     if refused:
+        if root:
+            log.warning(
+                "layer build runs as uid %d without a tree of its own (it sees this container's files as any "
+                "unprivileged user would; what it leaves running is ended by a subreaper of its own): %s",
+                uid,
+                refused,
+            )
+            return _run_without_tree(argv, workdir, env, uid, on_output)
         log.warning(
-            "layer build runs as uid %d without a tree of its own (it sees this container's files as any "
-            "unprivileged user would): %s",
-            uid,
+            "layer build runs as the service's own uid without a tree or PID namespace of its own (what it leaves "
+            "running cannot be told from the service's own processes): %s",
             refused,
         )
-        return _run_without_tree(argv, workdir, env, uid, on_output)
+        return _run_and_echo(
+            _confining(sys.executable, _plain_plan(argv, workdir, env)), dict(os.environ), "/", on_output
+        )
+    interpreter = sys.executable
     spec = tree.TreeSpec(tmp_replaced=False)  # the build's /tmp is mounted first, under the binds
     spec.add(*readable, *BUILD_FILES, *tree.SYSTEM_FILES)
     spec.add(*tree.shared_libraries([os.path.realpath(interpreter), *readable_elves(readable)]))
     plan = {
         "spec": spec.to_dict(),
         "workdir": workdir,
-        "uid": uid,
+        "uid": uid if root else os.getuid(),
+        "gid": uid if root else os.getgid(),
+        "user_namespace": not root,
         "argv": argv,
         "env": env,
         "root": tempfile.mkdtemp(prefix="sandlot-build-root-"),
     }
+    network = None if root else _namespace_network(reaches)
+    if not root:
+        os.chmod(plan["root"], 0o755)
+        plan["netns_ruleset"] = network.ruleset() if network else ""
     try:
-        return _run_and_echo(_confining(interpreter, plan), dict(os.environ), "/", on_output)
+        if network is None:
+            return _run_and_echo(_confining(interpreter, plan), dict(os.environ), "/", on_output)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        plan["netns_socket"] = theirs.fileno()
+        with ours, theirs:
+            return _run_and_echo(
+                _confining(interpreter, plan),
+                dict(os.environ),
+                "/",
+                on_output,
+                pass_fds=(theirs.fileno(),),
+                started=lambda: (theirs.close(), _give_way_out(network, ours)),
+            )
     finally:
         os.rmdir(plan["root"])
 
 
+def _namespace_network(reaches: tuple[str, ...]):
+    """Without root: the build's network namespace with the runs' rules (runtimes/jail/userspace_net.py), out
+    through pasta, the index and proxies excepted; None where that cannot be had (the build then shares the
+    host's network, and the log says so)."""
+    from runtimes.jail.egress import proxy_endpoints
+    from runtimes.jail.protections import platform_protections
+    from runtimes.jail.userspace_net import NamespaceNetwork
+
+    record = platform_protections()
+    pasta = shutil.which("pasta")
+    if not (record.net_namespaces and record.netns_egress and pasta):
+        why = "no pasta (apt-get install passt)" if not pasta else "no network namespace with nftables here"
+        log.warning("layer build's egress is not filtered: %s", why)
+        return None
+    return NamespaceNetwork(netns=True, pasta=pasta, proxies=tuple(proxy_endpoints(list(reaches))))
+
+
+NETNS_TIMEOUT = 10.0
+_pastas: list[subprocess.Popen] = []
+
+
+def _give_way_out(network, control: socket.socket) -> None:
+    """The build's namespaces (sent by its first process) get pasta; the build goes on once pasta is ready.
+    pasta ends with the build (stop_pasta, after the build) or with the service (its parent-death signal)."""
+    from runtimes.jail.userspace_net import _die_with_parent
+
+    control.settimeout(NETNS_TIMEOUT)
+    try:
+        _message, fds, _flags, _address = socket.recv_fds(control, 16, 2)
+    except OSError:
+        return  # the bootstrap failed before its namespaces existed: its output says why
+    if len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        return
+    ready, written = os.pipe2(os.O_CLOEXEC)
+    try:
+        process = subprocess.Popen(
+            network.pasta_command(fds[0], fds[1], f"/proc/self/fd/{written}"),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={},
+            cwd="/",
+            pass_fds=(fds[0], fds[1], written),
+            preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+        )
+        _pastas.append(process)
+        os.close(written)
+        written = -1
+        if select.select([ready], [], [], NETNS_TIMEOUT)[0] and os.read(ready, 64):
+            control.send(b"g")
+        else:
+            log.warning("layer build's network: pasta did not start; the build has no way out")
+            control.send(b"n")
+    finally:
+        for fd in (*fds, ready, written):
+            if fd >= 0:
+                os.close(fd)
+
+
+def _check_uid(uid: int) -> None:
+    """The build's uid is its own: never root's, the service's or one a run may have."""
+    if uid <= 0 or uid == os.getuid():
+        raise ValueError(f"refusing to run a layer build as uid {uid}")
+
+
 def _no_tree_here() -> str:
-    """Why a build cannot have a tree of its own here ("" where it can): no mount namespace."""
+    """Why a build cannot have a tree (and PID namespace) of its own here ("" where it can)."""
     from runtimes.jail.protections import platform_protections
 
     record = platform_protections()
-    if record.mount_namespaces:
+    if record.mount_namespaces and record.pid_namespaces and (os.geteuid() == 0 or record.user_namespaces):
         return ""
-    return f"mount namespaces are refused ({record.errors.get('mount_namespaces', 'not available')})"
+    if not record.mount_namespaces:
+        return f"mount namespaces are refused ({record.errors.get('mount_namespaces', 'not available')})"
+    if not record.pid_namespaces:
+        return f"PID namespaces are refused ({record.errors.get('pid_namespaces', 'not available')})"
+    return f"user namespaces are refused ({record.errors.get('user_namespaces', 'not available')})"
+
+
+def _plain_plan(argv: list[str], workdir: str, env: dict[str, str]) -> dict:
+    return {"workdir": workdir, "uid": os.getuid(), "gid": os.getgid(), "argv": argv, "env": env, "root": ""}
 
 
 def _run_without_tree(
     argv: list[str], workdir: str, env: dict[str, str], uid: int, on_output: Callable[[bytes], None] | None
 ) -> subprocess.CompletedProcess:
-    """The build as uid with no groups, capabilities or new privileges, its /tmp a directory of its own."""
+    """The build as uid with no groups, capabilities or new privileges, its /tmp a directory of its own, under a
+    subreaper of its own that ends every process it left once it has ended (_reap_all)."""
     private_tmp = tempfile.mkdtemp(prefix="sandlot-build-tmp-")
     os.chown(private_tmp, uid, uid)
     plan = {
         "workdir": workdir,
         "uid": uid,
+        "gid": uid,
         "argv": argv,
         "env": {**env, "TMPDIR": private_tmp},
         "root": "",
+        "writable": [private_tmp],
+        "reap": True,
     }
     try:
         return _run_and_echo(_confining(sys.executable, plan), dict(os.environ), "/", on_output)
@@ -150,30 +360,203 @@ def _confining(interpreter: str, plan: dict) -> list[str]:
 
 
 def _run_and_echo(
-    argv: list[str], env: dict[str, str], cwd: str, on_output: Callable[[bytes], None] | None = None
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    on_output: Callable[[bytes], None] | None = None,
+    pass_fds: tuple[int, ...] = (),
+    started: Callable[[], object] | None = None,
 ) -> subprocess.CompletedProcess:
-    process = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    lines = []
-    assert process.stdout is not None
-    for raw in process.stdout:  # the tool's own progress, for the operator, as it comes
-        sys.stderr.write(raw.decode(errors="replace"))
-        lines.append(raw)
-        if on_output is not None:
-            on_output(raw)
-    process.wait()
+    process = subprocess.Popen(
+        argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=pass_fds
+    )
+    try:
+        if started is not None:
+            started()
+        lines = []
+        assert process.stdout is not None
+        for raw in process.stdout:  # the tool's own progress, for the operator, as it comes
+            sys.stderr.write(raw.decode(errors="replace"))
+            lines.append(raw)
+            if on_output is not None:
+                on_output(raw)
+        process.wait()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        while _pastas:
+            pasta = _pastas.pop()
+            pasta.kill()
+            pasta.wait()
     return subprocess.CompletedProcess(argv, process.returncode, b"".join(lines), b"")
 
 
 def _confine_and_exec(plan: dict) -> None:
-    workdir, uid = plan["workdir"], plan["uid"]
-    if plan["root"]:
-        tree.build_and_enter(plan["spec"], plan["root"], writable=(workdir,), tmp_options="size=2g,mode=1777")
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
+    linux.set_parent_death_signal(signal.SIGKILL)  # the service gone, the build goes too
+    workdir, uid, gid = plan["workdir"], plan["uid"], plan["gid"]
+    if not plan["root"]:  # no namespace to be had
+        filter_ = _untraceable()
+        if plan.get("reap"):
+            # As root: every orphan of the build comes to this process, which outlives it, and is ended with it
+            linux.prctl(PR_SET_CHILD_SUBREAPER, 1)
+            build = os.fork()
+            if build:
+                status = _wait_for(build)
+                _reap_all()
+                os._exit(_exit_code(status))
+        _drop(uid, gid, in_user_namespace=False)
+        _restrict((workdir, *plan.get("writable", ())), filter_)
+        os.chdir(workdir)
+        os.execve(plan["argv"][0], plan["argv"], plan["env"])
+    if plan["user_namespace"]:
+        proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        netns = plan.get("netns_socket", -1) >= 0
+        linux.unshare(linux.CLONE_NEWUSER | linux.CLONE_NEWPID | (linux.CLONE_NEWNET if netns else 0))
+        namespaces.map_own_ids(proc, uid, gid)
+        if netns:
+            _join_network(plan, proc)
+        os.close(proc)
+    else:
+        linux.unshare(linux.CLONE_NEWPID)
+    first = os.fork()  # pid 1 of the build's namespace: when it exits, the kernel kills the rest
+    if first:
+        os._exit(_exit_code(_wait_for(first)))
+    linux.set_parent_death_signal(signal.SIGKILL)
+    filter_ = _untraceable()
+    tree.build_and_enter(plan["spec"], plan["root"], writable=(workdir,), tmp_options="size=2g,mode=1777")
+    _drop(uid, gid, in_user_namespace=plan["user_namespace"])
+    _restrict((workdir, "/tmp"), filter_)
+    build = os.fork()
+    if build == 0:
+        try:
+            os.chdir(workdir)
+            os.execve(plan["argv"][0], plan["argv"], plan["env"])
+        finally:
+            os._exit(127)
+    os._exit(_exit_code(_wait_for(build)))
+
+
+def _join_network(plan: dict, proc: int) -> None:
+    """In the build's new network namespace: the runs' egress rules, then pasta from the service (which needs
+    the namespaces' fds: this process is not dumpable, its /proc/<pid>/ns closed to it)."""
+    from runtimes.jail import nftables
+
+    nftables.run(plan["netns_ruleset"])
+    control = socket.socket(fileno=plan["netns_socket"])
+    spaces = [os.open(f"self/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc) for kind in ("user", "net")]
+    try:
+        socket.send_fds(control, [b"n"], spaces)
+    finally:
+        for fd in spaces:
+            os.close(fd)
+    answer = control.recv(16)
+    control.close()
+    if answer != b"g":
+        sys.stderr.write("sandlot: the build's network namespace has no way out (pasta did not start)\n")
+
+
+def _wait_for(pid: int) -> int:
+    """Reap every child (orphans come to pid 1) until pid has ended; its wait status."""
+    while True:
+        try:
+            ended, status = os.wait()
+        except ChildProcessError:
+            return 1 << 8
+        if ended == pid:
+            return status
+
+
+PR_SET_CHILD_SUBREAPER = 36
+REAP_ROUNDS = 5000
+
+
+def _children() -> list[int]:
+    me, found = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(b")") + 2 :].split()[1]) == me:
+                found.append(int(entry))
+    return found
+
+
+def _reap_all() -> None:
+    """SIGKILL every child of this subreaper (the build's orphans come to it) and reap them, until none is left.
+    A process of the build cannot signal this one (root's), nor leave the subreaper's care: only its death would
+    send orphans to init, and then its parent-death signal has ended the build's first process too."""
+    for _ in range(REAP_ROUNDS):
+        for pid in _children():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            return  # no child left, live or dead
+        time.sleep(0.001)
+    sys.stderr.write("sandlot: processes of the build kept appearing; some may be left\n")
+
+
+def _exit_code(status: int) -> int:
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else 128 - code
+
+
+def _drop(uid: int, gid: int, in_user_namespace: bool) -> None:
+    """No groups, no capabilities, no new privileges; pdeathsig armed again after the credential change."""
+    if in_user_namespace:
+        namespaces.drop_bounding_set()
+        namespaces.clear_capabilities()
+    else:
+        if os.geteuid() == 0:
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+    linux.set_parent_death_signal(signal.SIGKILL)
     linux.set_no_new_privs()
-    os.chdir(workdir)
-    os.execve(plan["argv"][0], plan["argv"], plan["env"])
+
+
+def _restrict(writable: tuple[str, ...], filter_) -> None:
+    """Landlock (writes only to the build's own places) where the kernel has it; seccomp: no ptrace, no
+    process_vm_* (no reaching into another process of the same uid)."""
+    try:
+        abi = landlock.abi_version()
+    except OSError:
+        abi = 0
+    if abi:
+        devices = tuple(d for d in tree.DEVICES if os.path.exists(d))
+        landlock.restrict(abi, tuple(p for p in writable if os.path.isdir(p)), devices)
+    else:
+        sys.stderr.write("sandlot: no Landlock here: the build's writes are bounded by its uid and tree alone\n")
+    if filter_ is None:
+        sys.stderr.write("sandlot: libseccomp is missing: the build runs without its seccomp filter\n")
+        return
+    try:
+        filter_.load()
+    except OSError as exc:  # a platform refusing seccomp filters (an outer profile): as builds always ran there
+        sys.stderr.write(f"sandlot: the build's seccomp filter could not be loaded here ({exc})\n")
+
+
+def _untraceable():
+    """The build's seccomp filter (made before the build's tree is entered: libseccomp is not in it), or None."""
+    try:
+        import pyseccomp
+    except (ImportError, RuntimeError):
+        return None
+    flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    for name in UNTRACEABLE:
+        flt.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+    return flt
+
+
+UNTRACEABLE = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp")
 
 
 def main(plan: str) -> None:

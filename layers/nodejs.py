@@ -17,6 +17,8 @@ from layers import isolation
 from layers.store import LayerBuildError, what_went_wrong
 
 DEFAULT_PACKAGE = Path(__file__).parent / "nodejs" / "package.json"
+DEFAULT_REGISTRY = "https://registry.npmjs.org/"
+REGISTRY_KEYS = ("registry", "proxy", "https-proxy")
 
 
 def package_files(configured: str = "") -> list[Path]:
@@ -49,7 +51,10 @@ def build(
     readable += isolation.configured_paths([node, npm_cli, "config", "list"])
     env = {k: v for k, v in os.environ.items() if k.startswith("npm_config_") or k.lower().endswith("_proxy")}
     env.update({"HOME": str(scratch), "LANG": "C.UTF-8", "PATH": os.path.dirname(node)})
-    result = isolation.run(argv, str(scratch), readable, env, build_uid, on_output)
+    configured = isolation.configured_urls([node, npm_cli, "config", "list"], REGISTRY_KEYS)
+    registry = env.get("npm_config_registry") or DEFAULT_REGISTRY
+    reaches = isolation.reached([registry, *configured, *isolation.proxies(env)])
+    result = isolation.run(argv, str(scratch), readable, env, build_uid, on_output, reaches=reaches)
     if result.returncode != 0:
         raise LayerBuildError(f"npm failed with code {result.returncode}: {what_went_wrong(result.stdout)}")
     (scratch / "node_modules").mkdir(exist_ok=True)

@@ -35,6 +35,9 @@ def requirements_file(configured: str = "") -> Path:
     return DEFAULT_REQUIREMENTS
 
 
+DEFAULT_INDEX = "https://pypi.org/simple"
+FILES_HOST = "https://files.pythonhosted.org"  # where PyPI's pages send pip for the files
+INDEX_KEYS = ("index-url", "extra-index-url", "proxy")
 MERGED = ".sandlot-requirements.txt"  # the build's own requirements, in scratch; gone before the layer is used
 
 
@@ -78,7 +81,12 @@ def build(
     env = {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")}
     env.update({"HOME": str(scratch), "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1"})
     dynload = next((p for p in sys.path if p.endswith("lib-dynload")), "")
-    result = isolation.run(argv, str(scratch), [*readable, dynload], env, build_uid, on_output)
+    # the index (or mirror) and where its files are, the extra indexes, the proxies: the build's only way out
+    configured = isolation.configured_urls([sys.executable, "-m", "pip", "config", "list"], INDEX_KEYS)
+    index = mirror_url or env.get("PIP_INDEX_URL", "") or DEFAULT_INDEX
+    indexes = [index, FILES_HOST, env.get("PIP_EXTRA_INDEX_URL", "")]
+    reaches = isolation.reached([*indexes, *configured, *isolation.proxies(env)])
+    result = isolation.run(argv, str(scratch), [*readable, dynload], env, build_uid, on_output, reaches=reaches)
     source.unlink(missing_ok=True)
     if result.returncode != 0:
         raise LayerBuildError(f"pip failed with code {result.returncode}: {what_went_wrong(result.stdout)}")
