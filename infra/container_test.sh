@@ -15,7 +15,7 @@
 # storage, as is the state under $SANDLOT_CT_DIR (default /var/tmp/sandlot-container-test).
 # Downloads from inside go through this machine's network: its CA files are copied into the stand-in.
 #
-# Needs root, and Debian's podman, runc and debootstrap (installed when missing). Takes about
+# Needs root, and Debian's podman, runc, slirp4netns and debootstrap (installed when missing). Takes about
 # half a minute with the stand-ins made and the image cached (the first time: about 2 minutes more). Not
 # part of `./dev.sh test`: CI runs it first, as root (.ci/run), and anyone can run it alone.
 #
@@ -40,11 +40,12 @@ fail() { say "FAILED: $*"; exit 1; }
 
 [ "$(id -u)" = 0 ] || fail "needs root (podman's rootful storage, debootstrap)"
 missing=()
-for tool in podman runc debootstrap; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+# slirp4netns: the containers' network (below); podman does not pull it in on every Debian release
+for tool in podman runc slirp4netns debootstrap; do command -v "$tool" >/dev/null || missing+=("$tool"); done
 if [ ${#missing[@]} -gt 0 ]; then
     say "installing ${missing[*]}"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends podman runc debootstrap >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 mkdir -p "$STATE"
@@ -75,8 +76,10 @@ if ! podman image exists "$PYTHON_BASE"; then
         apt-get clean && rm -rf /var/lib/apt/lists/*' >"$STATE/apt.log" 2>&1 || fail "apt in the stand-in: see $STATE/apt.log"
     : >"$base/etc/resolv.conf"
     bundle=/etc/ssl/certs/ca-certificates.crt
+    # one --change per variable: podman's import reads `ENV A=1 B=2` as A set to "1 B=2"
     tar -C "$base" -c . | podman import \
-        --change "ENV LANG=C.UTF-8 PIP_CERT=$bundle SSL_CERT_FILE=$bundle REQUESTS_CA_BUNDLE=$bundle" \
+        --change "ENV LANG=C.UTF-8" --change "ENV PIP_CERT=$bundle" --change "ENV SSL_CERT_FILE=$bundle" \
+        --change "ENV REQUESTS_CA_BUNDLE=$bundle" \
         --change 'CMD ["python3"]' --quiet - "$PYTHON_BASE" >/dev/null
     rm -rf "$base"
 fi
