@@ -32,7 +32,7 @@ from runtimes.jail import landlock, nftables
 # Places a run or the service might write to; the record says which are writable here.
 WRITABLE_CANDIDATES = ("/", "/etc", "/usr", "/var/tmp", "/tmp", "/dev/shm")
 TUN_DEVICE = "/dev/net/tun"
-PROBE_UID = 65534  # nobody: any uid other than ours tells whether we may change identity
+PROBE_UID = 65534  # nobody: any uid other than ours tells whether we may change identity (where it is mapped)
 
 
 @dataclass(frozen=True)
@@ -121,8 +121,21 @@ def _chroot() -> None:
     os.chroot("/")
 
 
+def probe_uid() -> int:
+    """An id other than ours that this user namespace maps for uids and gids (a container's own map may lack
+    65534): the ids the runs would get come from the same map (jail/uids.py)."""
+    from runtimes.jail import uids
+
+    ids = uids.IdMap.here()
+    for uid in (PROBE_UID, PROBE_UID - 1):
+        if uid != os.geteuid() and ids.covers(uid, uid + 1):
+            return uid
+    runs = [(first, end) for first, end in ids.free_runs() if not first <= os.geteuid() < end]
+    return runs[0][0] if runs else PROBE_UID
+
+
 def _setuid() -> None:
-    uid = PROBE_UID if os.geteuid() != PROBE_UID else PROBE_UID - 1
+    uid = probe_uid()
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
 

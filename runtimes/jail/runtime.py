@@ -35,7 +35,7 @@ from runtimes.jail.scratch import Scratch
 from runtimes.jail.serial import SerialSchedule
 from runtimes.jail.supervisor import Zygote
 from runtimes.jail.tmpcap import RunDirectories, TmpWatcher
-from runtimes.jail.uids import UidPool
+from runtimes.jail.uids import UidPool, UidPoolExhausted
 from runtimes.jail.userspace_net import REFUSED as REFUSED_PREFIX
 from runtimes.jail.userspace_net import NamespaceNetwork
 from runtimes.jail.userspace_net import plan as plan_network
@@ -129,8 +129,8 @@ class JailedRuntime:
 
     async def _start(self) -> None:
         config = self.config
-        if self.missing():
-            self.refused = self.missing()
+        if self.refused or self.missing():  # refused before start: a layer that could not be built (cli.serve)
+            self.refused = self.refused or self.missing()
             log.warning("%s runs refused: %s", self.language, self.refused)
             return
         try:
@@ -243,7 +243,12 @@ class JailedRuntime:
             return self._tmp_parent
         if os.geteuid() != 0:
             return None
-        self._uids = UidPool(config.uid_base, config.uid_count, "/run/sandlot")
+        try:
+            self._uids = UidPool(config.uid_base, config.uid_count, "/run/sandlot")
+        except UidPoolExhausted as exc:  # a user namespace's map too small: refused, with what it holds
+            raise modes.JailRefused(str(exc)) from exc
+        if self._uids.note:
+            log.warning("%s: %s", self.language, self._uids.note)
         if mode.identity == modes.USER_NAMESPACE:
             self._zygote_uid = self._uids.acquire()
         if mode.egress == modes.NFT_UID:
@@ -426,6 +431,10 @@ class JailedRuntime:
             "preloaded": self.report.get("preloaded", []),
             "preload_failed": self.report.get("preload_failed", {}),
             "huge_pages": self.report.get("huge_pages", 0),  # of the zygote's warm heap (jail/warmheap.py)
+            # the uid block as this platform's user namespace map allows it (jail/uids.py)
+            "uids": {"first": self._uids.first, "size": self._uids.size, "note": self._uids.note}
+            if self._uids
+            else None,
             **(self.pool.status() if self.pool else {}),
             **(self.schedule.status() if self.schedule else {"ready_children": 0}),
         }
