@@ -45,7 +45,9 @@ class Protections:
     dumpable: bool  # PR_SET_DUMPABLE 0 works: /proc/<pid>/{environ,mem,fd} closed to same-uid processes
     pdeathsig: bool  # a child can ask to die with its parent
     user_namespaces: bool
-    mount_namespaces: bool  # as root directly, otherwise inside a new user namespace
+    # as root directly, otherwise inside a new user namespace; and in it every step a tree takes (a private
+    # propagation, a tmpfs, a read-only bind, pivot_root, a detached unmount): a platform may refuse one alone
+    mount_namespaces: bool
     pid_namespaces: bool  # likewise
     net_namespaces: bool  # likewise
     chroot: bool  # chroot/pivot_root into a tree of our own (needs CAP_SYS_CHROOT)
@@ -66,6 +68,10 @@ class Protections:
     # A time namespace per run (Linux >= 5.6, CAP_SYS_ADMIN and CAP_SYS_TIME over our user namespace, or
     # one of our own without root): its CLOCK_MONOTONIC and CLOCK_BOOTTIME start at zero (jail/timens.py)
     time_namespaces: bool = False
+    # sethostname in a UTS namespace of one's own: podman's seccomp profile refuses it to a container without
+    # CAP_SYS_ADMIN although it lets user namespaces through. Cosmetic: where refused, a run's uname() tells
+    # the container's name (the children skip the step; jail/child.py)
+    hostname: bool = True
     errors: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -95,6 +101,39 @@ def _unshare_as_caller(flags: int) -> None:
     if os.geteuid() != 0:
         flags |= linux.CLONE_NEWUSER
     linux.unshare(flags)
+
+
+def _tree_steps() -> None:
+    """What entering a tree takes (tree.build_and_enter, and each child's tmpfs /tmp), in a new mount
+    namespace: a platform's filter may refuse one call alone (pivot_root, mount, umount2)."""
+    uid, gid = os.geteuid(), os.getegid()
+    _unshare_as_caller(linux.CLONE_NEWNS)
+    if uid != 0:  # a user namespace's own ids, as a run's child maps them (namespaces.map_own_ids)
+        from runtimes.jail import namespaces
+
+        proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
+        namespaces.map_own_ids(proc, uid, gid)
+    linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
+    # everything made below lives in this namespace's tmpfs over /tmp: nothing is left on the disk
+    linux.mount("sandlot-probe", "/tmp", "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "size=64k,mode=755")
+    root = "/tmp/root"
+    os.mkdir(root)
+    linux.mount("sandlot-probe", root, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "size=64k,mode=755")
+    for name in ("old", "etc", "tmp"):
+        os.mkdir(os.path.join(root, name))
+    linux.mount("/etc", root + "/etc", None, linux.MS_BIND | linux.MS_REC)
+    linux.mount(None, root + "/etc", None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY | linux.MS_NOSUID)
+    linux.mount("sandlot-tmp", root + "/tmp", "tmpfs", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC, "size=64k")
+    linux.pivot_root(root, root + "/old")
+    os.chdir("/")
+    linux.umount2("/old", linux.MNT_DETACH)  # the throwaway namespace's mounts go with this child
+
+
+def _hostname() -> None:
+    _unshare_as_caller(linux.CLONE_NEWUTS)
+    import socket
+
+    socket.sethostname("sandlot-probe")
 
 
 def _seccomp() -> None:
@@ -224,7 +263,7 @@ _PROBES: dict[str, Callable[[], object]] = {
     "dumpable": lambda: linux.set_dumpable(False),
     "pdeathsig": lambda: linux.set_parent_death_signal(signal.SIGKILL),
     "user_namespaces": lambda: linux.unshare(linux.CLONE_NEWUSER),
-    "mount_namespaces": lambda: _unshare_as_caller(linux.CLONE_NEWNS),
+    "mount_namespaces": _tree_steps,
     "pid_namespaces": lambda: _unshare_as_caller(linux.CLONE_NEWPID),
     "net_namespaces": lambda: _unshare_as_caller(linux.CLONE_NEWNET),
     "chroot": _chroot,
@@ -237,6 +276,7 @@ _PROBES: dict[str, Callable[[], object]] = {
     "host_nft": _host_nft,
     "mknod": _mknod,
     "time_namespaces": _time_namespaces,
+    "hostname": _hostname,
 }
 
 
@@ -309,6 +349,7 @@ def probe() -> Protections:
         host_nft=bool(values["host_nft"]),
         mknod=bool(values["mknod"]),
         time_namespaces=bool(values["time_namespaces"]),
+        hostname=bool(values["hostname"]),
         errors=errors,
     )
 

@@ -88,6 +88,8 @@ class JailedRuntime:
         a run may look up (nothing uname() does not tell it already)."""
         if self.mode is not None and not self.mode.clone_flags & linux.CLONE_NEWUTS:
             return socket.gethostname()
+        if self.platform is not None and not self.platform.hostname:
+            return socket.gethostname()  # sethostname refused: the UTS namespace keeps the container's name
         return RUN_HOSTNAME
 
     def zygote_kinds(self) -> tuple[str, ...]:
@@ -322,7 +324,7 @@ class JailedRuntime:
                 "max_file_bytes": config.max_file_mb * MIB,
                 **{
                     call: bool(getattr(self.platform, call, True))
-                    for call in ("dumpable", "pdeathsig", "no_new_privs", "seccomp")
+                    for call in ("dumpable", "pdeathsig", "no_new_privs", "seccomp", "hostname")
                 },
             },
         }
@@ -409,9 +411,30 @@ class JailedRuntime:
             if path:
                 tempdirs.remove(path)
 
+    FAILING_AFTER = 3  # children failed in a row, none confined since: runs fail, the runtime is not ready
+
     @property
     def ready(self) -> bool:
-        return self.started and self.schedule is not None and self.pool.running and not self.refused
+        """A run can be served: the zygote serves, and (served many at once) a child has been fully confined,
+        and children are not failing one after another."""
+        return (
+            self.started
+            and self.schedule is not None
+            and self.pool.running
+            and not self.refused
+            and not self._children_failing()
+        )
+
+    def _children_failing(self) -> str:
+        """Why children cannot be had now, or ""."""
+        pool = self.pool
+        if pool is None:
+            return ""
+        if pool.failed_in_a_row >= self.FAILING_AFTER or (pool.spawn_error and not pool.confined):
+            return pool.spawn_error
+        if not pool.confined and not self.config.one_run_at_a_time:  # the serial schedule forks at a run
+            return "no child confined yet"
+        return ""
 
     @property
     def error(self) -> str:
@@ -419,7 +442,9 @@ class JailedRuntime:
             return self.refused
         if self.pool is None or not self.started:
             return "starting"
-        return "" if self.pool.running else self.pool.last_error or "the zygote is down"
+        if not self.pool.running:
+            return self.pool.last_error or "the zygote is down"
+        return self._children_failing()
 
     def status(self) -> dict:
         return {
@@ -458,6 +483,7 @@ class JailedRuntime:
             "private_tmp": mode.tmp,
             "landlock": self.platform.landlock if self.platform else 0,
             "time_namespace": bool(self.report.get("time_namespace")),  # clocks from zero: no host uptime
+            **self._hostname_health(),
             "rlimits": True,
             "scrubbed_environment": True,
             "egress_filter": bool(self._egress and self._egress.installed)
@@ -466,6 +492,16 @@ class JailedRuntime:
             "network_refused": self.run_network.message if self.run_network.kind == run_network.REFUSED else "",
             **self.run_network.health(),  # what runs asking for network get: filtered, none, unfiltered, refused
         }
+
+    def _hostname_health(self) -> dict:
+        """What uname() tells a run: a name of its own, or where sethostname is refused (podman's profile
+        without CAP_SYS_ADMIN) the container's, the step dropped as cosmetic."""
+        if self.mode is None or not self.mode.clone_flags & linux.CLONE_NEWUTS:
+            return {"hostname": "the container's", "hostname_reason": "no UTS namespace in this mode"}
+        if self.platform is not None and not self.platform.hostname:
+            why = self.platform.errors.get("hostname", "refused")
+            return {"hostname": "the container's", "hostname_reason": f"sethostname refused ({why}): step dropped"}
+        return {"hostname": RUN_HOSTNAME, "hostname_reason": ""}
 
     # ---- runs -----------------------------------------------------------------
 
