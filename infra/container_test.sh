@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# The service image in a real container: build the root Dockerfile with podman and run it twice,
-#   1. with default privileges (what `docker run`, Dify's compose, Kubernetes' RuntimeDefault and
-#      Fargate give: Docker's 14 capabilities and its seccomp profile): it must serve both languages
-#      with the chroot mode's protections;
-#   2. with the compose file's privileges (SYS_ADMIN, NET_ADMIN, AppArmor unconfined): the full jail.
-# In both, `sandlot serve` is the container's pid 1 and must have put its init in front (handler/pid_one.py).
+# The service image in a real container: build the root Dockerfile with podman and run it in each shape,
+#   1. default: default privileges (what `docker run`, Dify's compose, Kubernetes' RuntimeDefault and
+#      Fargate give: Docker's 14 capabilities and its seccomp profile): the chroot mode's protections;
+#   2. compose: the compose file's privileges (SYS_ADMIN, NET_ADMIN, AppArmor unconfined): the full jail;
+#   3. userns: a user namespace of the container's own (`--uidmap 0:100000:65536`, as rootless podman or
+#      Docker, userns-remap, Kubernetes' hostUsers: false give): ids from the container's own map;
+#   4. restricted: an arbitrary uid, group 0, no capabilities, no_new_privs (Kubernetes' restricted Pod
+#      Security Standard, OpenShift's restricted-v2): podman's seccomp profile lets user namespaces through
+#      but refuses sethostname, so the userns mode with the run's hostname step dropped.
+# Each must be healthy, serve both languages, report its mode; a literal /tmp round trip (write
+# /tmp/report.txt, read it back) is run and reported, and must pass in the modes whose /tmp is the run's own
+# tmpfs (full, userns). `sandlot serve` is the container's pid 1 and must have put its init in front
+# (handler/pid_one.py).
 #
 #   infra/container_test.sh [--keep]     # as root; --keep leaves the containers running
 #
@@ -19,13 +26,17 @@
 # half a minute with the stand-ins made and the image cached (the first time: about 2 minutes more). Not
 # part of `./dev.sh test`: CI runs it first, as root (.ci/run), and anyone can run it alone.
 #
-# Environment: EXPECT_DEFAULT_MODE (chroot), EXPECT_COMPOSE_MODE (full), SANDLOT_CT_DIR.
+# Environment: EXPECT_DEFAULT_MODE (chroot), EXPECT_COMPOSE_MODE (full), EXPECT_USERNS_MODE (chroot),
+# EXPECT_RESTRICTED_MODE (userns), SANDLOT_CT_DIR.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 STATE=${SANDLOT_CT_DIR:-/var/tmp/sandlot-container-test}
 EXPECT_DEFAULT_MODE=${EXPECT_DEFAULT_MODE:-chroot}
 EXPECT_COMPOSE_MODE=${EXPECT_COMPOSE_MODE:-full}
+EXPECT_USERNS_MODE=${EXPECT_USERNS_MODE:-chroot}
+EXPECT_RESTRICTED_MODE=${EXPECT_RESTRICTED_MODE:-userns}
+RESTRICTED_UID=1000990000 # as OpenShift's restricted-v2 picks one
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 IMAGE=localhost/sandlot-container-test:latest
 PYTHON_BASE=docker.io/library/python:3.11-slim-bookworm
@@ -115,6 +126,7 @@ api() { # api PORT PATH [JSON]: the body of a request to the service
 }
 
 results=()
+DATA_OWNER=""
 check() { # check NAME EXPECTED_MODE podman-run-options...: start, wait healthy, run both languages, read the mode
     local name=$1 expected=$2
     shift 2
@@ -123,6 +135,10 @@ check() { # check NAME EXPECTED_MODE podman-run-options...: start, wait healthy,
     data="$STATE/data-$name"
     podman rm -f "$container" >/dev/null 2>&1 || true
     rm -rf "$data" && mkdir -p "$data"
+    # the volume as the shape's own user finds it: root of a user namespace is 100000 here, and a restricted
+    # pod's arbitrary uid writes through group 0 (Kubernetes' fsGroup, OpenShift's convention)
+    [ -z "$DATA_OWNER" ] || chown "$DATA_OWNER" "$data"
+    chmod 0775 "$data"
     say "$name: starting ($*)"
     local begin=$(date +%s)
     podman run -d --name "$container" --no-healthcheck --network slirp4netns:port_handler=slirp4netns \
@@ -138,7 +154,8 @@ check() { # check NAME EXPECTED_MODE podman-run-options...: start, wait healthy,
         if [ $((tick % 5)) = 0 ] && api "$port" /v1/sandbox/health | python3 -c '
 import json, sys
 runtimes = (json.load(sys.stdin).get("data") or {}).get("runtimes") or {}
-refused = runtimes and all(rt.get("error") and rt.get("error") != "starting" and not rt.get("ready") for rt in runtimes.values())
+passing = ("starting", "no child confined yet")
+refused = runtimes and all(rt.get("error") and rt.get("error") not in passing and not rt.get("ready") for rt in runtimes.values())
 sys.exit(0 if refused else 1)' 2>/dev/null; then
             break # every runtime refuses for good: no use waiting
         fi
@@ -149,6 +166,9 @@ sys.exit(0 if refused else 1)' 2>/dev/null; then
     local python node detail
     python=$(api "$port" /v1/sandbox/run '{"language":"python3","code":"print(6 * 7)","enable_network":true}' || true)
     node=$(api "$port" /v1/sandbox/run '{"language":"nodejs","code":"console.log(6 * 7)","enable_network":true}' || true)
+    # a literal /tmp path, written and read back (Dify code writes /tmp/report.pdf)
+    local tmp_trip
+    tmp_trip=$(api "$port" /v1/sandbox/run '{"language":"python3","code":"open(\"/tmp/report.txt\", \"w\").write(\"kept\")\nprint(open(\"/tmp/report.txt\").read())"}' || true)
     detail=$(api "$port" /v1/sandbox/health || true)
     # `sandlot serve` is the container's pid 1 here: it must have put its init in front (handler/pid_one.py)
     local init
@@ -156,7 +176,7 @@ sys.exit(0 if refused else 1)' 2>/dev/null; then
     podman logs "$container" >"$STATE/$name.log" 2>&1 || true
     local verdict
     verdict=$(NAME="$name" EXPECTED="$expected" HEALTHY="$healthy" READY="$ready" PYTHON_RUN="$python" NODE_RUN="$node" \
-        DETAIL="$detail" INIT="$init" python3 - <<'EOF'
+        DETAIL="$detail" INIT="$init" TMP_TRIP="$tmp_trip" python3 - <<'EOF'
 import json, os
 def load(name):
     try:
@@ -174,9 +194,16 @@ ok = os.environ["HEALTHY"] == "1" and all(serves.values()) and all(m == os.envir
 ok = ok and set(modes) == {"python3", "nodejs"}
 init = "pid_one.py" in os.environ["INIT"]
 ok = ok and init
+trip = load("TMP_TRIP")
+tmp = stdout(trip) == "kept\n"
+if not tmp and set(modes.values()) <= {"full", "userns"}:
+    ok = False  # the run's own tmpfs on /tmp: a literal path must work
+tmp_shown = tmp or ((trip.get("data") or {}).get("stderr") or trip.get("message") or "no answer").strip().splitlines()[-1:]
+hostname = {lang: (rt.get("protections") or {}).get("hostname") for lang, rt in detail.items()}
 why = {lang: rt.get("error") for lang, rt in detail.items() if rt.get("error")}
 print(f"{'PASS' if ok else 'FAIL'} {os.environ['NAME']}: healthy={os.environ['HEALTHY'] == '1'} in {os.environ['READY']} s, "
-      f"serves={serves}, init={init}, modes={modes} (expected {os.environ['EXPECTED']}), record={record}"
+      f"serves={serves}, init={init}, modes={modes} (expected {os.environ['EXPECTED']}), tmp={tmp_shown}, "
+      f"hostname={hostname}, record={record}"
       + (f", errors={why}" if why else ""))
 EOF
     )
@@ -191,8 +218,11 @@ EOF
 
 check default "$EXPECT_DEFAULT_MODE"
 check compose "$EXPECT_COMPOSE_MODE" --cap-add SYS_ADMIN --cap-add NET_ADMIN --security-opt apparmor=unconfined
+DATA_OWNER=100000:100000 check userns "$EXPECT_USERNS_MODE" --uidmap 0:100000:65536 --gidmap 0:100000:65536
+DATA_OWNER=$RESTRICTED_UID:0 check restricted "$EXPECT_RESTRICTED_MODE" \
+    --user "$RESTRICTED_UID:0" --cap-drop=all --security-opt no-new-privileges
 
-say "done; logs in $STATE/{default,compose}.log"
+say "done; logs in $STATE/{default,compose,userns,restricted}.log"
 passed=0
 for line in "${results[@]}"; do
     echo "$line"
