@@ -135,7 +135,7 @@ def test_the_container_script_installs_every_tool_it_runs_and_sets_each_variable
     with open(os.path.join(ROOT, "infra", "container_test.sh")) as f:
         text = f.read()
     installed = re.search(r"for tool in ([^;]+); do command -v", text).group(1).split()
-    called = {"podman", "runc", "debootstrap"}
+    called = {"podman", "runc", "debootstrap", "catatonit"}
     if "slirp4netns" in text:
         called.add("slirp4netns")
     assert called <= set(installed), called - set(installed)
