@@ -19,19 +19,23 @@ import errno
 import json
 import os
 import resource
+import select
 import signal
+import socket
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from runtimes import linux
-from runtimes.jail import landlock, nftables
+from runtimes.jail import landlock, namespaces, nftables, uids
 
 # Places a run or the service might write to; the record says which are writable here.
 WRITABLE_CANDIDATES = ("/", "/etc", "/usr", "/var/tmp", "/tmp", "/dev/shm")
 TUN_DEVICE = "/dev/net/tun"
+PROBE_SECONDS = 20  # one probe's answer; a child stuck longer is killed and the mechanism counted as missing
 PROBE_UID = 65534  # nobody: any uid other than ours tells whether we may change identity (where it is mapped)
 
 
@@ -109,8 +113,6 @@ def _tree_steps() -> None:
     uid, gid = os.geteuid(), os.getegid()
     _unshare_as_caller(linux.CLONE_NEWNS)
     if uid != 0:  # a user namespace's own ids, as a run's child maps them (namespaces.map_own_ids)
-        from runtimes.jail import namespaces
-
         proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
         namespaces.map_own_ids(proc, uid, gid)
     linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
@@ -131,8 +133,6 @@ def _tree_steps() -> None:
 
 def _hostname() -> None:
     _unshare_as_caller(linux.CLONE_NEWUTS)
-    import socket
-
     socket.sethostname("sandlot-probe")
 
 
@@ -162,9 +162,8 @@ def _chroot() -> None:
 
 def probe_uid() -> int:
     """An id other than ours that this user namespace maps for uids and gids (a container's own map may lack
-    65534): the ids the runs would get come from the same map (jail/uids.py)."""
-    from runtimes.jail import uids
-
+    65534): the ids the runs would get come from the same map (jail/uids.py). Found in the parent, before any
+    probe child is forked (the user database's locks may be held by another thread at a fork)."""
     ids = uids.IdMap.here()
     for uid in (PROBE_UID, PROBE_UID - 1):
         if uid != os.geteuid() and ids.covers(uid, uid + 1):
@@ -173,8 +172,11 @@ def probe_uid() -> int:
     return runs[0][0] if runs else PROBE_UID
 
 
+_setuid_target: int | None = None  # set by probe() from probe_uid(), before the children are forked
+
+
 def _setuid() -> None:
-    uid = probe_uid()
+    uid = _setuid_target if _setuid_target is not None else probe_uid()
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
 
@@ -232,8 +234,6 @@ def _mknod() -> None:
 
 def _time_namespaces() -> None:
     """A new time namespace with offsets, and a child in it that reads its clocks from zero."""
-    import time
-
     linux.set_dumpable(True)  # a throwaway child: its /proc/self files must be its own to open for writing
     _unshare_as_caller(linux.CLONE_NEWTIME)
     with open("/proc/self/timens_offsets", "wb", buffering=0) as f:
@@ -298,8 +298,17 @@ def in_child(probe: Callable[[], object]) -> tuple[object, str]:
             os._exit(0)
     os.close(write_end)
     data = b""
+    deadline = time.monotonic() + PROBE_SECONDS
     try:
-        while chunk := os.read(read_end, 65536):
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([read_end], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)  # a wedged probe must not keep the service from starting
+                os.waitpid(pid, 0)
+                return None, f"the probe did not answer in {PROBE_SECONDS} s"
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                break
             data += chunk
     finally:
         os.close(read_end)
@@ -322,6 +331,8 @@ def probe() -> Protections:
         import pyseccomp  # noqa: F401 - imported here, never first in a forked child
     except ImportError:
         pass
+    global _setuid_target
+    _setuid_target = probe_uid()
     values: dict[str, object] = {}
     errors: dict[str, str] = {}
     for name, check in _PROBES.items():
