@@ -194,7 +194,7 @@ class JailedRuntime:
 
     def _open_trees(self) -> trees.TreeStore:
         try:
-            return trees.TreeStore(os.path.join(self.config.data_dir, "trees"))
+            return trees.TreeStore(trees.trees_dir(self.config.data_dir))
         except trees.TreeUnusable as exc:
             raise modes.JailRefused(f"the chroot jail's tree cannot be made: {exc}") from exc
 
