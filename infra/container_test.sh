@@ -197,6 +197,8 @@ for i, doc in enumerate(played):
         doc = doc.replace("              containerPort: 8194", "              containerPort: 8194\n"
                           f"              hostPort: {os.environ['PORT']}\n              hostIP: 127.0.0.1")
         doc = doc.replace("\n  name: sandbox\n", f"\n  name: sandlot-ct-{os.environ['NAME']}\n", 1)  # its pod's name
+        # podman makes a named volume of each emptyDir, by its name: one of each shape's own here
+        doc = re.sub(r"(- name: )(data|tmp)\b", rf"\1sandlot-ct-{os.environ['NAME']}-\2", doc)
         doc = doc.replace("image: localhost/sandlot:latest", "image: localhost/sandlot-container-test:latest")
         doc = doc.replace("    metadata:\n      labels:", "    metadata:\n      annotations:\n"
                           "        seccomp.security.alpha.kubernetes.io/pod: localhost/runtime-default.json\n      labels:")
