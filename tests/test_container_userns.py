@@ -94,8 +94,9 @@ def test_on_a_host_the_blocks_start_at_the_base_as_always(tmp_path):
 def test_a_user_namespaced_container_starts_serves_both_languages_and_builds_its_layers(tmp_path):
     """What `podman run --uidmap 0:100000:65536` met: a traceback at start. Now healthy, runs served as ids of
     the map, the layer built as one of them."""
-    service = serving().start()
+    service = serving()
     try:
+        service.start()
         assert service.run("print(6 * 7)")["data"]["stdout"] == "42\n", service.output()
         assert service.run("console.log(6 * 7)", language="nodejs")["data"]["stdout"] == "42\n"
         uid = service.run("import os; print(os.getuid())")["data"]["stdout"]
@@ -111,8 +112,9 @@ def test_a_user_namespaced_container_starts_serves_both_languages_and_builds_its
 
 @needs_root
 def test_a_map_too_small_for_any_block_refuses_runs_with_the_reason_and_stays_up(tmp_path):
-    service = serving("0:0:1,1:100001:20").start(wait=False)
+    service = serving("0:0:1,1:100001:20")
     try:
+        service.start(wait=False)
         import time
 
         import httpx

@@ -64,8 +64,9 @@ def test_an_arbitrary_uid_without_capabilities_under_a_profile_refusing_sethostn
         launcher=standin(["--pid-namespace", "--caps", "", "--uid", str(UID), "--eperm", "sethostname"]),
         SANDLOT_DATA_DIR=data,
         MAX_WORKERS="2",
-    ).start()
+    )
     try:
+        service.start()
         detail = served(service)
         assert {rt["protections"]["mode"] for rt in detail.values()} == {"userns"}
         assert all(rt["protections"]["hostname"] == "the container's" for rt in detail.values())
