@@ -33,6 +33,10 @@ ENV PATH=/opt/sandlot/venv/bin:$PATH \
     SANDBOX_PORT=8194 \
     SANDLOT_DATA_DIR=/var/lib/sandlot
 
+# the chroot jail's trees (runtimes/trees.py), on the image's own filesystem: the system files in them are hard
+# links there, not copies on the data volume
+RUN mkdir -m 0700 -p /var/cache/sandlot
+
 # dify-sandbox's places, relative to the working directory: /conf/config.yaml and
 # /dependencies/python-requirements.txt, so Dify's volume mounts work unchanged.
 WORKDIR /

@@ -77,8 +77,9 @@ def layer_manager(settings: Settings) -> LayerManager:
     return LayerManager(layers)
 
 
-def build_app(settings: Settings, layers: LayerManager | None):
-    """The app with the invoker the settings ask for."""
+def build_app(settings: Settings, layers: LayerManager | None, refused: dict[str, str] | None = None):
+    """The app with the invoker the settings ask for. refused: languages whose runs are refused for good, with
+    the reason (a layer that could not be built at start)."""
     from handler.app import create_app
 
     if settings.SANDLOT_BACKEND == "lambda":
@@ -92,6 +93,8 @@ def build_app(settings: Settings, layers: LayerManager | None):
 
     config = settings.runtime_config(python_layer=layers.current("python3"), nodejs_layer=layers.current("nodejs"))
     runtimes = {"python3": PythonRuntime(config), "nodejs": NodeRuntime(config)}
+    for language, why in (refused or {}).items():
+        runtimes[language].refused = why
     invoker = LocalInvoker(runtimes, layers, settings.PYTHON_DEPS_UPDATE_INTERVAL)
     packages = PackageManager(
         layers, runtimes, Path(settings.SANDLOT_DATA_DIR), allow_any=settings.SANDLOT_PACKAGES_ALLOW_ANY_SPEC
@@ -121,11 +124,16 @@ def serve(args: argparse.Namespace) -> int:
         print(f"sandlot: API_KEY is not set; this run's key is {settings.API_KEY}", file=sys.stderr, flush=True)
     linux.set_dumpable(False)  # our /proc entries (environment, memory) belong to root from here on
     layers = None
+    refused: dict[str, str] = {}
     if settings.SANDLOT_BACKEND == "local":  # the lambda backend's layers are baked into the functions' images
         layers = layer_manager(settings)
         for language in layers.layers:
-            layers.ensure(language)  # builds on first start, showing pip's and npm's progress
-    app = build_app(settings, layers)
+            try:
+                layers.ensure(language)  # builds on first start, showing pip's and npm's progress
+            except Exception as exc:  # noqa: BLE001 - the service stays up: that language's runs say why
+                refused[language] = f"the {language} layer could not be built: {type(exc).__name__}: {exc}"
+                logging.getLogger("sandlot.layers").error("%s runs refused: %s", language, refused[language])
+    app = build_app(settings, layers, refused)
     metrics_mode, metrics_host, metrics_port = parse_metrics_setting(settings.SANDLOT_METRICS)
     if metrics_mode == "address":
         metrics: Metrics = app.state.metrics

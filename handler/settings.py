@@ -205,7 +205,11 @@ class Settings(RuntimeSettings):
 
     @property
     def build_uid(self) -> int:
-        return self.SANDLOT_BUILD_UID or self.SANDLOT_UID_BASE - 1
+        """SANDLOT_BUILD_UID, else the uid below the run blocks, or where that is not mapped (a container with a
+        user namespace of its own) an id of the namespace's map that no user or group has (jail/uids.py)."""
+        from runtimes.jail import uids
+
+        return self.SANDLOT_BUILD_UID or uids.build_uid(self.SANDLOT_UID_BASE)
 
     @classmethod
     def settings_customise_sources(

@@ -11,9 +11,15 @@ possible), so it is built once per tree spec, before any zygote needs it, and ke
   gives another key, so a stale tree is never served.
 - Built as `<key>.build-<ns>` and renamed into place when complete: a tree is never
   seen half-built, by this instance or another.
-- The data directory, not /tmp or the container's writable layer elsewhere: the layers
-  live there, and hard links need the same filesystem (the layer is most of a tree);
-  it survives restarts (a restart need not build again); runs never see it.
+- The data directory, not /tmp: the layers live there, and hard links need the same
+  filesystem; it survives restarts (a restart need not build again); runs never see it.
+  Except in the service image (the Dockerfile makes IMAGE_TREES): there the system files
+  (the interpreters, their libraries: some 160 MB against a few MB of layer) are most of a
+  tree, and the data dir is a volume, another filesystem, where each would be a copy, its
+  pages charged again to the container's memory. On the image's own filesystem they are
+  hard links (overlayfs copies a lower file up once, and the service's own path then names
+  the same inode: one copy on the container's layer, its page cache shared with the
+  service), the layer's few files copied; nothing of trees on the volume.
 - Held like layers (runtimes/dirlock.py): a shared flock per instance that uses a tree;
   a tree is removed only when no instance holds it (collect()).
 - Each run's /tmp is a directory of the tree's /tmp (0711 root: runs can neither list
@@ -41,6 +47,22 @@ from runtimes.dirlock import TRASH, lock_shared, remove_if_unlocked
 log = logging.getLogger("sandlot.trees")
 
 STALE_BUILD_SECONDS = 3600.0  # a half-built tree untouched this long, and unlocked, was left by a dead build
+
+
+IMAGE_TREES = "/var/cache/sandlot"  # made by the service image's Dockerfile, on the image's own filesystem
+
+
+def trees_dir(data_dir: str) -> str:
+    """Where the trees go: IMAGE_TREES/trees where the image made that directory (root's, writable) and the
+    data dir is another filesystem (a volume), else <data dir>/trees."""
+    try:
+        image = os.stat(IMAGE_TREES)
+        data = os.stat(data_dir)
+    except OSError:
+        return os.path.join(data_dir, "trees")
+    if stat.S_ISDIR(image.st_mode) and os.access(IMAGE_TREES, os.W_OK) and image.st_dev != data.st_dev:
+        return os.path.join(IMAGE_TREES, "trees")
+    return os.path.join(data_dir, "trees")
 
 
 class TreeUnusable(RuntimeError):

@@ -6,6 +6,7 @@ import fnmatch
 import glob
 import json
 import os
+import re
 import subprocess
 import tomllib
 
@@ -125,3 +126,22 @@ def test_the_real_container_script_stands_in_for_the_dockerfiles_base_images(doc
         assert f"docker.io/library/{image}" in text, image
     assert subprocess.run(["bash", "-n", script], capture_output=True).returncode == 0
     assert os.access(script, os.X_OK)
+
+
+def test_the_container_script_installs_every_tool_it_runs_and_sets_each_variable_of_its_stand_in():
+    """On a fresh machine the script installs what it then calls (slirp4netns was missing: `could not find
+    slirp4netns`), and its stand-in's `podman import --change "ENV ..."` sets one variable each: podman reads
+    `ENV A=1 B=2` as A set to "1 B=2", which left the CA variables unset inside."""
+    with open(os.path.join(ROOT, "infra", "container_test.sh")) as f:
+        text = f.read()
+    installed = re.search(r"for tool in ([^;]+); do command -v", text).group(1).split()
+    called = {"podman", "runc", "debootstrap", "catatonit"}
+    if "slirp4netns" in text:
+        called.add("slirp4netns")
+    assert called <= set(installed), called - set(installed)
+    changes = re.findall(r"""--change\s+["']ENV ([^"']*)["']""", text)
+    assert changes, "the stand-in's variables are set with --change"
+    for change in changes:
+        assert len(re.findall(r"\b[A-Z_][A-Z0-9_]*=", change)) == 1, change
+    named = {change.split("=", 1)[0] for change in changes}
+    assert named >= {"LANG", "PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"}

@@ -350,3 +350,25 @@ def test_runtimes_opening_their_stores_at_once_get_the_same_answer_about_devices
         answers = set().union(*pool.map(lambda _: probe(), range(4)))
     assert answers == {alone}
     assert os.listdir(tmp_path) == []
+
+
+def test_in_the_image_trees_go_on_its_own_filesystem_not_the_data_volume(tmp_path, monkeypatch):
+    """The service image makes /var/cache/sandlot: where the data dir is another filesystem (a volume), the
+    trees go there, their system files hard links instead of 160 MB of copies on the volume; anywhere else
+    (no such directory, or the same filesystem) <data dir>/trees as before."""
+    from runtimes import trees as trees_module
+
+    data = str(tmp_path / "data")
+    os.makedirs(data)
+    monkeypatch.setattr(trees_module, "IMAGE_TREES", str(tmp_path / "absent"))
+    assert trees_module.trees_dir(data) == os.path.join(data, "trees")
+    monkeypatch.setattr(trees_module, "IMAGE_TREES", str(tmp_path / "image"))
+    os.makedirs(tmp_path / "image")
+    assert trees_module.trees_dir(data) == os.path.join(data, "trees")  # one filesystem: links work there
+    volume = tempfile.mkdtemp(dir="/dev/shm")  # another filesystem, as a volume is
+    try:
+        if os.stat(volume).st_dev == os.stat(tmp_path).st_dev:
+            pytest.skip("/dev/shm is the same filesystem as the test's directory here")
+        assert trees_module.trees_dir(volume) == str(tmp_path / "image" / "trees")
+    finally:
+        os.rmdir(volume)

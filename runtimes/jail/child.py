@@ -68,6 +68,7 @@ class ChildPlan:
     pdeathsig: bool = True  # PR_SET_PDEATHSIG
     no_new_privs: bool = True  # PR_SET_NO_NEW_PRIVS
     seccomp: bool = True  # a seccomp filter (the signal fence, the runner's allow-list)
+    hostname: bool = True  # sethostname in the run's UTS namespace (cosmetic: skipped where refused)
 
     @classmethod
     def from_dict(cls, data: dict) -> ChildPlan:
@@ -102,7 +103,7 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
     if mode.identity == USER_NAMESPACE:
         uid, gid = handles.ids
         namespaces.map_own_ids(handles.proc, uid, gid)
-    if mode.tree == PIVOT:
+    if mode.tree == PIVOT and plan.hostname:
         socket.sethostname(RUN_HOSTNAME)  # in a UTS namespace of its own
     if mode.tmp == TMPFS:
         linux.mount(

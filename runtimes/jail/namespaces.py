@@ -55,8 +55,13 @@ class Forker:
         if flags & CLONE_NEWPID and not flags & CLONE_NEWUSER and os.geteuid() == 0:
             try:  # before the zygote enters its tree, which has no /proc
                 self._own_pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+                # setns back needs CAP_SYS_ADMIN over the namespace's owner (a PID namespace the host's user
+                # namespace owns, seen from a user namespace of the service's own), and a filter may refuse it
+                linux.setns(self._own_pid_namespace, CLONE_NEWPID)
             except OSError:
-                pass  # the raw clone then
+                if self._own_pid_namespace >= 0:
+                    os.close(self._own_pid_namespace)
+                self._own_pid_namespace = -1  # the raw clone then
             else:
                 self._in_child = flags & ~CLONE_NEWPID
 

@@ -102,6 +102,11 @@ class ChildPool:
         self.on_running: list[Callable[[], None]] = []  # a zygote is running again after none was
         self.generation = 0
         self.last_error = ""
+        # ready means a run can be served (runtime.ready): children fully confined so far, and the failures
+        # since the last one (a platform refusing a step the probes missed fails every child)
+        self.confined = 0
+        self.failed_in_a_row = 0
+        self.spawn_error = ""
 
     async def start(self) -> dict:
         """Start the first kind's zygote (the others in the background); if it cannot start, keep trying."""
@@ -162,8 +167,10 @@ class ChildPool:
             tmpdir = inside = tempfile.mkdtemp(prefix="run-", dir=self._tmp_parent) if self._tmp_parent else ""
         try:
             child = await zygote.fork(uid, inside, {k: v for k, v in variant if k != KIND})
-        except BaseException:
+        except BaseException as exc:
             self._give_back(uid, tmpdir)
+            if isinstance(exc, Exception):
+                self._spawn_failed(str(exc))
             raise
         child.tmpdir = tmpdir
         if self._run_dirs is not None:
@@ -172,8 +179,15 @@ class ChildPool:
         if not await _confined(child):
             reason = _read_available(child.stderr).decode(errors="replace").strip()
             self.discard(child)
+            self._spawn_failed(f"could not confine a run: {reason or 'the child exited'}")
             raise Unavailable(f"could not confine a run: {reason or 'the child exited'}")
+        self.confined += 1
+        self.failed_in_a_row, self.spawn_error = 0, ""
         return child
+
+    def _spawn_failed(self, why: str) -> None:
+        self.failed_in_a_row += 1
+        self.spawn_error = why
 
     def discard(self, child: Child) -> None:
         """The run is over or abandoned: kill the child; what it held goes back once it is dead."""

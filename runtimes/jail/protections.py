@@ -19,20 +19,24 @@ import errno
 import json
 import os
 import resource
+import select
 import signal
+import socket
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from runtimes import linux
-from runtimes.jail import landlock, nftables
+from runtimes.jail import landlock, namespaces, nftables, uids
 
 # Places a run or the service might write to; the record says which are writable here.
 WRITABLE_CANDIDATES = ("/", "/etc", "/usr", "/var/tmp", "/tmp", "/dev/shm")
 TUN_DEVICE = "/dev/net/tun"
-PROBE_UID = 65534  # nobody: any uid other than ours tells whether we may change identity
+PROBE_SECONDS = 20  # one probe's answer; a child stuck longer is killed and the mechanism counted as missing
+PROBE_UID = 65534  # nobody: any uid other than ours tells whether we may change identity (where it is mapped)
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,9 @@ class Protections:
     dumpable: bool  # PR_SET_DUMPABLE 0 works: /proc/<pid>/{environ,mem,fd} closed to same-uid processes
     pdeathsig: bool  # a child can ask to die with its parent
     user_namespaces: bool
-    mount_namespaces: bool  # as root directly, otherwise inside a new user namespace
+    # as root directly, otherwise inside a new user namespace; and in it every step a tree takes (a private
+    # propagation, a tmpfs, a read-only bind, pivot_root, a detached unmount): a platform may refuse one alone
+    mount_namespaces: bool
     pid_namespaces: bool  # likewise
     net_namespaces: bool  # likewise
     chroot: bool  # chroot/pivot_root into a tree of our own (needs CAP_SYS_CHROOT)
@@ -66,6 +72,10 @@ class Protections:
     # A time namespace per run (Linux >= 5.6, CAP_SYS_ADMIN and CAP_SYS_TIME over our user namespace, or
     # one of our own without root): its CLOCK_MONOTONIC and CLOCK_BOOTTIME start at zero (jail/timens.py)
     time_namespaces: bool = False
+    # sethostname in a UTS namespace of one's own: podman's seccomp profile refuses it to a container without
+    # CAP_SYS_ADMIN although it lets user namespaces through. Cosmetic: where refused, a run's uname() tells
+    # the container's name (the children skip the step; jail/child.py)
+    hostname: bool = True
     errors: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -97,6 +107,35 @@ def _unshare_as_caller(flags: int) -> None:
     linux.unshare(flags)
 
 
+def _tree_steps() -> None:
+    """What entering a tree takes (tree.build_and_enter, and each child's tmpfs /tmp), in a new mount
+    namespace: a platform's filter may refuse one call alone (pivot_root, mount, umount2)."""
+    uid, gid = os.geteuid(), os.getegid()
+    _unshare_as_caller(linux.CLONE_NEWNS)
+    if uid != 0:  # a user namespace's own ids, as a run's child maps them (namespaces.map_own_ids)
+        proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
+        namespaces.map_own_ids(proc, uid, gid)
+    linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
+    # everything made below lives in this namespace's tmpfs over /tmp: nothing is left on the disk
+    linux.mount("sandlot-probe", "/tmp", "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "size=64k,mode=755")
+    root = "/tmp/root"
+    os.mkdir(root)
+    linux.mount("sandlot-probe", root, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "size=64k,mode=755")
+    for name in ("old", "etc", "tmp"):
+        os.mkdir(os.path.join(root, name))
+    linux.mount("/etc", root + "/etc", None, linux.MS_BIND | linux.MS_REC)
+    linux.mount(None, root + "/etc", None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY | linux.MS_NOSUID)
+    linux.mount("sandlot-tmp", root + "/tmp", "tmpfs", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC, "size=64k")
+    linux.pivot_root(root, root + "/old")
+    os.chdir("/")
+    linux.umount2("/old", linux.MNT_DETACH)  # the throwaway namespace's mounts go with this child
+
+
+def _hostname() -> None:
+    _unshare_as_caller(linux.CLONE_NEWUTS)
+    socket.sethostname("sandlot-probe")
+
+
 def _seccomp() -> None:
     import pyseccomp
 
@@ -121,8 +160,23 @@ def _chroot() -> None:
     os.chroot("/")
 
 
+def probe_uid() -> int:
+    """An id other than ours that this user namespace maps for uids and gids (a container's own map may lack
+    65534): the ids the runs would get come from the same map (jail/uids.py). Found in the parent, before any
+    probe child is forked (the user database's locks may be held by another thread at a fork)."""
+    ids = uids.IdMap.here()
+    for uid in (PROBE_UID, PROBE_UID - 1):
+        if uid != os.geteuid() and ids.covers(uid, uid + 1):
+            return uid
+    runs = [(first, end) for first, end in ids.free_runs() if not first <= os.geteuid() < end]
+    return runs[0][0] if runs else PROBE_UID
+
+
+_setuid_target: int | None = None  # set by probe() from probe_uid(), before the children are forked
+
+
 def _setuid() -> None:
-    uid = PROBE_UID if os.geteuid() != PROBE_UID else PROBE_UID - 1
+    uid = _setuid_target if _setuid_target is not None else probe_uid()
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
 
@@ -180,8 +234,6 @@ def _mknod() -> None:
 
 def _time_namespaces() -> None:
     """A new time namespace with offsets, and a child in it that reads its clocks from zero."""
-    import time
-
     linux.set_dumpable(True)  # a throwaway child: its /proc/self files must be its own to open for writing
     _unshare_as_caller(linux.CLONE_NEWTIME)
     with open("/proc/self/timens_offsets", "wb", buffering=0) as f:
@@ -211,7 +263,7 @@ _PROBES: dict[str, Callable[[], object]] = {
     "dumpable": lambda: linux.set_dumpable(False),
     "pdeathsig": lambda: linux.set_parent_death_signal(signal.SIGKILL),
     "user_namespaces": lambda: linux.unshare(linux.CLONE_NEWUSER),
-    "mount_namespaces": lambda: _unshare_as_caller(linux.CLONE_NEWNS),
+    "mount_namespaces": _tree_steps,
     "pid_namespaces": lambda: _unshare_as_caller(linux.CLONE_NEWPID),
     "net_namespaces": lambda: _unshare_as_caller(linux.CLONE_NEWNET),
     "chroot": _chroot,
@@ -224,6 +276,7 @@ _PROBES: dict[str, Callable[[], object]] = {
     "host_nft": _host_nft,
     "mknod": _mknod,
     "time_namespaces": _time_namespaces,
+    "hostname": _hostname,
 }
 
 
@@ -245,8 +298,17 @@ def in_child(probe: Callable[[], object]) -> tuple[object, str]:
             os._exit(0)
     os.close(write_end)
     data = b""
+    deadline = time.monotonic() + PROBE_SECONDS
     try:
-        while chunk := os.read(read_end, 65536):
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([read_end], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)  # a wedged probe must not keep the service from starting
+                os.waitpid(pid, 0)
+                return None, f"the probe did not answer in {PROBE_SECONDS} s"
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                break
             data += chunk
     finally:
         os.close(read_end)
@@ -269,6 +331,8 @@ def probe() -> Protections:
         import pyseccomp  # noqa: F401 - imported here, never first in a forked child
     except ImportError:
         pass
+    global _setuid_target
+    _setuid_target = probe_uid()
     values: dict[str, object] = {}
     errors: dict[str, str] = {}
     for name, check in _PROBES.items():
@@ -296,6 +360,7 @@ def probe() -> Protections:
         host_nft=bool(values["host_nft"]),
         mknod=bool(values["mknod"]),
         time_namespaces=bool(values["time_namespaces"]),
+        hostname=bool(values["hostname"]),
         errors=errors,
     )
 

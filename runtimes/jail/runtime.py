@@ -37,7 +37,7 @@ from runtimes.jail.serial import SerialSchedule
 from runtimes.jail.shared_tmp import SharedRunDirectories
 from runtimes.jail.supervisor import Zygote
 from runtimes.jail.tmpcap import RunDirectories, TmpWatcher
-from runtimes.jail.uids import UidPool
+from runtimes.jail.uids import UidPool, UidPoolExhausted
 from runtimes.jail.userspace_net import REFUSED as REFUSED_PREFIX
 from runtimes.jail.userspace_net import NamespaceNetwork
 from runtimes.jail.userspace_net import plan as plan_network
@@ -95,6 +95,8 @@ class JailedRuntime:
         a run may look up (nothing uname() does not tell it already)."""
         if self.mode is not None and not self.mode.clone_flags & linux.CLONE_NEWUTS:
             return socket.gethostname()
+        if self.platform is not None and not self.platform.hostname:
+            return socket.gethostname()  # sethostname refused: the UTS namespace keeps the container's name
         return RUN_HOSTNAME
 
     def zygote_kinds(self) -> tuple[str, ...]:
@@ -136,8 +138,8 @@ class JailedRuntime:
 
     async def _start(self) -> None:
         config = self.config
-        if self.missing():
-            self.refused = self.missing()
+        if self.refused or self.missing():  # refused before start: a layer that could not be built (cli.serve)
+            self.refused = self.refused or self.missing()
             log.warning("%s runs refused: %s", self.language, self.refused)
             return
         try:
@@ -213,7 +215,7 @@ class JailedRuntime:
 
     def _open_trees(self) -> trees.TreeStore:
         try:
-            return trees.TreeStore(os.path.join(self.config.data_dir, "trees"))
+            return trees.TreeStore(trees.trees_dir(self.config.data_dir))
         except trees.TreeUnusable as exc:
             raise modes.JailRefused(f"the chroot jail's tree cannot be made: {exc}") from exc
 
@@ -264,7 +266,12 @@ class JailedRuntime:
             return self._tmp_parent
         if os.geteuid() != 0:
             return None
-        self._uids = UidPool(config.uid_base, config.uid_count, "/run/sandlot")
+        try:
+            self._uids = UidPool(config.uid_base, config.uid_count, "/run/sandlot")
+        except UidPoolExhausted as exc:  # a user namespace's map too small: refused, with what it holds
+            raise modes.JailRefused(str(exc)) from exc
+        if self._uids.note:
+            log.warning("%s: %s", self.language, self._uids.note)
         if mode.identity == modes.USER_NAMESPACE:
             self._zygote_uid = self._uids.acquire()
         if mode.egress == modes.NFT_UID:
@@ -347,7 +354,7 @@ class JailedRuntime:
                 "max_file_bytes": config.max_file_mb * MIB,
                 **{
                     call: bool(getattr(self.platform, call, True))
-                    for call in ("dumpable", "pdeathsig", "no_new_privs", "seccomp")
+                    for call in ("dumpable", "pdeathsig", "no_new_privs", "seccomp", "hostname")
                 },
             },
         }
@@ -437,9 +444,30 @@ class JailedRuntime:
             if path:
                 tempdirs.remove(path)
 
+    FAILING_AFTER = 3  # children failed in a row, none confined since: runs fail, the runtime is not ready
+
     @property
     def ready(self) -> bool:
-        return self.started and self.schedule is not None and self.pool.running and not self.refused
+        """A run can be served: the zygote serves, and (served many at once) a child has been fully confined,
+        and children are not failing one after another."""
+        return (
+            self.started
+            and self.schedule is not None
+            and self.pool.running
+            and not self.refused
+            and not self._children_failing()
+        )
+
+    def _children_failing(self) -> str:
+        """Why children cannot be had now, or ""."""
+        pool = self.pool
+        if pool is None:
+            return ""
+        if pool.failed_in_a_row >= self.FAILING_AFTER or (pool.spawn_error and not pool.confined):
+            return pool.spawn_error
+        if not pool.confined and not self.config.one_run_at_a_time:  # the serial schedule forks at a run
+            return "no child confined yet"
+        return ""
 
     @property
     def error(self) -> str:
@@ -447,7 +475,9 @@ class JailedRuntime:
             return self.refused
         if self.pool is None or not self.started:
             return "starting"
-        return "" if self.pool.running else self.pool.last_error or "the zygote is down"
+        if not self.pool.running:
+            return self.pool.last_error or "the zygote is down"
+        return self._children_failing()
 
     def status(self) -> dict:
         return {
@@ -459,6 +489,10 @@ class JailedRuntime:
             "preloaded": self.report.get("preloaded", []),
             "preload_failed": self.report.get("preload_failed", {}),
             "huge_pages": self.report.get("huge_pages", 0),  # of the zygote's warm heap (jail/warmheap.py)
+            # the uid block as this platform's user namespace map allows it (jail/uids.py)
+            "uids": {"first": self._uids.first, "size": self._uids.size, "note": self._uids.note}
+            if self._uids
+            else None,
             **(self.pool.status() if self.pool else {}),
             **(self.schedule.status() if self.schedule else {"ready_children": 0}),
         }
@@ -483,6 +517,7 @@ class JailedRuntime:
             "landlock": self.platform.landlock if self.platform else 0,
             **(landlock_mode.health(self.platform.landlock if self.platform else 0) if mode.narrow_domain else {}),
             "time_namespace": bool(self.report.get("time_namespace")),  # clocks from zero: no host uptime
+            **self._hostname_health(),
             "rlimits": True,
             "scrubbed_environment": True,
             "egress_filter": bool(self._egress and self._egress.installed)
@@ -491,6 +526,16 @@ class JailedRuntime:
             "network_refused": self.run_network.message if self.run_network.kind == run_network.REFUSED else "",
             **self.run_network.health(),  # what runs asking for network get: filtered, none, unfiltered, refused
         }
+
+    def _hostname_health(self) -> dict:
+        """What uname() tells a run: a name of its own, or where sethostname is refused (podman's profile
+        without CAP_SYS_ADMIN) the container's, the step dropped as cosmetic."""
+        if self.mode is None or not self.mode.clone_flags & linux.CLONE_NEWUTS:
+            return {"hostname": "the container's", "hostname_reason": "no UTS namespace in this mode"}
+        if self.platform is not None and not self.platform.hostname:
+            why = self.platform.errors.get("hostname", "refused")
+            return {"hostname": "the container's", "hostname_reason": f"sethostname refused ({why}): step dropped"}
+        return {"hostname": RUN_HOSTNAME, "hostname_reason": ""}
 
     # ---- runs -----------------------------------------------------------------
 

@@ -33,8 +33,11 @@ class NodeRuntime(JailedRuntime):
         self._snapshot_of: dict[Zygote, snapshot.Snapshot] = {}
 
     async def start(self) -> None:
-        if not self.missing():
-            await asyncio.to_thread(self._snapshots.open)
+        if not self.missing() and not self.refused:
+            try:
+                await asyncio.to_thread(self._snapshots.open)
+            except OSError as exc:  # e.g. a data dir another uid made: runs refused saying so, never "starting"
+                self.refused = f"the startup snapshots' directory cannot be used: {exc}"
         await super().start()
 
     async def _start_zygote(self, kind: str = MAIN) -> Zygote:
