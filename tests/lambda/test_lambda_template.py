@@ -169,3 +169,19 @@ def test_example_events_are_the_tested_shapes():
         with open(os.path.join(directory, name)) as f:
             assert json.load(f) == event, f"{name} is stale: run python infra/events.py"
 
+
+def test_the_api_zip_is_built_for_the_declared_runtime(template):
+    # infra/build-api.sh reads the version from the template and asks pip for that CPython's binary wheels,
+    # whatever python3 runs it (sam build runs it from SAM's own venv)
+    runtime = template["Resources"]["ApiFunction"]["Properties"]["Runtime"]
+    with open(os.path.join(REPO, "infra", "build-api.sh")) as f:
+        script = f.read()
+    version = subprocess.run(
+        ["sed", "-n", r"s/^ *Runtime: *python\([0-9][0-9.]*\) *\(#.*\)\{0,1\}$/\1/p", TEMPLATE],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert version == [runtime.removeprefix("python")]
+    for flag in ('--python-version "$version"', "--only-binary=:all:", "--implementation cp", '--platform "$platform"'):
+        assert flag in script
