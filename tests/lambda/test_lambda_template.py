@@ -170,6 +170,21 @@ def test_example_events_are_the_tested_shapes():
             assert json.load(f) == event, f"{name} is stale: run python infra/events.py"
 
 
+def test_the_api_function_can_be_pointed_at_another_invoke_api(template, monkeypatch):
+    # `sam local start-api --env-vars` overrides only variables the template declares: declared, empty by default
+    variables = template["Resources"]["ApiFunction"]["Properties"]["Environment"]["Variables"]
+    assert variables["SANDLOT_LAMBDA_ENDPOINT_URL"] == ""
+    from handler.lambda_invoker import LambdaInvoker
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_LAMBDA", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("SANDLOT_LAMBDA_ENDPOINT_URL", "")
+    assert LambdaInvoker({}, 10).client.meta.endpoint_url == "https://lambda.us-east-1.amazonaws.com"
+    monkeypatch.setenv("SANDLOT_LAMBDA_ENDPOINT_URL", "http://127.0.0.1:18299")
+    assert LambdaInvoker({}, 10).client.meta.endpoint_url == "http://127.0.0.1:18299"
+
+
 def test_the_api_zip_is_built_for_the_declared_runtime(template):
     # infra/build-api.sh reads the version from the template and asks pip for that CPython's binary wheels,
     # whatever python3 runs it (sam build runs it from SAM's own venv)
