@@ -229,6 +229,11 @@ stop_servers() {
     remove_sam_containers
 }
 
+for port in "$GATEWAY:$LAMBDA_PORT" "127.0.0.1:$API_PORT"; do
+    if (echo >"/dev/tcp/${port%:*}/${port##*:}") 2>/dev/null; then
+        fail "$port is already in use (a kept run? $0 --stop; or set SAM_LAMBDA_PORT, SAM_API_PORT)"
+    fi
+done
 for mode in $MODES; do
     # boto3 direct invokes first, on start-lambda alone: in a warm mode they pin its containers to tenant-a
     say "mode $mode: start-lambda on $LAMBDA_URL"
