@@ -99,7 +99,8 @@ if ! "$VENV/bin/sam" --version 2>/dev/null | grep -qF "$SAM_CLI_VERSION"; then
         >"$STATE/pip-sam.log" 2>&1 || fail "pip install aws-sam-cli: see $STATE/pip-sam.log"
 fi
 SAM="$VENV/bin/sam"
-export SAM_CLI_TELEMETRY=0 SAM_CLI_CONTEXT="" AWS_DEFAULT_REGION=us-east-1 AWS_REGION=us-east-1
+export SAM_CLI_TELEMETRY=0 AWS_DEFAULT_REGION=us-east-1 AWS_REGION=us-east-1
+# dummy credentials: start-lambda checks no signature, and no real ones reach the containers
 export AWS_ACCESS_KEY_ID=sam-local AWS_SECRET_ACCESS_KEY=sam-local
 
 # This machine's podman: runc (crun refuses the hybrid cgroup setup), open-file limits within the hard limit,
@@ -282,7 +283,9 @@ if [ "$ACTION" = keep ]; then
     echo "SAM_LAMBDA_URL=$LAMBDA_URL"
     echo "SAM_API_KEY=$KEY"
     echo "DOCKER_HOST=$DOCKER_HOST"
-    echo "(left running; $0 --stop ends them)"
+    echo "(left running; $0 --stop ends them. In a warm mode each start-lambda container serves the first tenant id"
+    echo " it is invoked with, the API's own after a request through SAM_API_URL: direct invokes with another"
+    echo " TenantId are refused; SAM_TEST_MODES=none gives a new container to every invocation)"
 fi
 echo "sam_local: $passed passed, $((${#results[@]} - passed)) failed"
 [ "$passed" = ${#results[@]} ]
