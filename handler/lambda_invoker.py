@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 
 from pydantic import ValidationError
@@ -118,7 +119,10 @@ class LambdaInvoker:
                 # about as much as signing it, on every run
                 parameter_validation=False,
             )
-            self._client = boto3.client("lambda", config=config)
+            # SANDLOT_LAMBDA_ENDPOINT_URL (template.yaml declares it, empty): another Invoke API, such as
+            # `sam local start-lambda`; empty or unset, boto3's own (AWS_ENDPOINT_URL_LAMBDA, else Lambda's)
+            endpoint = os.environ.get("SANDLOT_LAMBDA_ENDPOINT_URL") or None
+            self._client = boto3.client("lambda", config=config, endpoint_url=endpoint)
         return self._client
 
     def connect(self) -> None:

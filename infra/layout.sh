@@ -47,6 +47,9 @@ project
 # --target, npm ci with a lock or npm install, as an unprivileged uid in a tree of its own), into a scratch data
 # directory (not under /tmp, as SANDLOT_DATA_DIR may not be), then moved to where the functions read them.
 data=$(mktemp -d "$PREFIX/.layers-build.XXXXXX")
+# mktemp makes it 0700: the build may fall back to running as its unprivileged uid (where unshare is refused,
+# as inside `docker build` or `podman build`), which must be able to reach its tree below
+chmod 0711 "$data"
 trap 'rm -rf "$data"' EXIT
 SANDLOT_CONFIG=/nonexistent SANDLOT_DATA_DIR="$data" "$PREFIX/venv/bin/sandlot" layers build >/dev/null
 for language in python nodejs; do
