@@ -47,7 +47,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from runtimes import tempdirs
+from runtimes import early, tempdirs
 from runtimes.config import RuntimeConfig
 from runtimes.credentials import drop_credentials
 from runtimes.environment import ConfigError, function_environment
@@ -138,10 +138,10 @@ class RuntimeFunction:
         # RequireSeccomp here means: the filter, or tenant isolation in its place (checked per invocation, admit)
         self.require_seccomp = self.config.require_seccomp
         probing = time.monotonic()
-        self.probe_seconds = 0.0
+        early.record()  # the probe started before the imports (early.first_steps), if it was
         if not platform_protections().seccomp:  # probed once per process; the runtime's start reads the same
             self.config.require_seccomp = False
-        self.probe_seconds = time.monotonic() - probing
+        self.probe_seconds = time.monotonic() - probing  # waited for the probe (early: it ran beside the imports)
         self.tenant: str | None = None  # the first tenant id served: the only one this environment serves
         self.runtime = runtime_class(self.config)
         self.list_layer = list_layer
