@@ -140,53 +140,63 @@ def runtime_api_latencies(instance, language: str, total: int, interval: float =
     return times
 
 
-def per_run_tenancy(invoke_api, client, image: str, language: str, count: int) -> tuple[list[float], list[dict]]:
-    """Invoke latencies with a fresh tenant id each (a fresh environment's init included), and each init's parts.
-
-    language "floor": the bare awslambdaric function (simulated.start_floor) on the same simulation."""
+def per_run_tenancy(
+    invoke_api, client, image: str, languages: tuple[str, ...], count: int
+) -> tuple[dict[str, list[float]], dict[str, list[dict]]]:
+    """Invoke latencies with a fresh tenant id each (a fresh environment's init included), and each init's parts,
+    by language; "floor" is the bare awslambdaric function (simulated.start_floor) on the same simulation.
+    Interleaved (a round is one invoke of each), so that the machine's load weighs on each row alike."""
     from simulated import tenant_environments
 
     from handler.tenancy import per_run_id
 
-    start = tenant_environments(image, language)
-    inits: list[dict] = []
+    inits: dict[str, list[dict]] = {language: [] for language in languages}
 
-    def recorded(tenant: str):
-        instance = start(tenant)
-        if language == "floor":
-            inits.append({"spawn to first /next": instance.init_seconds})
+    def recorder(language: str):
+        start = tenant_environments(image, language)
+
+        def recorded(tenant: str):
+            instance = start(tenant)
+            if language == "floor":
+                inits[language].append({"spawn to first /next": instance.init_seconds})
+                return instance
+            found = INIT.search(instance.output())
+            assert found, instance.output()
+            ready, age, probe = (float(v) for v in found.groups())
+            inits[language].append(
+                {
+                    "spawn to first /next": instance.init_seconds,
+                    "process start to init": age - ready - probe,
+                    "platform probe (waited for)": probe,
+                    "runtime start (first child)": ready,
+                    "after init to first /next": instance.init_seconds - age,
+                }
+            )
             return instance
-        found = INIT.search(instance.output())
-        assert found, instance.output()
-        ready, age, probe = (float(v) for v in found.groups())
-        inits.append(
-            {
-                "spawn to first /next": instance.init_seconds,
-                "process start to init": age - ready - probe,
-                "platform probe": probe,
-                "runtime start (first child)": ready,
-                "after init to first /next": instance.init_seconds - age,
-            }
-        )
-        return instance
 
-    name = f"per-run-{language}"
-    invoke_api.add_per_tenant(name, recorded, concurrency=1, keep=1)
-    event = {"floor": True} if language == "floor" else {"language": language, "code": WORKLOADS[language]}
-    payload = json.dumps({**event, "enable_network": True})
-    times = []
-    for i in range(count + 1):  # the first: a warm-up (files not yet in the page cache)
-        started = time.perf_counter()
-        response = client.invoke(FunctionName=name, Payload=payload, TenantId=per_run_id())
-        result = json.loads(response["Payload"].read())
-        elapsed = time.perf_counter() - started
-        assert "FunctionError" not in response, result
-        assert result == "hello" if language == "floor" else result["exit_code"] == 0, result
-        for stopping in invoke_api.stopping:  # the environment reclaimed, off the clock: Lambda does it elsewhere
-            stopping.join()
-        if i:
-            times.append(elapsed)
-    return times, inits[1:]
+        return recorded
+
+    payloads = {}
+    for language in languages:
+        invoke_api.add_per_tenant(f"per-run-{language}", recorder(language), concurrency=1, keep=1)
+        event = {"floor": True} if language == "floor" else {"language": language, "code": WORKLOADS[language]}
+        payloads[language] = json.dumps({**event, "enable_network": True})
+    times: dict[str, list[float]] = {language: [] for language in languages}
+    for i in range(count + 1):  # the first round: a warm-up (files not yet in the page cache)
+        for language in languages:
+            started = time.perf_counter()
+            response = client.invoke(
+                FunctionName=f"per-run-{language}", Payload=payloads[language], TenantId=per_run_id()
+            )
+            result = json.loads(response["Payload"].read())
+            elapsed = time.perf_counter() - started
+            assert "FunctionError" not in response, result
+            assert result == "hello" if language == "floor" else result["exit_code"] == 0, result
+            for stopping in invoke_api.stopping:  # the environment reclaimed, off the clock: Lambda does it elsewhere
+                stopping.join()
+            if i:
+                times[language].append(elapsed)
+    return times, {language: found[1:] for language, found in inits.items()}
 
 
 def header_tenancy(invoke_api, image: str, language: str, count: int) -> list[float]:
@@ -314,11 +324,12 @@ def main() -> None:
                     )
                 add_rows(rows, language, measured, f"{label}, local service, HTTP")
         if simulated and args.per_run:
-            floor, _ = per_run_tenancy(invoke_api, client, image, "floor", args.per_run)
+            all_times, all_inits = per_run_tenancy(invoke_api, client, image, ("floor", *languages), args.per_run)
+            floor = all_times["floor"]
             floor_p50, floor_p95 = statistics.median(floor), percentile(floor, 0.95)
             rows.append(("floor: bare awslambdaric function, fresh env (p50, p95)", ms(floor_p50), ms(floor_p95)))
             for language in languages:
-                times, inits = per_run_tenancy(invoke_api, client, image, language, args.per_run)
+                times, inits = all_times[language], all_inits[language]
                 p50, p95 = statistics.median(times), percentile(times, 0.95)
                 allowed = PER_RUN_TARGETS[language]
                 verdict = "met" if p50 <= floor_p50 + allowed and p95 <= 1.5 * p50 else "MISSED"
