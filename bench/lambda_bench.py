@@ -54,7 +54,7 @@ WORKLOADS = {"python3": 'print("hi")', "nodejs": 'console.log("hi")'}
 PER_RUN_TARGETS = {"python3": 0.120, "nodejs": 0.250}
 READY = re.compile(r"ready in ([0-9.]+) s")
 INIT = re.compile(
-    r"ready in ([0-9.]+) s .*?; init ([0-9.na]+) s since the process started \(platform probe ([0-9.]+) s\)"
+    r"ready in ([0-9.]+) s .*?; init ([0-9.na]+) s since the process started \(platform probe ([0-9.]+) s"
 )
 
 
