@@ -31,8 +31,27 @@ project() {
     rm -rf "$source"
 }
 
+# A Lambda runtime process drops the role's credentials as its interpreter starts (runtimes/credentials.py's
+# early hook), before anything is imported: a .pth file of the venv, which `site` runs
+early_hook() {
+    local site
+    site=$("$PREFIX/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    "$PREFIX/venv/bin/python" -c 'import runtimes.credentials as c, sys; sys.stdout.write(c.EARLY_HOOK)' \
+        >"$site/sandlot-early.pth"
+}
+
+# The Node.js runtime function's first zygote starts on a startup snapshot baked here (runtimes/nodejs/snapshot.py:
+# loaded with rehashing, a seed of its own for every run) instead of building one at every cold start
+bake_snapshot() {
+    local node=${NODEJS_PATH:-/usr/bin/node}
+    [ -x "$node" ] || return 0
+    NODEJS_PATH="$node" "$PREFIX/venv/bin/python" -m runtimes.nodejs.snapshot --bake >/dev/null
+}
+
 if [ "$MODE" = "--project-only" ]; then
     project
+    early_hook
+    bake_snapshot
     chmod -R a+rX,go-w "$PREFIX/venv"
     exit 0
 fi
@@ -42,6 +61,8 @@ mkdir -p "$PREFIX"
 "$PREFIX/venv/bin/python" -m pip install "${PIP_FLAGS[@]}" "setuptools>=68" wheel
 "$PREFIX/venv/bin/python" -m pip install "${PIP_FLAGS[@]}" "$REPO[lambda]"
 project
+early_hook
+bake_snapshot
 
 # The dependency layers: the project's own build (`sandlot layers build`, as the service builds them: pip install
 # --target, npm ci with a lock or npm install, as an unprivileged uid in a tree of its own), into a scratch data

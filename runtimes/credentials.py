@@ -6,6 +6,14 @@ re-executes itself, the very same command, without them: the new image's
 environment block never held them. A runtime function needs none (its role has
 nothing beyond its logs, which go to stdout). Standard library only, so that it
 runs first and cheaply, before the heavy imports of init.
+
+In the image it runs even earlier: infra/layout.sh puts a `.pth` file in the
+venv (EARLY_HOOK) that calls `early_hook()` while the interpreter starts, before
+awslambdaric is imported, so that the process that is replaced has done nothing
+but start. What remains of the re-exec is one bare interpreter start. (Wiping the
+credentials in place instead would leave copies: the environment block that
+/proc/<pid>/environ reads, and the interpreter's own copies in its heap, which a
+same-uid process may read through /proc/<pid>/mem where the platform allows it.)
 """
 
 from __future__ import annotations
@@ -32,3 +40,13 @@ def drop_credentials() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+EARLY_HOOK = "import runtimes.credentials as _sandlot; _sandlot.early_hook()\n"  # a .pth line: site runs it
+
+
+def early_hook() -> None:
+    """Called by the image's .pth file as any interpreter of its venv starts: a Lambda runtime process (one the
+    Runtime API is handed to) drops the credentials there and then; any other is left alone."""
+    if "AWS_LAMBDA_RUNTIME_API" in os.environ:
+        drop_credentials()

@@ -2,12 +2,19 @@
 
     python -m awslambdaric runtimes.<language>.lambda_function.handler
 
-Module import is Lambda's init phase. It first re-executes the process without
-the role's credentials (runtimes/credentials.py). Then it probes the platform (the shared protections record), starts
-the zygote (a separately exec'ed process with a clean environment) with the
-layer baked into the image, and prepares the child for the first run, so that
-the first invocation is warm. What goes wrong there raises InitFailure, which
-awslambdaric reports through the Runtime API's init error.
+Module import is Lambda's init phase. The role's credentials are gone before it
+begins (runtimes/credentials.py: in the image, a .pth hook re-executes the
+interpreter as it starts), and the platform probe runs in a forked child beside
+the heavy imports (runtimes/early.py). Then it reads the probed record (the
+shared protections record, which decides the mode), starts the zygote (a
+separately exec'ed process with a clean environment) with the layer baked into
+the image, and prepares the child for the first run, so that the first
+invocation finds it ready. That zygote is the first run's (the serial schedule's
+first-run step, jail/serial.py): it does nothing only later runs need (Python:
+no preload of the layer; Node: the snapshot baked into the image instead of a
+build), and is replaced by the usual one once the first run is over. What goes
+wrong there raises InitFailure, which awslambdaric reports through the Runtime
+API's init error.
 
 The handler takes a run request and returns the run result (the local seam's
 dicts), or `{"action": "probe"}` / `{"action": "dependencies"}`. Errors travel
@@ -47,7 +54,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from runtimes import tempdirs
+from runtimes import early, tempdirs
 from runtimes.config import RuntimeConfig
 from runtimes.credentials import drop_credentials
 from runtimes.environment import ConfigError, function_environment
@@ -138,10 +145,10 @@ class RuntimeFunction:
         # RequireSeccomp here means: the filter, or tenant isolation in its place (checked per invocation, admit)
         self.require_seccomp = self.config.require_seccomp
         probing = time.monotonic()
-        self.probe_seconds = 0.0
+        early.record()  # the probe started before the imports (early.first_steps), if it was
         if not platform_protections().seccomp:  # probed once per process; the runtime's start reads the same
             self.config.require_seccomp = False
-        self.probe_seconds = time.monotonic() - probing
+        self.probe_seconds = time.monotonic() - probing  # waited for the probe (early: it ran beside the imports)
         self.tenant: str | None = None  # the first tenant id served: the only one this environment serves
         self.runtime = runtime_class(self.config)
         self.list_layer = list_layer
@@ -216,8 +223,8 @@ class RuntimeFunction:
         # the function still answers the probe where runs are refused, saying why
         self.between_hooked = between_invocations(self._between)
         log.info(
-            "%s runtime function ready in %.3f s (probe, zygote, first child); init %.3f s since the process "
-            "started (platform probe %.3f s); protections in force: %s; tenants kept apart by: %s; platform: %s%s",
+            "%s runtime function ready in %.3f s (zygote, first child); init %.3f s since the process started "
+            "(platform probe %.3f s waited for); protections in force: %s; tenants kept apart by: %s; platform: %s%s",
             runtime.language,
             time.monotonic() - started,
             _process_age(),

@@ -18,7 +18,15 @@ next invocation to whoever asks. So:
   replaced, and the child for the next run prepared. Only then: no process
   prepared for a later run exists while any thread of a run can execute, and
   nothing of a run exists when the next event is fetched. An owner that never
-  calls `between` gets it done at the start of the next `take`.
+  calls `between` gets it done at the start of the next `take`;
+- the first run (`first_run`, set by a runtime that starts on a zygote for it):
+  a fresh Lambda environment often serves one run only (tenancy per run, a new
+  tenant's first run), so the runtime may start it on a leaner zygote, with no
+  work done ahead for later runs (Python: nothing of the layer preloaded; the
+  run imports what it uses). Once that run is over and cleaned up, `between`
+  calls `first_run()` (the runtime switches to its usual zygote) and replaces
+  the zygote, as a worn-out one is replaced: between runs, never during one.
+  The zygote, its mode and its children's confinement are the same either way.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 
 from runtimes.jail import sweep
 from runtimes.jail.execution import kill
@@ -58,6 +67,7 @@ class SerialSchedule:
         self._lock = asyncio.Lock()  # between() and take() never overlap
         self._stopped = False
         self.runs = 0
+        self.first_run: Callable[[], None] | None = None  # the runtime's switch to its usual zygote, once
 
     async def start(self) -> None:
         await self.between()
@@ -100,6 +110,10 @@ class SerialSchedule:
                 await self._clean_up(ended)
             if self._stopped:
                 return
+            if self.first_run is not None and self.runs:
+                switch, self.first_run = self.first_run, None
+                switch()
+                await self._replace_zygote("the first run is over", logging.INFO)
             if self.pool.due_for_replacement:
                 await self._replace_zygote("worn out")
             if not self.prepared and self.pool.running:
@@ -153,10 +167,10 @@ class SerialSchedule:
                     log.info("removed what a run planted among the runtime's own files: %s", planted)
                 await self._replace_zygote("a run touched the runtime's own files")
 
-    async def _replace_zygote(self, why: str) -> None:
+    async def _replace_zygote(self, why: str, level: int = logging.WARNING) -> None:
         """Here, between runs, and never during one: what the new zygote brings among the runtime's own files
         (node: its startup snapshot) is then the runtime's own doing, and the new normal."""
-        log.warning("%s: replacing the zygote", why)
+        log.log(level, "%s: replacing the zygote", why)
         for child in self.prepared:
             kill(child)
         while self.prepared:

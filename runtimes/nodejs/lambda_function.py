@@ -3,13 +3,19 @@
 Importing this module is the function's init: see runtimes/lambda_runtime.py.
 """
 
-from runtimes.credentials import drop_credentials
+from runtimes.early import first_steps
 
-drop_credentials()  # first of all: the process re-executes itself without the role's credentials
+first_steps()  # first of all: the role's credentials out (a re-exec), then the probe while the process is small
 
-from layers.nodejs import installed  # noqa: E402
 from runtimes.lambda_runtime import RuntimeFunction  # noqa: E402
 from runtimes.nodejs.runtime import NodeRuntime  # noqa: E402
 
-function = RuntimeFunction(NodeRuntime, lambda config: installed(config.nodejs_layer))
+
+def _installed(config) -> list[dict]:
+    from layers.nodejs import installed  # only for {"action": "dependencies"}: not on the cold path
+
+    return installed(config.nodejs_layer)
+
+
+function = RuntimeFunction(NodeRuntime, _installed)
 handler = function.handler

@@ -31,6 +31,19 @@ class NodeRuntime(JailedRuntime):
         self.snapshot: snapshot.Snapshot | None = None  # the newest zygote's, for the default memory limit
         self._snapshots = snapshot.SnapshotDirectory(os.path.join(config.data_dir, "snapshots"))
         self._snapshot_of: dict[Zygote, snapshot.Snapshot] = {}
+        # one run at a time (a Lambda function): the first zygote starts on the image's baked snapshot, if it
+        # has one for this node (snapshot.py: loaded with rehashing), instead of waiting for a build; the
+        # serial schedule replaces it once the first run is over, and from then on each zygote builds its own
+        self._first_zygote_baked = config.one_run_at_a_time
+
+    def _serial_schedule(self):
+        schedule = super()._serial_schedule()
+        if self._first_zygote_baked:
+            schedule.first_run = self._first_run_over
+        return schedule
+
+    def _first_run_over(self) -> None:
+        self._first_zygote_baked = False
 
     async def start(self) -> None:
         if not self.missing() and not self.refused:
@@ -41,7 +54,13 @@ class NodeRuntime(JailedRuntime):
         await super().start()
 
     async def _start_zygote(self, kind: str = MAIN) -> Zygote:
-        """Each zygote starts on a snapshot of its own (a hash seed of its own, see snapshot.py)."""
+        """Each zygote starts on a snapshot of its own (a hash seed of its own, see snapshot.py); a function's
+        first, on the baked one where the image has it (rehashed at load: a seed of its own for every run)."""
+        if self._first_zygote_baked:
+            baked = await asyncio.to_thread(snapshot.baked, self.node, WRAPPER, self.config.default_memory_mb)
+            if baked is not None:
+                self.snapshot = baked
+                return await super()._start_zygote(kind)  # not in _snapshot_of: the image's file stays
         fresh = None
         try:
             fresh = await asyncio.to_thread(

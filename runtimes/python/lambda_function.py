@@ -3,13 +3,19 @@
 Importing this module is the function's init: see runtimes/lambda_runtime.py.
 """
 
-from runtimes.credentials import drop_credentials
+from runtimes.early import first_steps
 
-drop_credentials()  # first of all: the process re-executes itself without the role's credentials
+first_steps()  # first of all: the role's credentials out (a re-exec), then the probe while the process is small
 
-from layers.python import installed  # noqa: E402
 from runtimes.lambda_runtime import RuntimeFunction  # noqa: E402
 from runtimes.python.runtime import PythonRuntime  # noqa: E402
 
-function = RuntimeFunction(PythonRuntime, lambda config: installed(config.python_layer))
+
+def _installed(config) -> list[dict]:
+    from layers.python import installed  # only for {"action": "dependencies"}: not on the cold path
+
+    return installed(config.python_layer)
+
+
+function = RuntimeFunction(PythonRuntime, _installed)
 handler = function.handler

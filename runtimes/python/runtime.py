@@ -51,6 +51,19 @@ class PythonRuntime(JailedRuntime):
         super().__init__(config)
         self._lean_report: dict | None = None
         self._lean_held: frozenset[str] = frozenset()
+        # one run at a time (a Lambda function, `sandlot run --local`): the first run, often the only one (a
+        # fresh environment per run or per new tenant), does not wait for the layer's preload; its zygote
+        # is lean, and the serial schedule replaces it with the preloaded one once that run is over
+        self._first_zygote_lean = config.one_run_at_a_time and bool(config.python_layer)
+
+    def _serial_schedule(self):
+        schedule = super()._serial_schedule()
+        if self._first_zygote_lean:
+            schedule.first_run = self._first_run_over
+        return schedule
+
+    def _first_run_over(self) -> None:
+        self._first_zygote_lean = False  # the zygotes from now on preload the layer
 
     def zygote_kinds(self) -> tuple[str, ...]:
         if self.config.one_run_at_a_time or not self.config.python_layer:
@@ -124,7 +137,7 @@ class PythonRuntime(JailedRuntime):
             **super().runner_config(kind),
             "preload": list(self.config.python_preload) if self.config.python_layer else [],
             "layer_path": self.config.python_layer,
-            "lazy": kind == LEAN,
+            "lazy": kind == LEAN or self._first_zygote_lean,
         }
 
     def layer(self) -> str:

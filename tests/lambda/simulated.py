@@ -95,15 +95,43 @@ def start_simulated(
     return instance.start()
 
 
+FLOOR_HANDLER = "floor_function.handler"
+FLOOR_SOURCE = 'def handler(event, context):\n    return "hello"\n'
+
+
+def start_floor(image: str, uid: int = SIM_UID, **env: str) -> FunctionInstance:
+    """The floor: a bare awslambdaric function (`def handler(e, c): return "hello"`) on the same simulated platform
+    (the image's interpreter and awslambdaric, the same uid, outer filter, environment and credentials), so
+    that what a runtime function's init costs beyond Lambda's own can be read as a difference to it."""
+    tmp = tempfile.mkdtemp(prefix="sandlot-sim-")
+    with open(os.path.join(tmp, "floor_function.py"), "w") as f:  # removed with tmp when the instance stops
+        f.write(FLOOR_SOURCE)
+    os.chmod(os.path.join(tmp, "floor_function.py"), 0o644)
+    os.chown(tmp, uid, uid)
+    instance = FunctionInstance(
+        FLOOR_HANDLER,
+        {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": tmp, "TMPDIR": tmp, **FAKE_CREDENTIALS, **env},
+        name="sim-floor",
+        python=os.path.join(image, "venv", "bin", "python"),
+        prefix=(sys.executable, OUTER_FILTER, "--uid", str(uid), "--eperm", REFUSED, "--"),
+        cwd=tmp,  # `python -m` puts it first on sys.path, as Lambda's task root
+    )
+    instance.tmp = tmp
+    return instance.start()
+
+
 TENANT_UIDS = range(SIM_UID + 100, SIM_UID + 1100)  # one per environment started for a tenant
 _next_tenant_uid = iter(TENANT_UIDS)
 
 
 def tenant_environments(image: str, language: str, **env: str):
     """`start(tenant_id)` for InvokeAPI.add_per_tenant: each tenant's environment a simulated instance with a uid
-    of its own (as each is a microVM of its own on Lambda, and each sweeps its uid after every run)."""
+    of its own (as each is a microVM of its own on Lambda, and each sweeps its uid after every run).
+    language "floor": the bare function (start_floor)."""
 
     def start(tenant: str) -> FunctionInstance:
+        if language == "floor":
+            return start_floor(image, uid=next(_next_tenant_uid), **env)
         return start_simulated(image, language, uid=next(_next_tenant_uid), **env)
 
     return start

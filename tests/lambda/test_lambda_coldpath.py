@@ -1,0 +1,127 @@
+"""A fresh environment's first run (issue 31): what the cold path skips or does at build time, and that it is safe.
+
+- the first run of a function does not wait for the layer's preload (Python) or a startup snapshot's build
+  (Node: the image's baked one, loaded with rehashing); the zygotes after it are the usual ones;
+- the role's credentials leave a Lambda runtime process as its interpreter starts (the image's .pth hook);
+- the platform probe runs in a forked child beside the imports, and its record is the one the process
+  would have probed itself.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from functions import FAKE_CREDENTIALS, REPO
+from simulated import SIM_UID, SYSTEM_PYTHON, lay_out_image, start_simulated
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+
+from service import IS_ROOT  # noqa: E402
+from test_lambda_runtime import result_of  # noqa: E402
+
+HELD = "import sys; print(sorted(m for m in ('requests', 'httpx', 'jinja2') if m in sys.modules))"
+
+
+@pytest.fixture(scope="module")
+def image():
+    return lay_out_image()
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: the simulation changes to an unprivileged uid")
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"needs {SYSTEM_PYTHON} (any uid can run it)")
+def test_the_first_run_waits_for_no_preload_and_later_runs_find_the_layer_preloaded(image):
+    instance = start_simulated(image, "python3", uid=SIM_UID + 40, SANDLOT_REQUIRE_SECCOMP="false")
+    try:
+        assert instance.ready, instance.output()
+        # its zygote imported nothing of the layer; the layer is there all the same: the run imports what it uses
+        code = f"{HELD}\nimport requests\nprint(requests.__name__)"
+        first = result_of(instance, {"language": "python3", "code": code, "enable_network": True})
+        assert first["stdout"] == "[]\nrequests\n", first
+        later = result_of(instance, {"language": "python3", "code": HELD, "enable_network": True})
+        assert later["stdout"] == "['httpx', 'jinja2', 'requests']\n", later
+        assert "the first run is over: replacing the zygote" in instance.output()
+    finally:
+        instance.stop()
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: the simulation changes to an unprivileged uid")
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"needs {SYSTEM_PYTHON} (any uid can run it)")
+@pytest.mark.skipif(not os.access("/usr/bin/node", os.X_OK), reason="needs node at /usr/bin/node")
+def test_node_first_run_starts_on_the_baked_snapshot_loaded_with_rehashing(image):
+    site = os.path.join(image, "venv", "lib", "python3.11", "site-packages")
+    with open(os.path.join(site, "runtimes", "nodejs", "baked", "snapshot.json")) as f:
+        baked = json.load(f)
+    assert "--no-rehash-snapshot" not in baked["flags"]  # its seed is in every copy of the image: never used
+    instance = start_simulated(image, "nodejs", uid=SIM_UID + 41, SANDLOT_REQUIRE_SECCOMP="false")
+    try:
+        assert instance.ready, instance.output()
+        code = "console.log(typeof require, [1, 2].map((x) => x * 2).join())"
+        for _ in range(2):  # the first on the baked snapshot, the next on the zygote's own
+            result = result_of(instance, {"language": "nodejs", "code": code, "enable_network": True})
+            assert result["stdout"] == "function 2,4\n", result
+        assert "the first run is over: replacing the zygote" in instance.output()
+        assert "no startup snapshot" not in instance.output()
+    finally:
+        instance.stop()
+
+
+def test_a_baked_snapshot_serves_only_the_node_wrapper_and_heap_it_was_built_for(tmp_path):
+    from runtimes.nodejs import snapshot
+    from runtimes.nodejs.runtime import WRAPPER
+
+    node = "/usr/bin/node"
+    if not os.access(node, os.X_OK):
+        pytest.skip("needs node at /usr/bin/node")
+    made = snapshot.bake(node, WRAPPER, 512, str(tmp_path))
+    assert made is not None and snapshot.NO_REHASH not in made.flags
+    assert snapshot.baked(node, WRAPPER, 512, str(tmp_path)) == made
+    assert snapshot.baked(node, WRAPPER, 256, str(tmp_path)) is None  # another heap limit
+    other = tmp_path / "wrapper.js"
+    with open(WRAPPER) as f:
+        other.write_text(f.read() + "\n// changed\n")
+    assert snapshot.baked(node, str(other), 512, str(tmp_path)) is None  # another wrapper
+    meta = json.loads((tmp_path / "snapshot.json").read_text())
+    meta["flags"].append(snapshot.NO_REHASH)
+    (tmp_path / "snapshot.json").write_text(json.dumps(meta))
+    assert snapshot.baked(node, WRAPPER, 512, str(tmp_path)) is None  # never loaded with the image's seed
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: the simulation changes to an unprivileged uid")
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"needs {SYSTEM_PYTHON} (any uid can run it)")
+def test_a_lambda_runtime_process_drops_the_credentials_as_its_interpreter_starts(image):
+    python = os.path.join(image, "venv", "bin", "python")
+    show = (
+        "import os, sys; print(json.dumps([open('/proc/self/environ', 'rb').read().decode(), "
+        "'awslambdaric' in sys.modules]))"
+    ).replace("json", "__import__('json')")
+    env = {"PATH": "/usr/bin:/bin", **FAKE_CREDENTIALS}
+    ran = subprocess.run([python, "-c", show], env={**env, "AWS_LAMBDA_RUNTIME_API": "127.0.0.1:9"}, **_text())
+    environ, _ = json.loads(ran.stdout)
+    assert "AWS_LAMBDA_RUNTIME_API" in environ
+    for secret in FAKE_CREDENTIALS.values():
+        assert secret not in environ  # not even in the block the kernel shows: the process was replaced
+    # any other process of the venv (pip at build time) is left alone
+    other = subprocess.run([python, "-c", show], env=env, **_text())
+    assert all(secret in json.loads(other.stdout)[0] for secret in FAKE_CREDENTIALS.values())
+
+
+def test_the_early_probe_records_what_the_process_would_have_probed():
+    script = (
+        "import json\n"
+        "from runtimes import early\n"
+        "from runtimes.jail import protections\n"
+        "early._start_probe()\n"
+        "early.record()\n"
+        "forked = protections.platform_protections().to_dict()\n"
+        "assert early.probe_seconds == early.probe_seconds, 'the early record was not taken'\n"
+        "print(json.dumps([forked, protections.probe().to_dict()]))\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", script], cwd=REPO, **_text())
+    forked, own = json.loads(ran.stdout)
+    assert forked == own
+
+
+def _text() -> dict:
+    return {"capture_output": True, "text": True, "check": True, "timeout": 60}
