@@ -54,6 +54,12 @@ READ_TIMEOUT_MARGIN = 10.0  # seconds over the function's timeout before the cli
 PROBE_RETRY = 30.0  # seconds before a probe that failed is tried again (runs get ids of their own meanwhile)
 
 
+def is_error_payload(payload: object) -> bool:
+    """A function error's payload (awslambdaric's errorType and errorMessage), which no answer of a runtime
+    function has: SAM local 1.170 hands such payloads on without FunctionError when they carry a requestId."""
+    return isinstance(payload, dict) and "errorType" in payload and "errorMessage" in payload
+
+
 def function_error(name: str, payload: object) -> Exception:
     """What a function error (FunctionError set on the response) means for the run."""
     if not isinstance(payload, dict):
@@ -293,6 +299,6 @@ class LambdaInvoker:
             answer = json.loads(body)
         except ValueError as exc:
             raise Unavailable(f"malformed payload from the {name} function: not JSON") from exc
-        if response.get("FunctionError"):
+        if response.get("FunctionError") or is_error_payload(answer):
             raise function_error(name, answer)
         return answer

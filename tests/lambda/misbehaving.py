@@ -15,6 +15,17 @@ def answers_garbage(event, context):
     return "not a run result"
 
 
+def errors_without_the_header(event, context):
+    """A function error as SAM local 1.170 hands it on: awslambdaric's error payload (with its requestId), but no
+    FunctionError on the response, since SAM marks only payloads of exactly errorMessage/errorType/stackTrace."""
+    return {
+        "errorMessage": "this environment serves tenant 't1' only",
+        "errorType": "TenantRefused",
+        "requestId": "r",
+        "stackTrace": [],
+    }
+
+
 def who(event, context):
     """Not misbehaving: says which environment (pid) served the invocation, for which tenant."""
     import os

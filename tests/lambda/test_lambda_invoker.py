@@ -101,7 +101,7 @@ def misbehaving(invoke_api):
 
         return start
 
-    for name in ("sleeps", "raises", "answers_garbage"):
+    for name in ("sleeps", "raises", "answers_garbage", "errors_without_the_header"):
         invoke_api.add_per_tenant(name, starter(name))
     yield  # the Invoke API stops the environments it started
 
@@ -128,6 +128,9 @@ def test_function_errors_timeouts_and_malformed_payloads_are_500s_saying_which(i
     assert envelope["code"] == -500 and "ValueError: something broke" in envelope["message"]
     envelope = envelope_from(invoke_api, "answers_garbage")
     assert envelope["code"] == -500 and "malformed payload" in envelope["message"]
+    # SAM local: an error payload without the FunctionError header still says its own reason
+    envelope = envelope_from(invoke_api, "errors_without_the_header")
+    assert envelope["code"] == -500 and "serves tenant 't1' only" in envelope["message"], envelope
     envelope = envelope_from(invoke_api, "no-such-function")
     assert envelope["code"] == -500 and "ResourceNotFoundException" in envelope["message"]
 
