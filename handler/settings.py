@@ -206,10 +206,10 @@ class Settings(RuntimeSettings):
     @property
     def build_uid(self) -> int:
         """SANDLOT_BUILD_UID, else the uid below the run blocks, or where that is not mapped (a container with a
-        user namespace of its own) an id of the namespace's map that no user or group has (jail/uids.py)."""
-        from runtimes.jail import uids
+        user namespace of its own) an id of the namespace's map that no user or group has (runtimes/idmap.py)."""
+        from runtimes.idmap import build_uid
 
-        return self.SANDLOT_BUILD_UID or uids.build_uid(self.SANDLOT_UID_BASE)
+        return self.SANDLOT_BUILD_UID or build_uid(self.SANDLOT_UID_BASE)
 
     @classmethod
     def settings_customise_sources(
