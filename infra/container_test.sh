@@ -16,11 +16,10 @@
 #   infra/container_test.sh [--keep]     # as root; --keep leaves the containers running
 #
 # No image registry is reachable here, so the Dockerfile's two base images are local stand-ins
-# tagged with the names it uses (docker.io/library/python:3.11-slim-bookworm: Debian bookworm's
-# minbase from debootstrap with python3, python3-venv and ca-certificates; .../node:20-bookworm-slim:
-# this machine's node and npm at the image's places). Both are made once and kept in podman's
-# storage, as is the state under $SANDLOT_CT_DIR (default /var/tmp/sandlot-container-test).
-# Downloads from inside go through this machine's network: its CA files are copied into the stand-in.
+# tagged with the names it uses (infra/standins.sh: Debian bookworm's minbase from debootstrap with
+# python3 and python3-venv; the same with this machine's node and npm at the image's places). Both are
+# made once and kept in podman's storage, as is the state under $SANDLOT_CT_DIR (default
+# /var/tmp/sandlot-container-test).
 #
 # Needs root, and Debian's podman, runc, slirp4netns and debootstrap (installed when missing). Takes about
 # half a minute with the stand-ins made and the image cached (the first time: about 2 minutes more). Not
@@ -37,10 +36,7 @@ EXPECT_COMPOSE_MODE=${EXPECT_COMPOSE_MODE:-full}
 EXPECT_USERNS_MODE=${EXPECT_USERNS_MODE:-chroot}
 EXPECT_RESTRICTED_MODE=${EXPECT_RESTRICTED_MODE:-userns}
 RESTRICTED_UID=1000990000 # as OpenShift's restricted-v2 picks one
-MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 IMAGE=localhost/sandlot-container-test:latest
-PYTHON_BASE=docker.io/library/python:3.11-slim-bookworm
-NODE_BASE=docker.io/library/node:20-bookworm-slim
 KEY=container-test-$RANDOM$RANDOM
 KEEP=0
 [ "${1:-}" = "--keep" ] && KEEP=1
@@ -62,51 +58,14 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 mkdir -p "$STATE"
-# This machine's podman: runc (crun refuses the hybrid cgroup setup), open-file limits within the hard
-# limit, and Docker's default capability set (podman's own default leaves out MKNOD, NET_RAW, AUDIT_WRITE).
+# shellcheck source=infra/standins.sh
+. "$ROOT/infra/standins.sh"
 export CONTAINERS_CONF="$STATE/containers.conf"
-cat >"$CONTAINERS_CONF" <<'EOF'
-[containers]
-default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
-default_capabilities = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
-  "NET_BIND_SERVICE", "NET_RAW", "SYS_CHROOT", "MKNOD", "AUDIT_WRITE", "SETFCAP"]
-[engine]
-runtime = "runc"
-EOF
+podman_conf "$CONTAINERS_CONF"
 
-# ---- the base images' stand-ins ----------------------------------------------------------------------
-if ! podman image exists "$PYTHON_BASE"; then
-    say "making the stand-in for $PYTHON_BASE (debootstrap, about 45 s)"
-    base="$STATE/python-base"
-    rm -rf "$base"
-    debootstrap --variant=minbase bookworm "$base" "$MIRROR" >"$STATE/debootstrap.log" 2>&1 ||
-        fail "debootstrap: see $STATE/debootstrap.log"
-    mkdir -p "$base/usr/local/share/ca-certificates"
-    cp /usr/local/share/ca-certificates/*.crt "$base/usr/local/share/ca-certificates/" 2>/dev/null || true
-    cp /etc/resolv.conf "$base/etc/resolv.conf"
-    chroot "$base" /bin/sh -c 'export DEBIAN_FRONTEND=noninteractive; apt-get update -q &&
-        apt-get install -y -q --no-install-recommends python3 python3-venv ca-certificates &&
-        apt-get clean && rm -rf /var/lib/apt/lists/*' >"$STATE/apt.log" 2>&1 || fail "apt in the stand-in: see $STATE/apt.log"
-    : >"$base/etc/resolv.conf"
-    bundle=/etc/ssl/certs/ca-certificates.crt
-    # one --change per variable: podman's import reads `ENV A=1 B=2` as A set to "1 B=2"
-    tar -C "$base" -c . | podman import \
-        --change "ENV LANG=C.UTF-8" --change "ENV PIP_CERT=$bundle" --change "ENV SSL_CERT_FILE=$bundle" \
-        --change "ENV REQUESTS_CA_BUNDLE=$bundle" \
-        --change 'CMD ["python3"]' --quiet - "$PYTHON_BASE" >/dev/null
-    rm -rf "$base"
-fi
-if ! podman image exists "$NODE_BASE"; then
-    say "making the stand-in for $NODE_BASE (this machine's node and npm)"
-    base="$STATE/node-base"
-    rm -rf "$base"
-    mkdir -p "$base/usr/local/bin" "$base/usr/local/lib/node_modules"
-    cp "$(readlink -f "$(command -v node)")" "$base/usr/local/bin/node"
-    npm_dir=$(dirname "$(dirname "$(readlink -f "$(command -v npm)")")")
-    cp -a "$npm_dir" "$base/usr/local/lib/node_modules/npm"
-    tar -C "$base" -c . | podman import --quiet - "$NODE_BASE" >/dev/null
-    rm -rf "$base"
-fi
+# ---- the base images' stand-ins (infra/standins.sh, shared with infra/sam_local_test.sh) -----------------
+standin_python_base
+standin_node_base
 
 # ---- the image -------------------------------------------------------------------------------------------
 say "building the image from $ROOT/Dockerfile"

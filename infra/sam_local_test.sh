@@ -103,16 +103,9 @@ export SAM_CLI_TELEMETRY=0 AWS_DEFAULT_REGION=us-east-1 AWS_REGION=us-east-1
 # dummy credentials: start-lambda checks no signature, and no real ones reach the containers
 export AWS_ACCESS_KEY_ID=sam-local AWS_SECRET_ACCESS_KEY=sam-local
 
-# This machine's podman: runc (crun refuses the hybrid cgroup setup), open-file limits within the hard limit,
-# and Docker's default capability set (podman's own leaves out MKNOD, NET_RAW, AUDIT_WRITE).
-cat >"$CONTAINERS_CONF" <<'EOF'
-[containers]
-default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
-default_capabilities = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
-  "NET_BIND_SERVICE", "NET_RAW", "SYS_CHROOT", "MKNOD", "AUDIT_WRITE", "SETFCAP"]
-[engine]
-runtime = "runc"
-EOF
+# shellcheck source=infra/standins.sh
+source "$ROOT/infra/standins.sh"
+podman_conf "$CONTAINERS_CONF"
 
 # ---- podman's Docker API -------------------------------------------------------------------------------------
 kept=()
@@ -130,8 +123,6 @@ for _ in $(seq 1 50); do [ -S "$SOCK" ] && break; sleep 0.2; done
 [ -S "$SOCK" ] || fail "podman system service did not start: see $STATE/podman-service.log"
 
 # ---- stand-ins -------------------------------------------------------------------------------------------------
-# shellcheck source=infra/standins.sh
-source "$ROOT/infra/standins.sh"
 standin_python_base
 standin_node_base
 api_runtime=$(sed -n 's/^ *Runtime: *python\([0-9][0-9.]*\).*/\1/p' "$ROOT/template.yaml" | head -1)

@@ -1,12 +1,13 @@
 # Local stand-ins for the base images the Dockerfiles and SAM local use, tagged with the names they use,
-# since no image registry is reachable here. Sourced (bash) by infra/sam_local_test.sh; needs root,
-# podman and debootstrap, and from the caller: STATE (a directory kept between runs) and say/fail.
+# since no image registry is reachable here, and the podman settings both scripts run with. Sourced (bash) by
+# infra/container_test.sh and infra/sam_local_test.sh; needs root, podman and debootstrap, and from the
+# caller: STATE (a directory kept between runs) and say/fail.
 #
 #   standin_python_base     docker.io/library/python:3.11-slim-bookworm  (runtimes/python/Dockerfile, Dockerfile)
 #   standin_node_base       docker.io/library/node:20-bookworm-slim      (runtimes/nodejs/Dockerfile, Dockerfile)
 #   standin_lambda_python V public.ecr.aws/lambda/python:V-x86_64        (a Zip function of runtime pythonV)
 #
-# Each is Debian bookworm's minbase (debootstrap, made once and kept as a tarball under $STATE) with:
+# Each is Debian bookworm's minbase (debootstrap, made once and kept as a tarball under $STANDIN_CACHE) with:
 #   python   Debian's python3 (3.11) and python3-venv, linked where the real image has its python
 #            (/usr/local/bin/python3, python3.11);
 #   node     this machine's node and npm under /usr/local (the real image's places), on the same minbase,
@@ -22,6 +23,20 @@
 STANDIN_LABEL=sandlot.standin=bookworm-1
 STANDIN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 STANDIN_BUNDLE=/etc/ssl/certs/ca-certificates.crt
+STANDIN_CACHE=${STANDIN_CACHE:-/var/tmp/sandlot-standins} # the minbase tarball, one for both scripts
+
+podman_conf() { # podman_conf FILE: this machine's podman settings, in FILE (for CONTAINERS_CONF)
+    # runc (crun refuses the hybrid cgroup setup), open-file limits within the hard limit, and Docker's
+    # default capability set (podman's own default leaves out MKNOD, NET_RAW, AUDIT_WRITE)
+    cat >"$1" <<'EOF'
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+default_capabilities = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
+  "NET_BIND_SERVICE", "NET_RAW", "SYS_CHROOT", "MKNOD", "AUDIT_WRITE", "SETFCAP"]
+[engine]
+runtime = "runc"
+EOF
+}
 
 standin_ok() { # standin_ok IMAGE: the image exists and is one of these stand-ins
     [ "$(podman image inspect -f '{{index .Labels "sandlot.standin"}}' "$1" 2>/dev/null)" = "${STANDIN_LABEL#*=}" ]
@@ -30,7 +45,8 @@ standin_ok() { # standin_ok IMAGE: the image exists and is one of these stand-in
 standin_rootfs() { # standin_rootfs DIR APT-PACKAGES...: bookworm's minbase with these packages, in DIR
     local dir=$1
     shift
-    local cache="$STATE/bookworm-minbase.tar"
+    local cache="$STANDIN_CACHE/bookworm-minbase.tar"
+    mkdir -p "$STANDIN_CACHE"
     if [ ! -s "$cache" ]; then
         say "debootstrap of bookworm's minbase (once, about a minute)"
         rm -rf "$STATE/minbase"

@@ -116,15 +116,19 @@ def test_compose_replaces_difys_sandbox_service_unchanged():
 
 
 def test_the_real_container_script_stands_in_for_the_dockerfiles_base_images(dockerfile):
-    """infra/container_test.sh builds the image with podman from local stand-ins of its base images, tagged
-    as the Dockerfile names them: a renamed base image must be renamed there too."""
+    """infra/container_test.sh builds the image with podman from local stand-ins of its base images
+    (infra/standins.sh), tagged as the Dockerfile names them: a renamed base image must be renamed there too."""
     script = os.path.join(ROOT, "infra", "container_test.sh")
     with open(script) as f:
         text = f.read()
+    with open(os.path.join(ROOT, "infra", "standins.sh")) as f:
+        standins = f.read()
+    assert "infra/standins.sh" in text and "standin_python_base" in text and "standin_node_base" in text
     for value in instructions(dockerfile, "FROM"):
         image = value.split()[0]
-        assert f"docker.io/library/{image}" in text, image
-    assert subprocess.run(["bash", "-n", script], capture_output=True).returncode == 0
+        assert f"docker.io/library/{image}" in standins, image
+    for path in (script, os.path.join(ROOT, "infra", "standins.sh")):
+        assert subprocess.run(["bash", "-n", path], capture_output=True).returncode == 0
     assert os.access(script, os.X_OK)
 
 
@@ -134,12 +138,14 @@ def test_the_container_script_installs_every_tool_it_runs_and_sets_each_variable
     `ENV A=1 B=2` as A set to "1 B=2", which left the CA variables unset inside."""
     with open(os.path.join(ROOT, "infra", "container_test.sh")) as f:
         text = f.read()
+    with open(os.path.join(ROOT, "infra", "standins.sh")) as f:
+        standins = f.read()
     installed = re.search(r"for tool in ([^;]+); do command -v", text).group(1).split()
     called = {"podman", "runc", "debootstrap", "catatonit"}
     if "slirp4netns" in text:
         called.add("slirp4netns")
     assert called <= set(installed), called - set(installed)
-    changes = re.findall(r"""--change\s+["']ENV ([^"']*)["']""", text)
+    changes = re.findall(r"""--change\s+["']ENV ([^"']*)["']""", standins)
     assert changes, "the stand-in's variables are set with --change"
     for change in changes:
         assert len(re.findall(r"\b[A-Z_][A-Z0-9_]*=", change)) == 1, change
