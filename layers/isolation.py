@@ -68,14 +68,18 @@ log = logging.getLogger("sandlot.layers")
 BUILD_FILES = ("/etc/pip.conf", "/etc/xdg/pip", "/etc/npmrc", "/usr/etc/npmrc", "/etc/ssl/certs", "/usr/lib/ssl")
 
 
-def configured_paths(command: list[str]) -> list[str]:
-    """Absolute paths a tool's configuration names (find-links, local indexes, constraints, cafile)."""
+def _listing(command: list[str]) -> list[str]:
+    """The lines of a tool's configuration listing (`pip config list`, `npm config list`); none if it fails."""
     try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
+        return subprocess.run(command, capture_output=True, text=True, timeout=60).stdout.splitlines()
     except (OSError, subprocess.TimeoutExpired):
         return []
+
+
+def configured_paths(command: list[str]) -> list[str]:
+    """Absolute paths a tool's configuration names (find-links, local indexes, constraints, cafile)."""
     found = []
-    for line in out.splitlines():
+    for line in _listing(command):
         if line.lstrip().startswith((";", "#")):
             continue  # npm's comments (`; cwd = /`, `; HOME = /root`) describe the caller, not the configuration
         _, _, value = line.partition("=")
@@ -142,12 +146,8 @@ def reached(urls: list[str]) -> tuple[str, ...]:
 
 def configured_urls(command: list[str], keys: tuple[str, ...]) -> list[str]:
     """The values of keys (`index-url`, `registry`, ...) in a tool's configuration listing."""
-    try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
     found = []
-    for line in out.splitlines():
+    for line in _listing(command):
         name, _, value = line.partition("=")
         if value and name.strip().rsplit(".", 1)[-1] in keys:
             found += shlex.split(value.strip(), posix=True)
