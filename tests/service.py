@@ -74,7 +74,11 @@ class Service:
 
             # in a default container layer builds run as their uid without a tree: it must be able to run pip
             self.python = unprivileged.venv_python()
-        self.source = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project it runs
+            # a launcher may change the uid (--uid): the project from where any uid can read it (the checkout, or
+            # a copy where the checkout is closed to others, as a clone in a mode-700 temp dir is)
+            self.source = unprivileged.source()
+        else:
+            self.source = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project it runs
         self.user: int | None = None  # start the service as this uid (and gid), no groups
         # the uid in the name: a log another uid's run left under this port (a killed run) cannot be opened
         self.log_path = f"/tmp/sandlot-test-{os.getuid()}-{self.port}.log"
