@@ -44,9 +44,11 @@ def _remove(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def remove_if_unlocked(path: str | os.PathLike, remove: Callable[[str], None] = _remove) -> bool:
-    """Remove the directory (with remove(), once it is renamed out of the way) unless some process holds a
-    lock on it; True if it is gone."""
+def remove_if_unlocked(
+    path: str | os.PathLike, remove: Callable[[str], None] = _remove, trash_dir: str | None = None
+) -> bool:
+    """Remove the directory (with remove(), once it is renamed out of the way: beside it, or into trash_dir on
+    the same filesystem) unless some process holds a lock on it; True if it is gone."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -58,6 +60,8 @@ def remove_if_unlocked(path: str | os.PathLike, remove: Callable[[str], None] = 
             return False
         name = os.fspath(path)
         trash = f"{name}{TRASH}{secrets.token_hex(16)}" if TRASH not in name else name
+        if trash_dir is not None and TRASH not in name:
+            trash = os.path.join(trash_dir, os.path.basename(trash))
         try:
             os.rename(path, trash)
         except OSError:

@@ -18,11 +18,13 @@ import functools
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
+import time
 from dataclasses import asdict, dataclass, field
 
-from runtimes import linux
+from runtimes import dirlock, linux
 
 DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
 SYSTEM_FILES = (
@@ -276,8 +278,9 @@ def build_and_enter(spec: dict, root: str, writable: tuple[str, ...] = (), tmp_o
 
 # ---- the tree as a real directory (the chroot mode: no mount can be made) ------------------------------
 
-TREE_FORMAT = 2  # bumped when materialize() changes what a tree holds: older trees are then rebuilt
-TREE_TMP_MODE = 0o711  # runs can neither list nor write the tree's /tmp; each gets a 0700 directory in it
+TREE_FORMAT = 3  # bumped when materialize() changes what a tree holds: older trees are then rebuilt
+TREE_TMP_MODE = 0o711  # runs can neither list nor write the tree's /tmp (each has a /tmp of its own, in its cell)
+CELLS = "/cells"  # each uid's cell: the tree again, its directories made and its files hard links (make_cell)
 HIDDEN_MODE = 0o555  # what the pivot tree's hiding tmpfs shows: an empty directory
 NULL_STAND_IN = "/dev/null"
 _NOT_LINKABLE = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWGRP | stat.S_IWOTH
@@ -347,8 +350,62 @@ def materialize(spec: dict, root: str, device_nodes: bool = True) -> Materialize
             file.write(text)
         os.chmod(root + target, 0o444)  # whatever the umask
     os.makedirs(root + "/tmp", exist_ok=True)
+    os.makedirs(root + CELLS, exist_ok=True)
     _settle_tree(root, hidden_targets)
     return done
+
+
+def cell(uid: int) -> str:
+    """The root a run of uid chroots into, as its zygote (chrooted into the tree) names it."""
+    return f"{CELLS}/{uid}"
+
+
+def make_cell(root: str, uid: int) -> str:
+    """uid's cell in the finished tree at root, made now if there is none; its path (host side).
+
+    Literal /tmp paths (Dify code writes /tmp/report.pdf) need a /tmp of the run's own, and
+    without mounts one root cannot show each run another /tmp: each uid gets a root of its own,
+    the tree again with every directory made anew (root's, the tree's modes) and every other entry
+    (files, symlinks, device nodes) a hard link to the tree's own, so that it costs the tree's
+    directories (a few hundred inodes), no file data and no page cache of its own. Its /tmp is
+    made for each run (trees.make_run_tmp). Built under a name of its own, locked, and renamed
+    into place: never seen half-made (trees.clear_stale_run_tmps removes a dead builder's).
+    Nothing in it but its /tmp is writable by a run, so a cell is kept for the uid's next runs.
+    """
+    path = root + cell(uid)
+    if os.path.isdir(path):
+        return path
+    scratch = f"{path}.build-{os.getpid()}-{time.time_ns()}"
+    os.mkdir(scratch, 0o700)
+    held = dirlock.lock_shared(scratch)
+    try:
+        skipped = {root + "/tmp", root + CELLS}
+        for dirpath, dirnames, filenames in os.walk(root):
+            target = scratch + dirpath[len(root) :]
+            if dirpath != root:
+                os.mkdir(target)
+            for name in dirnames + filenames:
+                source = os.path.join(dirpath, name)
+                if source in skipped:
+                    continue
+                if name in filenames or os.path.islink(source):  # os.walk lists a link to a directory there
+                    os.link(source, os.path.join(target, name), follow_symlinks=False)
+            dirnames[:] = [d for d in dirnames if os.path.join(dirpath, d) not in skipped]
+        for dirpath, _dirnames, _filenames in os.walk(scratch):
+            info = os.lstat(root + dirpath[len(scratch) :])
+            os.chmod(dirpath, stat.S_IMODE(info.st_mode))
+            if os.geteuid() == 0:
+                os.chown(dirpath, info.st_uid, info.st_gid)
+        try:
+            os.rename(scratch, path)
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+    finally:
+        os.close(held)
+        if os.path.lexists(scratch):
+            shutil.rmtree(scratch, ignore_errors=True)
+    return path
 
 
 def _copy_in(root: str, source: str, hidden: set[str], done: Materialized) -> None:
@@ -433,8 +490,8 @@ def _copy_bytes(src: int, dst: int, size: int) -> int:
 
 def _settle_tree(root: str, hidden: list[str]) -> None:
     """Every directory and symlink of the tree root's (a file is already: copies are made so, links are
-    of root's files only); directories 0755, hidden ones 0555, /tmp 0711."""
-    special = {root + "/tmp": TREE_TMP_MODE, **dict.fromkeys(hidden, HIDDEN_MODE)}
+    of root's files only); directories 0755, hidden ones 0555, /tmp and the cells' parent 0711."""
+    special = {root + "/tmp": TREE_TMP_MODE, root + CELLS: TREE_TMP_MODE, **dict.fromkeys(hidden, HIDDEN_MODE)}
     for dirpath, dirnames, filenames in os.walk(root):
         if os.geteuid() == 0:
             os.chown(dirpath, 0, 0)

@@ -22,11 +22,13 @@ possible), so it is built once per tree spec, before any zygote needs it, and ke
   service), the layer's few files copied; nothing of trees on the volume.
 - Held like layers (runtimes/dirlock.py): a shared flock per instance that uses a tree;
   a tree is removed only when no instance holds it (collect()).
-- Each run's /tmp is a directory of the tree's /tmp (0711 root: runs can neither list
-  nor write it), `tmp/<uid>`, 0700 and owned by the run's uid (runtimes/jail/tmpcap.py
-  caps its size and file count). The instance that made it holds a lock on it while its
-  run lives; one that no live instance holds was left by a killed instance, and goes when
-  a zygote next starts on the tree (clear_stale_run_tmps), or when the uid is next given out.
+- Each run has a literal /tmp of its own: a run of uid chroots (from its zygote's tree)
+  into the uid's cell, `cells/<uid>` (tree.make_cell: the tree's directories made again,
+  its files hard links, made at the uid's first run and kept), whose `tmp` is 0700 and
+  the uid's, made fresh for each run (runtimes/jail/tmpcap.py caps its size and file
+  count). The instance that made it holds a lock on it while its run lives; one that no
+  live instance holds was left by a killed instance, and goes when a zygote next starts
+  on the tree (clear_stale_run_tmps), or when the uid is next given out.
 """
 
 from __future__ import annotations
@@ -244,13 +246,15 @@ def _mtime(path: str) -> float:
 
 
 def run_tmp(tree_root: str, uid: int) -> str:
-    """The host path of the /tmp directory of uid's run in that tree (the run sees /tmp/<uid>)."""
-    return os.path.join(tree_root, "tmp", str(uid))
+    """The host path of the /tmp of uid's run in that tree: its cell's (tree.make_cell), seen as /tmp."""
+    return tree_root + tree.cell(uid) + "/tmp"
 
 
 def make_run_tmp(tree_root: str, uid: int) -> str:
-    """A fresh, empty /tmp directory for uid's next run: 0700, the uid's own. What a run of this uid left
-    there (a killed instance's) goes first, without following anything planted in it."""
+    """A fresh, empty /tmp for uid's next run, in its cell (made now if the uid has none yet): 0700, the
+    uid's own. What a run of this uid left there (a killed instance's) goes first, without following
+    anything planted in it."""
+    tree.make_cell(tree_root, uid)
     path = run_tmp(tree_root, uid)
     remove_run_tmp(tree_root, uid)
     os.mkdir(path, 0o700)
@@ -259,13 +263,22 @@ def make_run_tmp(tree_root: str, uid: int) -> str:
 
 
 def clear_stale_run_tmps(tree_root: str) -> list[str]:
-    """Remove the run /tmp directories in the tree that no live instance holds a lock on (RunDirectories
-    holds one on each of its own while its run lives): what runs of killed instances left. Their uids'
-    processes are gone (parent-death signals; a restarted instance sweeps its block). The names removed."""
-    parent = os.path.join(tree_root, "tmp")
+    """Remove the runs' /tmp directories in the tree's cells that no live instance holds a lock on
+    (RunDirectories holds one on each of its own while its run lives), and cells a dead instance left
+    half-made: what killed instances left. Their uids' processes are gone (parent-death signals; a
+    restarted instance sweeps its block). The names removed (a uid, or a half-made cell's name)."""
+    parent = tree_root + tree.CELLS
     removed = []
     for name in os.listdir(parent):
-        if remove_if_unlocked(os.path.join(parent, name), remove=_remove_quietly):
+        path = os.path.join(parent, name)
+        if ".build-" in name or TRASH in name:  # a half-made cell, or what an earlier clearing failed to remove
+            if remove_if_unlocked(path, remove=_remove_quietly):
+                removed.append(name)
+        # a /tmp is renamed out of its cell before it is removed: were that to fail, the uid's next run, whose
+        # root the cell is, would find it there
+        elif os.path.isdir(os.path.join(path, "tmp")) and remove_if_unlocked(
+            os.path.join(path, "tmp"), remove=_remove_quietly, trash_dir=parent
+        ):
             removed.append(name)
     return removed
 

@@ -204,13 +204,12 @@ CHROOT_CASES = {
         "print(worked)",
         "True []\n[]\n",
     ),
-    "its /tmp is a directory of its own, and /tmp itself is closed": (
+    "a literal /tmp of its own": (
         "import os, stat\nown = os.environ['TMPDIR']\ninfo = os.stat(own)\n"
-        "print(own == os.getcwd() == os.environ['HOME'] == f'/tmp/{os.getuid()}', oct(stat.S_IMODE(info.st_mode)),"
+        "print(own == os.getcwd() == os.environ['HOME'] == '/tmp', oct(stat.S_IMODE(info.st_mode)),"
         " info.st_uid == os.getuid(), os.listdir(own))\n"
-        "for call in (lambda: os.listdir('/tmp'), lambda: open('/tmp/planted', 'w')):\n"
-        "    try:\n        call()\n        print('allowed')\n    except PermissionError:\n        print('refused')",
-        "True 0o700 True []\nrefused\nrefused\n",
+        "open('/tmp/report.txt', 'w').write('kept')\nprint(os.listdir('/tmp'), open('/tmp/report.txt').read())",
+        "True 0o700 True []\n['report.txt'] kept\n",
     ),
     "nothing of the host is visible": (
         "import os\n"
@@ -238,7 +237,7 @@ CHROOT_CASES = {
     ),
     "no write reaches the tree (files, directories, modes, links)": (
         "import os, sys, json\nfiles = [sys.executable, os.__file__, json.__file__, '/etc/resolv.conf', '/dev/null']\n"
-        "dirs = ['/', '/etc', '/usr', '/dev', '/tmp', os.path.dirname(os.__file__)] + [p for p in sys.path if p]\n"
+        "dirs = ['/', '/etc', '/usr', '/dev', os.path.dirname(os.__file__)] + [p for p in sys.path if p]\n"
         "done = []\ndef attempt(name, call):\n"
         "    try:\n        call()\n        done.append(name)\n    except OSError:\n        pass\n"
         "for f in files[:-1]:\n"
@@ -294,9 +293,10 @@ CHROOT_CASES = {
 CHROOT_NODE_CASES = {
     "no root, its own /tmp": (
         "const fs = require('fs'), os = require('os')\n"
-        "console.log(process.getuid() !== 0, os.tmpdir() === `/tmp/${process.getuid()}`, process.cwd() === os.tmpdir(),"
-        " JSON.stringify(fs.readdirSync(os.tmpdir())))",  # the startup snapshot copy is gone before the run
-        "true true true []\n",
+        "console.log(process.getuid() !== 0, os.tmpdir() === '/tmp', process.cwd() === os.tmpdir(),"
+        " JSON.stringify(fs.readdirSync(os.tmpdir())))\n"  # the startup snapshot copy is gone before the run
+        "fs.writeFileSync('/tmp/report.txt', 'kept')\nconsole.log(fs.readFileSync('/tmp/report.txt', 'utf8'))",
+        "true true true []\nkept\n",
     ),
     "nothing of the host is visible": (
         "const fs = require('fs')\n"
@@ -308,7 +308,7 @@ CHROOT_NODE_CASES = {
     ),
     "nothing but its /tmp is writable": (
         "const fs = require('fs'), path = require('path')\n"
-        "const targets = ['/x', '/tmp/x', '/etc/x', '/usr/x', '/opt/sandlot/wrapper.js', process.execPath,"
+        "const targets = ['/x', '/cells/x', '/etc/x', '/usr/x', '/opt/sandlot/wrapper.js', process.execPath,"
         " path.dirname(process.execPath) + '/x']\n"
         "const written = targets.filter(t => {\n"
         "  try { fs.appendFileSync(t, ''); return true } catch (e) { return false }\n})\n"
@@ -351,9 +351,10 @@ def test_a_concurrent_run_reaches_neither_the_files_nor_the_process_of_another(c
         "import os, signal, glob\nresults = []\n"
         "for uid in range(os.getuid() - 8, os.getuid() + 9):\n"
         "    if uid == os.getuid():\n        continue\n"
-        "    for call in (lambda: os.listdir(f'/tmp/{uid}'), lambda: open(f'/tmp/{uid}/secret').read()):\n"
-        "        try:\n            results.append(call())\n        except (PermissionError, FileNotFoundError):\n"
-        "            pass\n"
+        "    for path in (f'/tmp/{uid}', f'/cells/{uid}/tmp', f'/tmp/../../{uid}/tmp', f'/../cells/{uid}/tmp'):\n"
+        "        for call in (lambda: os.listdir(path), lambda: open(f'{path}/secret').read()):\n"
+        "            try:\n                results.append(call())\n"
+        "            except (PermissionError, FileNotFoundError):\n                pass\n"
         "signals = []\nfor p in range(1, 5000):\n    if p != os.getpid():\n"
         "        try:\n            os.kill(p, signal.SIGKILL)\n            signals.append(p)\n"
         "        except OSError:\n            pass\n"
@@ -369,7 +370,7 @@ def test_what_a_run_plants_in_its_tmp_never_meets_the_next_run_of_its_uid(contai
     """Its directory goes once the run is over; the uid comes back (the block's free list gives the last one
     back first) only to a fresh, empty one."""
     planter = (
-        "import os\nos.symlink('/etc', 'link')\nos.symlink(f'/tmp/{os.getuid()}/link', 'loop')\n"
+        "import os\nos.symlink('/etc', 'link')\nos.symlink('/tmp/link', 'loop')\n"
         "os.makedirs('a/b/c')\nopen('a/b/c/f', 'w').write('x')\nos.link('a/b/c/f', 'hard')\n"
         "print(os.getuid())"
     )
@@ -412,7 +413,7 @@ def test_a_run_ended_by_the_service_leaves_no_process_of_its_uid(container, code
     assert data["exit_code"] == -1 and error in data["error"], data
     run_uid = int(data["stdout"].split()[0]) if data["stdout"][:1].isdigit() else uid
     assert wait_for(lambda: not processes_with_uid_in(run_uid, run_uid), timeout=10)
-    tree_tmp = glob.glob(os.path.join(container.env["SANDLOT_DATA_DIR"], "trees", "*", "tmp", str(run_uid)))
+    tree_tmp = glob.glob(os.path.join(container.env["SANDLOT_DATA_DIR"], "trees", "*", "cells", str(run_uid), "tmp"))
     assert wait_for(lambda: not any(os.path.exists(p) for p in tree_tmp), timeout=30), tree_tmp
 
 
@@ -512,7 +513,7 @@ def test_a_killed_service_once_restarted_leaves_nothing_behind():
     long_run = ThreadPoolExecutor(1).submit(svc.run, "import time\nopen('left', 'w').write('x')\ntime.sleep(60)")
     assert wait_for(lambda: processes_with_uid_in(first, last), timeout=10)
     time.sleep(1)
-    assert glob.glob(os.path.join(data, "trees", "*", "tmp", "*", "left"))
+    assert glob.glob(os.path.join(data, "trees", "*", "cells", "*", "tmp", "left"))
     svc.process.kill()  # SIGKILL: no stop, no clean-up of its own
     svc.process.wait()
     with contextlib.suppress(Exception):
@@ -525,7 +526,7 @@ def test_a_killed_service_once_restarted_leaves_nothing_behind():
         assert "built in" not in again.output()  # the same tree, found finished: not built again
         # the dead run's directory (its file in it) is gone; one of the same name may be a fresh one of the new
         # instance, which may hold the same uid block now
-        marker = os.path.join(data, "trees", "*", "tmp", "*", "left")
+        marker = os.path.join(data, "trees", "*", "cells", "*", "tmp", "left")
         assert wait_for(lambda: not glob.glob(marker), timeout=10), glob.glob(marker)
         assert again.run("import os\nprint(os.listdir('.'))")["data"]["stdout"] == "[]\n"
     finally:

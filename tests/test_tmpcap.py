@@ -451,9 +451,10 @@ def test_a_run_directory_being_removed_is_not_taken_for_a_dead_instances(tmp_pat
     same time: each remover failed on what the other had removed, and the directory stayed, the old run's
     files in it, while its uid went to the next run.)"""
     tree_root = str(tmp_path)
-    os.mkdir(os.path.join(tree_root, "tmp"), 0o711)
+    os.mkdir(os.path.join(tree_root, "cells"), 0o711)
     directories = tmpcap.RunDirectories(tmpcap.TmpWatcher(), 64 * MIB, 2048)
-    path, _inside = directories.make(tree_root, RUN_UID)
+    path, inside = directories.make(tree_root, RUN_UID)
+    assert inside == "/tmp" and path == os.path.join(tree_root, "cells", str(RUN_UID), "tmp")
     for n in range(50):
         with open(os.path.join(path, f"f{n}"), "w") as f:
             f.write("secret")
@@ -470,7 +471,7 @@ def test_a_run_directory_being_removed_is_not_taken_for_a_dead_instances(tmp_pat
     monkeypatch.setattr(trees, "remove_tree", remove_tree)
     asyncio.run(directories.remove(types.SimpleNamespace(pid=1, tmpdir=path)))
     assert taken == [[]]
-    assert os.listdir(os.path.join(tree_root, "tmp")) == []
+    assert os.listdir(os.path.dirname(path)) == []  # the cell stays, for the uid's next run
 
 
 def test_a_removed_directorys_trash_name_cannot_be_guessed(tmp_path):

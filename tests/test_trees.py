@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import needs_root
 
-from runtimes import tree, trees
+from runtimes import dirlock, tree, trees
 from runtimes.config import RuntimeConfig
 from runtimes.nodejs.runtime import NodeRuntime
 from runtimes.python.runtime import PythonRuntime
@@ -98,9 +98,18 @@ def test_the_materialized_tree_holds_exactly_what_the_pivot_tree_shows(language,
     root = os.path.join(place, "tree")
     os.mkdir(root)
     tree.materialize(spec, root)
-    assert listing(root) == pivot_listing(spec, place)
+    cell = tree.make_cell(root, RUN_UID)  # what a run's root is: its uid's cell, with a /tmp of its run's own
+    os.mkdir(cell + "/tmp")
+    shown = listing(cell)
+    assert shown == pivot_listing(spec, place)
+    assert {path: entry for path, entry in listing(root).items() if not path.startswith("/cells")} == shown
     for path in spec["hidden"]:  # the interpreter's own site-packages: an empty directory, as in the pivot tree
-        assert os.listdir(root + os.path.realpath(path)) == []
+        assert os.listdir(cell + os.path.realpath(path)) == []
+    # a cell costs its directories: every file in it is the tree's own inode
+    for dirpath, _dirnames, filenames in os.walk(cell):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            assert os.lstat(path).st_ino == os.lstat(root + path[len(cell) :]).st_ino, path
 
 
 def test_only_root_files_nobody_else_may_write_are_hard_linked(place):
@@ -178,32 +187,22 @@ CONFINED = """
 import os, sys
 os.chroot({root!r})
 os.chdir("/")
+os.chroot("/cells/{uid}")  # as the child does, from its zygote's tree into its uid's cell
+os.chdir("/")
 os.setgroups([])
 os.setresgid({uid}, {uid}, {uid})
 os.setresuid({uid}, {uid}, {uid})
 writable = []
 for dirpath, dirnames, filenames in os.walk("/"):
-    if dirpath.startswith("/tmp/{uid}"):
-        continue
     if os.access(dirpath, os.W_OK):
         writable.append(dirpath)
     for name in filenames:
         path = os.path.join(dirpath, name)
         if not os.path.islink(path) and os.access(path, os.W_OK) and not path.startswith("/dev/"):
             writable.append(path)
-try:
-    os.listdir("/tmp")
-    listed = "listed"
-except PermissionError:
-    listed = "denied"
-try:
-    open("/tmp/planted", "w")
-    planted = "written"
-except PermissionError:
-    planted = "denied"
-with open("/tmp/{uid}/own", "w") as f:
+with open("/tmp/report.txt", "w") as f:  # a literal /tmp path, as Dify code writes one
     f.write("mine")
-print(writable, listed, planted, flush=True)
+print(writable, os.listdir("/tmp"), os.path.exists("/cells"), flush=True)
 os.execv({python!r}, [{python!r}, "-I", "-S", "-c",
          "import json, ssl, sqlite3, zoneinfo; print(zoneinfo.ZoneInfo('Europe/Paris').key, ssl.OPENSSL_VERSION[:7])"])
 """
@@ -217,12 +216,15 @@ def test_a_run_uid_in_the_tree_writes_only_its_own_tmp_and_the_interpreter_runs(
     try:
         own = trees.make_run_tmp(root, RUN_UID)
         assert stat.S_IMODE(os.stat(own).st_mode) == 0o700 and os.stat(own).st_uid == RUN_UID
-        assert stat.S_IMODE(os.stat(root + "/tmp").st_mode) == 0o711
+        assert own == root + f"/cells/{RUN_UID}/tmp"
+        assert stat.S_IMODE(os.stat(root + "/cells").st_mode) == 0o711
         python = os.path.realpath(RuntimeConfig().python_path)
         code = CONFINED.format(root=root, uid=RUN_UID, python=python)
         out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
-        assert out.stdout.splitlines() == ["[] denied denied", "Europe/Paris OpenSSL"]
+        # its own /tmp is its only writable place, and no other uid's cell is in sight
+        assert out.stdout.splitlines() == ["['/tmp'] ['report.txt'] False", "Europe/Paris OpenSSL"]
+        assert os.listdir(own) == ["report.txt"]
         trees.remove_run_tmp(root, RUN_UID)
         assert not os.path.exists(own)
     finally:
@@ -232,7 +234,7 @@ def test_a_run_uid_in_the_tree_writes_only_its_own_tmp_and_the_interpreter_runs(
 
 def test_a_leftover_tmp_goes_without_following_what_was_planted(place):
     root = os.path.join(place, "tree")
-    os.makedirs(os.path.join(root, "tmp"))
+    os.makedirs(os.path.join(root, "cells"))
     victim = os.path.join(place, "victim")
     os.mkdir(victim)
     open(os.path.join(victim, "keep"), "w").close()
@@ -245,12 +247,12 @@ def test_a_leftover_tmp_goes_without_following_what_was_planted(place):
 
 def test_a_run_tmp_nested_past_recursion_and_path_limits_is_removed(place):
     root = os.path.join(place, "tree")
-    os.makedirs(os.path.join(root, "tmp"))
+    os.makedirs(os.path.join(root, "cells"))
     victim = os.path.join(place, "victim")
     os.mkdir(victim)
     open(os.path.join(victim, "keep"), "w").close()
     left = trees.run_tmp(root, os.getuid())
-    os.mkdir(left)
+    os.makedirs(left)
     fd = os.open(left, os.O_RDONLY | os.O_DIRECTORY)
     for level in range(3000):  # deeper than Python's recursion limit, and far past PATH_MAX
         name = ("n" * 200) if level % 2 else ".sandlot-rm-1"
@@ -263,7 +265,7 @@ def test_a_run_tmp_nested_past_recursion_and_path_limits_is_removed(place):
         fd = deeper
     os.close(fd)
     trees.remove_run_tmp(root, os.getuid())
-    assert os.listdir(os.path.join(root, "tmp")) == [] and os.listdir(victim) == ["keep"]
+    assert os.listdir(os.path.dirname(left)) == [] and os.listdir(victim) == ["keep"]
 
 
 def _store_spec(place: str) -> tuple[dict, str]:
@@ -372,3 +374,38 @@ def test_in_the_image_trees_go_on_its_own_filesystem_not_the_data_volume(tmp_pat
         assert trees_module.trees_dir(volume) == str(tmp_path / "image" / "trees")
     finally:
         os.rmdir(volume)
+
+
+@needs_root
+def test_what_dead_instances_left_in_cells_goes_and_nothing_of_it_stays_in_a_cell(place, monkeypatch):
+    """A killed instance leaves its runs' /tmp directories in their uids' cells, and maybe a cell half made. The
+    next zygote on the tree removes them unless a live instance holds them; a /tmp is first renamed out of the
+    cell (the uid's next run, whose root the cell is, would otherwise find it there should its removal fail)."""
+    root = os.path.join(place, "tree")
+    os.makedirs(os.path.join(root, "etc"))
+    os.makedirs(os.path.join(root, "cells"))
+    dead, live = RUN_UID, RUN_UID + 1
+    for uid in (dead, live):
+        with open(os.path.join(trees.make_run_tmp(root, uid), "left"), "w") as f:
+            f.write("a run's file")
+    held = dirlock.lock_shared(trees.run_tmp(root, live))
+    half = os.path.join(root, "cells", f"{RUN_UID + 2}.build-1-1")
+    os.makedirs(os.path.join(half, "etc"))
+    failing: list[str] = []
+
+    def remove_tree(path: str) -> None:  # a removal that fails (an I/O error): the trash stays where it was put
+        failing.append(path)
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(trees, "remove_tree", remove_tree)
+    try:
+        removed = trees.clear_stale_run_tmps(root)
+    finally:
+        os.close(held)
+    assert sorted(removed) == sorted([str(dead), os.path.basename(half)])
+    assert sorted(os.listdir(os.path.join(root, "cells", str(dead)))) == ["etc"]  # no /tmp, and no trash of it
+    assert os.listdir(trees.run_tmp(root, live)) == ["left"]
+    assert any(os.path.dirname(path) == os.path.join(root, "cells") for path in failing)
+    monkeypatch.undo()
+    trees.clear_stale_run_tmps(root)  # the failed one is removed next time
+    assert sorted(os.listdir(os.path.join(root, "cells"))) == sorted([str(dead), str(live)])

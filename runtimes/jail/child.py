@@ -19,10 +19,11 @@ the language runner once it has read the run's options from its pipe, before
 the first line of user code.
 
 Where /tmp is a directory (no mount namespace) the child works in a directory
-of its own: under the service's (a Lambda function), or /tmp/<uid> of the
-materialized tree its zygote chrooted into (the chroot mode), owned by its own
-uid and capped by the service (tmpcap.py); its RLIMIT_FSIZE is then no more
-than the /tmp cap, and RLIMIT_NPROC counts the processes of its uid.
+of its own: under the service's (a Lambda function), or, in the chroot mode,
+/tmp of its uid's cell in the materialized tree its zygote chrooted into (the
+child chroots on into the cell, as root, before it drops root: trees.py), owned
+by its own uid and capped by the service (tmpcap.py); its RLIMIT_FSIZE is then
+no more than the /tmp cap, and RLIMIT_NPROC counts the processes of its uid.
 
 In every mode the child then stacks a small filter that keeps signals and
 rlimit changes to itself (`fence_signals`, seccomp_policy.fence_for): sharing a
@@ -43,8 +44,8 @@ from dataclasses import dataclass
 
 from runtimes import linux
 from runtimes.jail import landlock, namespaces, seccomp_policy
-from runtimes.jail.modes import PIVOT, SHARED, TMPFS, USER_NAMESPACE, Mode
-from runtimes.tree import RUN_HOSTNAME
+from runtimes.jail.modes import CHROOT, PIVOT, SHARED, TMPFS, USER_NAMESPACE, Mode
+from runtimes.tree import RUN_HOSTNAME, cell
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,9 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
         namespaces.map_own_ids(handles.proc, uid, gid)
     if mode.tree == PIVOT and plan.hostname:
         socket.sethostname(RUN_HOSTNAME)  # in a UTS namespace of its own
+    if mode.tree == CHROOT:  # from its zygote's tree into its uid's cell, whose /tmp is its own (trees.py)
+        os.chroot(cell(uid))
+        os.chdir("/")
     if mode.tmp == TMPFS:
         linux.mount(
             "sandlot-tmp",

@@ -162,7 +162,8 @@ class ChildPool:
         except UidPoolExhausted as exc:
             raise Unavailable(str(exc)) from exc
         if self._run_dirs is not None:
-            tmpdir, inside = self._run_dirs.make(zygote.tree_root, uid)  # the service's path, the run's
+            # the service's path, the run's; a uid's first run on a tree makes its cell: off the loop
+            tmpdir, inside = await asyncio.to_thread(self._run_dirs.make, zygote.tree_root, uid)
         else:
             tmpdir = inside = tempfile.mkdtemp(prefix="run-", dir=self._tmp_parent) if self._tmp_parent else ""
         try:

@@ -521,9 +521,10 @@ def _size(value: int) -> str:
 
 
 class RunDirectories:
-    """Each run's /tmp where it is a directory of its zygote's tree (the chroot mode): `<tree>/tmp/<uid>`,
-    0700 and the run uid's (runtimes/trees.py), capped while its child lives, removed once nothing of the uid
-    is left. The child sees it as /tmp/<uid> (HOME and TMPDIR)."""
+    """Each run's /tmp where it is a directory of its zygote's tree (the chroot mode): the /tmp of the run
+    uid's cell, `<tree>/cells/<uid>/tmp`, 0700 and the uid's (runtimes/trees.py), capped while its child
+    lives, removed once nothing of the uid is left. The child, chrooted into its cell, sees it as /tmp (its
+    HOME, TMPDIR and working directory)."""
 
     def __init__(self, watcher: TmpWatcher, max_bytes: int, max_files: int):
         self.watcher = watcher
@@ -535,12 +536,13 @@ class RunDirectories:
     def make(self, tree_root: str, uid: int) -> tuple[str, str]:
         """A fresh directory for uid's next run: (the service's path to it, the run's). This instance holds a
         lock on it until remove(): what no live instance holds is a dead one's, for anyone to remove
-        (trees.clear_stale_run_tmps)."""
+        (trees.clear_stale_run_tmps). The uid's first run on a tree makes its cell (a few tens of ms: call it
+        off the event loop)."""
         for _ in range(3):
             path = trees.make_run_tmp(tree_root, uid)
             try:
                 self._held[path] = dirlock.lock_shared(path)
-                return path, f"/tmp/{uid}"
+                return path, "/tmp"
             except FileNotFoundError:  # another instance took it for a dead one's before it was locked
                 continue
         raise OSError(f"could not make a /tmp directory for uid {uid} in {tree_root}")
