@@ -245,6 +245,19 @@ def _mtime(path: str) -> float:
 # ---- each run's own /tmp in a tree ------------------------------------------------------------------------
 
 
+# One cell made at a time: the children spawned at a start each need one, and made side by side (threads, one
+# GIL) every one of them, the first run's among them, would be ready only when the last is.
+_making_cells = threading.Lock()
+
+
+def make_cells(tree_root: str, uids: list[int]) -> None:
+    """The cells of the uids the next runs will have, made ahead (while their zygote starts, beside it)."""
+    for uid in uids:
+        if not os.path.isdir(tree_root + tree.cell(uid)):
+            with _making_cells:
+                tree.make_cell(tree_root, uid)
+
+
 def run_tmp(tree_root: str, uid: int) -> str:
     """The host path of the /tmp of uid's run in that tree: its cell's (tree.make_cell), seen as /tmp."""
     return tree_root + tree.cell(uid) + "/tmp"
@@ -254,7 +267,7 @@ def make_run_tmp(tree_root: str, uid: int) -> str:
     """A fresh, empty /tmp for uid's next run, in its cell (made now if the uid has none yet): 0700, the
     uid's own. What a run of this uid left there (a killed instance's) goes first, without following
     anything planted in it."""
-    tree.make_cell(tree_root, uid)
+    make_cells(tree_root, [uid])
     path = run_tmp(tree_root, uid)
     remove_run_tmp(tree_root, uid)
     os.mkdir(path, 0o700)

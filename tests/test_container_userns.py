@@ -90,6 +90,16 @@ def test_on_a_host_the_blocks_start_at_the_base_as_always(tmp_path):
     pool.close()
 
 
+def test_the_uids_said_to_come_next_are_the_ones_given(tmp_path):
+    """The chroot jail makes the next runs' cells ahead for the uids upcoming() names (runtime._make_cells)."""
+    pool = uids.UidPool(1_500_000_000, 64, str(tmp_path / "locks"), ids=uids.IdMap([(0, 2**32 - 1)], frozenset()))
+    given = pool.acquire()
+    pool.release(given)  # given back: the next one out again
+    ahead = pool.upcoming(5)
+    assert ahead[0] == given and [pool.acquire() for _ in range(5)] == ahead
+    pool.close()
+
+
 @needs_root
 def test_a_user_namespaced_container_starts_serves_both_languages_and_builds_its_layers(tmp_path):
     """What `podman run --uidmap 0:100000:65536` met: a traceback at start. Now healthy, runs served as ids of

@@ -368,6 +368,11 @@ class JailedRuntime:
         environment = self.config.environment()
         if self._proxy is not None:  # the proxies' addresses resolved: runs have no DNS then
             environment.update(self._proxy.env)
+        if root and self._uids is not None:
+            # the cells of the next runs' uids (as many as are kept ready, and one), made while the zygote starts:
+            # its first children need them, and would otherwise make them one by one (trees.make_run_tmp)
+            upcoming = self._uids.upcoming(self.config.workers + 1)
+            self.pool.background(asyncio.to_thread(self._make_cells, root, upcoming))
         zygote = Zygote(self.interpreter(), config, environment, network=self._network)
         zygote.tag = self.layer()
         zygote.tree_root = root
@@ -386,6 +391,12 @@ class JailedRuntime:
             log.warning("%s: left out of the preload: %s", self.language, left_out)
         self._left_out[kind] = left_out
         return zygote
+
+    def _make_cells(self, root: str, uids: list[int]) -> None:
+        try:
+            trees.make_cells(root, uids)
+        except OSError as exc:  # each spawn makes its uid's cell itself, and fails with the reason
+            log.warning("%s: could not make the next runs' cells ahead in %s: %s", self.language, root, exc)
 
     def _ensure_tree(self, spec: dict) -> str:
         """The materialized tree for spec, held; what runs of dead instances left in its /tmp goes."""

@@ -67,6 +67,10 @@ class UidPool:
             raise UidPoolExhausted("every uid of this instance's block is in use")
         return self._free.pop()
 
+    def upcoming(self, count: int) -> list[int]:
+        """The uids the next count acquire() calls give, first first (if none is released meanwhile)."""
+        return self._free[::-1][:count]
+
     def release(self, uid: int) -> None:
         self._free.append(uid)
 
