@@ -234,6 +234,8 @@ def describe(command: str) -> str:
         return "node (ready)"
     if "handler.cli" in command:
         return "service"
+    if "handler/pid_one.py" in command:
+        return "pid 1 of the container (pid_one.py)"
     if "runtimes.jail.zygote" in command:
         return "zygote or its child (" + ("nodejs" if "runtimes.nodejs.runner" in command else "python3") + ")"
     return command[:40]
@@ -420,7 +422,10 @@ def main() -> None:
             subjects.append(Subject(f"base {args.base}{mode}", checkout(args.base), **kind))
         subjects.append(Subject(f"this{mode}".strip(), REPO, **kind))
     # the ratio columns: each tree against the base in the same stand-in, and landlock against chroot
-    ratios = [(i, i - 1, "this/base") for i in range(1, len(subjects), 2)] if args.base else []
+    ratios = []
+    if args.base:
+        for i in range(1, len(subjects), 2):
+            ratios.append((i, i - 1, f"this/base {subjects[i].label.removeprefix('this')}".strip()))
     if args.container == "both":
         ratios.append((len(subjects) - 1, len(subjects) // 2 - 1, "landlock/chroot"))
     python = default_python()
@@ -502,7 +507,7 @@ def report(
     line("node hello, 4 clients (target >= 1.15x base)", med("node hello, 4 clients"), "/s")
     line("  CPU per run, whole machine", [v * ms for v in med("node cpu machine")], "ms")
     line("  CPU per run, service tree", [v * ms for v in med("node cpu tree")], "ms")
-    if any(head == "this/base" for _n, _d, head in ratios):
+    if any(head.startswith("this/base") for _n, _d, head in ratios):
         # what 1.15x the base's runs/s leaves a run, against what node's own start costs
         budget = med("node cpu machine")[0] / 1.15
         print(
