@@ -60,6 +60,15 @@ NODE_HELLO = 'console.log("hi")'
 CPUACCT = "/sys/fs/cgroup/cpuacct"
 IDLE_PAUSE = 30  # seconds without a run before the idle rows (this tree shrinks its ready children after 20)
 HZ = os.sysconf("SC_CLK_TCK")
+# The stand-ins --container starts a service in (tests/outer_filter.py), each with a PID namespace of its own as a
+# container has (its /proc, which the uid sweep of the chroot and landlock jails reads, holds its own processes):
+# a container on default privileges (Docker's capabilities and seccomp profile: the chroot jail), and a pod under
+# Kubernetes' `restricted` standard (the same profile, a non-root uid, no capabilities, no_new_privs: the landlock
+# jail), with the mode each must pick
+CONTAINERS = {
+    "default": ([*DOCKER_DEFAULT, "--pid-namespace"], "chroot"),
+    "restricted": (["--profile", "docker-default", "--pid-namespace", "--uid", str(unprivileged.NOBODY)], "landlock"),
+}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -225,6 +234,8 @@ def describe(command: str) -> str:
         return "node (ready)"
     if "handler.cli" in command:
         return "service"
+    if "handler/pid_one.py" in command:
+        return "pid 1 of the container (pid_one.py)"
     if "runtimes.jail.zygote" in command:
         return "zygote or its child (" + ("nodejs" if "runtimes.nodejs.runner" in command else "python3") + ")"
     return command[:40]
@@ -238,19 +249,32 @@ class Subject:
     source: str
     unprivileged: bool
     jail: str = ""  # SANDLOT_JAIL
-    container: bool = False  # in the stand-in for a default container
+    container: str = ""  # in a stand-in of CONTAINERS
     service: Service | None = None
     cgroup: Cgroup | None = None
     samples: dict[str, list[float]] = field(default_factory=dict)
 
     def make_service(self, cgroup: Cgroup | None) -> Service:
         env = {"MAX_WORKERS": "4", "MAX_REQUESTS": "100", **({"SANDLOT_JAIL": self.jail} if self.jail else {})}
-        service = unprivileged.service(**env) if self.unprivileged else Service(**env)
+        as_nobody = self.unprivileged or self.container == "restricted"
+        service = unprivileged.service(**env) if as_nobody else Service(**env)
         service.source = service.cwd = self.source
-        # a container's own PID namespace too: its /proc, which the chroot jail's uid sweep reads, holds its own
-        container = standin([*DOCKER_DEFAULT, "--pid-namespace"]) if self.container else []
+        container = standin(CONTAINERS[self.container][0]) if self.container else []
+        if self.container == "restricted":
+            service.user = None  # the stand-in changes to nobody, after its filter is loaded as root
         service.launcher = (cgroup.launcher() if cgroup is not None else []) + container
         return service
+
+    def check_mode(self) -> None:
+        """In a stand-in: both runtimes serve in the mode it must pick (a bench of the wrong jail is no row)."""
+        if not self.container:
+            return
+        expected = CONTAINERS[self.container][1]
+        with self.service.client() as client:
+            runtimes = client.get("/v1/sandbox/health").json()["data"]["runtimes"]
+        found = {language: runtime["protections"].get("mode") for language, runtime in runtimes.items()}
+        if set(found.values()) != {expected}:
+            raise SystemExit(f"{self.label}: expected the {expected} jail in the {self.container} stand-in: {found}")
 
     def root(self) -> int:
         """The service's main process: in the container stand-in, pid 1 of its namespace below the launcher,
@@ -264,6 +288,7 @@ class Subject:
     def start(self) -> None:
         self.cgroup = Cgroup(self.label.replace(" ", "-"))
         self.service = self.make_service(self.cgroup).start()
+        self.check_mode()
 
     def stop(self) -> None:
         if self.service is not None:
@@ -378,14 +403,31 @@ def main() -> None:
     parser.add_argument("--unprivileged", action="store_true", help="the services as nobody (no root)")
     parser.add_argument("--jail", default="", help="SANDLOT_JAIL for the services (e.g. chroot, next to full)")
     parser.add_argument(
-        "--container", action="store_true", help="the services in the stand-in for a default container (chroot)"
+        "--container",
+        nargs="?",
+        const="default",
+        default="",
+        choices=[*CONTAINERS, "both"],
+        help="the services in the stand-in for a default container (chroot, the default), a restricted pod "
+        "(landlock), or both side by side",
     )
     args = parser.parse_args()
 
-    kind = {"unprivileged": args.unprivileged, "jail": args.jail, "container": args.container}
-    subjects = [Subject("this", REPO, **kind)]
+    containers = list(CONTAINERS) if args.container == "both" else [args.container]
+    subjects = []
+    for container in containers:
+        kind = {"unprivileged": args.unprivileged, "jail": args.jail, "container": container}
+        mode = f" {CONTAINERS[container][1]}" if args.container == "both" else ""
+        if args.base:
+            subjects.append(Subject(f"base {args.base}{mode}", checkout(args.base), **kind))
+        subjects.append(Subject(f"this{mode}".strip(), REPO, **kind))
+    # the ratio columns: each tree against the base in the same stand-in, and landlock against chroot
+    ratios = []
     if args.base:
-        subjects.insert(0, Subject(f"base {args.base}", checkout(args.base), **kind))
+        for i in range(1, len(subjects), 2):
+            ratios.append((i, i - 1, f"this/base {subjects[i].label.removeprefix('this')}".strip()))
+    if args.container == "both":
+        ratios.append((len(subjects) - 1, len(subjects) // 2 - 1, "landlock/chroot"))
     python = default_python()
     print(f"load average at the start: {os.getloadavg()[0]:.2f} (2 cores: above ~0.3, other work shares them)")
 
@@ -418,21 +460,34 @@ def main() -> None:
     finally:
         for subject in subjects:
             subject.stop()
-    report(subjects, statistics.median(spawns), statistics.median(node_starts), memory, loads)
+    report(subjects, ratios, statistics.median(spawns), statistics.median(node_starts), memory, loads)
 
 
-def report(subjects: list[Subject], spawn: float, node_start: float, memory: dict, loads: list[float]) -> None:
+def report(
+    subjects: list[Subject],
+    ratios: list[tuple[int, int, str]],
+    spawn: float,
+    node_start: float,
+    memory: dict,
+    loads: list[float],
+) -> None:
+    """One table, a column per subject, then a column per ratio (ratios: numerator's and denominator's index)."""
     ms = 1000
     print(f"load average during the blocks: {min(loads):.2f}-{max(loads):.2f}")
     print(f"reference: spawn of `python -I -S -c pass`: p50 {spawn * ms:.2f} ms")
     print(f"reference: CPU of one `node -e 0` start, outside any jail: {node_start * ms:.2f} ms")
     labels = [s.label for s in subjects]
-    print(f"{'row':44}" + "".join(f"{label:>18}" for label in labels) + ("   this/base" if len(subjects) > 1 else ""))
+    width = max(18, *(len(label) + 2 for label in labels))
+    heads = "".join(f"{head:>{max(12, len(head) + 2)}}" for _n, _d, head in ratios)
+    print(f"{'row':44}" + "".join(f"{label:>{width}}" for label in labels) + heads)
 
     def line(name: str, values: list[float], unit: str, lower_is_better: bool = True) -> None:
-        cells = "".join(f"{v:>15.2f} {unit:2}" for v in values)
-        ratio = f"   {values[-1] / values[0]:.2f}x" if len(values) > 1 and values[0] else ""
-        print(f"{name:44}{cells}{ratio}")
+        cells = "".join(f"{v:>{width - 3}.2f} {unit:2}" for v in values)
+        columns = ""
+        for numerator, denominator, head in ratios:
+            ratio = f"{values[numerator] / values[denominator]:.2f}x" if values[denominator] else "-"
+            columns += f"{ratio:>{max(12, len(head) + 2)}}"
+        print(f"{name:44}{cells}{columns}")
 
     def med(row: str) -> list[float]:
         return [statistics.median(s.samples[row]) for s in subjects]
@@ -452,7 +507,8 @@ def report(subjects: list[Subject], spawn: float, node_start: float, memory: dic
     line("node hello, 4 clients (target >= 1.15x base)", med("node hello, 4 clients"), "/s")
     line("  CPU per run, whole machine", [v * ms for v in med("node cpu machine")], "ms")
     line("  CPU per run, service tree", [v * ms for v in med("node cpu tree")], "ms")
-    if len(subjects) > 1:  # what 1.15x the base's runs/s leaves a run, against what node's own start costs
+    if any(head.startswith("this/base") for _n, _d, head in ratios):
+        # what 1.15x the base's runs/s leaves a run, against what node's own start costs
         budget = med("node cpu machine")[0] / 1.15
         print(
             f"  the target leaves a run {budget * ms:.2f} ms of the whole machine's CPU; node's start alone: "

@@ -100,6 +100,25 @@ class Mode:
         return cls(**{**data, "needs": tuple(data.get("needs", ()))})
 
     @property
+    def own_tmp(self) -> bool:
+        """A literal /tmp is the run's own (a tmpfs of its mount namespace, or its directory in the tree). Without a
+        tree (`landlock`, `single`) /tmp is the platform's: a run writes under its own directory (its working
+        directory and TMPDIR) instead, the only place its Landlock domain, where there is one, lets it write."""
+        return self.tree != NO_TREE
+
+    @property
+    def tmp_note(self) -> str:
+        """What a run's error printing adds to a refused write under a literal /tmp where it is not the run's own
+        ({tmpdir}: the run's directory, filled in by the runner); "" where it is. The same words in both
+        languages (runtimes/python/runner.py, runtimes/nodejs/wrapper.js)."""
+        if self.own_tmp:
+            return ""
+        return (
+            f"sandlot: /tmp is not writable in the {self.name} jail; "
+            "write under the working directory (TMPDIR={tmpdir}) instead"
+        )
+
+    @property
     def pid_namespace(self) -> bool:
         return self.processes == PID_NAMESPACE
 

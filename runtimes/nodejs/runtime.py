@@ -161,4 +161,6 @@ class NodeRuntime(JailedRuntime):
         run = {"code": request.code}
         if network_refused:
             run["network_refused"] = network_refused  # the wrapper words the refusal of net, dgram and dns
+        if self.mode.tmp_note:  # /tmp is not the run's own: its error printing says where to write (wrapper.js)
+            run["tmp_note"] = self.mode.tmp_note
         return protocol.run_input(run, request.stdin)

@@ -83,6 +83,7 @@ function main(args) {
   const size = readExact(4).readUInt32LE(0);
   const request = JSON.parse(readExact(size).toString('utf8'));
   if (typeof request.network_refused === 'string' && request.network_refused) refuseNetwork(request.network_refused);
+  if (typeof request.tmp_note === 'string' && request.tmp_note) noteTmpElsewhere(request.tmp_note);
   learnOwnFile();
   Error.prepareStackTrace = userStack;
   const script = new vm.Script(request.code, { filename: 'main.js' });
@@ -154,7 +155,39 @@ function userStack(error, trace) {
   } catch {
     text = '<error>';
   }
+  if (tmpNote && refusedUnderTmp(error)) text = `${text}\n${tmpNote}`;
   return end === 0 ? text : `${text}\n    at ${apply(join, apply(slice, trace, [0, end]), ['\n    at '])}`;
+}
+
+// Where /tmp is not the run's own (modes.Mode.tmp_note in the service): a refused write to a literal
+// /tmp path says where to write instead, on the line after the error's message in its stack (what
+// node prints for an uncaught error, and what the code prints of one it caught). The run's own
+// directory is learnt before the code runs (it may change TMPDIR or its working directory).
+let tmpNote = '';
+let ownDir = ''; // with a trailing slash
+const { resolve: resolvePath } = require('path');
+const { startsWith } = String.prototype;
+
+function noteTmpElsewhere(template) {
+  const dir = process.env.TMPDIR || process.cwd();
+  ownDir = dir.endsWith('/') ? dir : `${dir}/`;
+  tmpNote = template.split('{tmpdir}').join(dir);
+}
+
+function underLiteralTmp(name) {
+  if (typeof name !== 'string') return false;
+  const path = resolvePath(ownDir, name);
+  return (path === '/tmp' || apply(startsWith, path, ['/tmp/'])) && !apply(startsWith, `${path}/`, [ownDir]);
+}
+
+function refusedUnderTmp(error) {
+  try {
+    if (error === null || typeof error !== 'object') return false;
+    const { code } = error;
+    return (code === 'EACCES' || code === 'EROFS') && (underLiteralTmp(error.path) || underLiteralTmp(error.dest));
+  } catch {
+    return false; // a getter of the code's own that throws: the stack as it is
+  }
 }
 
 let crashing = false; // node prints an uncaught exception after 'exit': leave that exit to node

@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import builtins
 import ctypes
+import errno
 import importlib
 import io
 import json
@@ -188,6 +189,8 @@ def run(state: State, address_space: int, variant: Mapping) -> None:
         os._exit(SETUP_FAILED)
     if request.get("network_refused"):
         refuse_network(request["network_refused"])
+    if request.get("tmp_note"):
+        note_tmp_elsewhere(request["tmp_note"])
     _exit_reporting(execute(request["code"], request.get("preload", "")))
 
 
@@ -222,6 +225,47 @@ def refuse_network(message: str) -> None:
     scope = {"events": NETWORK_EVENTS, "unix": AF_UNIX, "refusal": PermissionError, "eperm": 1, "message": message}
     exec(compile(_HOOK_SOURCE, "<sandbox>", "exec"), scope)
     sys.addaudithook(scope["network_refused"])
+
+
+# Where /tmp is not the run's own (modes.Mode.tmp_note): what a refused write there adds to the printed traceback,
+# and the run's own directory, learnt before the code runs (the code may change TMPDIR or its working directory)
+_tmp_note = ""
+_own_dir = ""
+_TMP_REFUSALS = frozenset({errno.EACCES, errno.EROFS})
+
+
+def note_tmp_elsewhere(template: str) -> None:
+    global _tmp_note, _own_dir
+    _own_dir = os.environ.get("TMPDIR") or os.getcwd()
+    _tmp_note = template.replace("{tmpdir}", _own_dir)
+
+
+def _under_literal_tmp(name) -> bool:
+    """Whether a file name of an OSError is under /tmp (or /tmp itself), outside the run's own directory."""
+    if not isinstance(name, (str, bytes)):
+        return False
+    try:
+        path = os.path.normpath(os.path.join(_own_dir, os.fsdecode(name)))
+    except (TypeError, ValueError):
+        return False
+    own = _own_dir.rstrip("/") + "/"
+    return (path == "/tmp" or path.startswith("/tmp/")) and not (path + "/").startswith(own)
+
+
+def _add_tmp_note(exc: BaseException) -> None:
+    """A refused write to a literal /tmp path, where /tmp is not the run's own: the traceback ends saying where
+    to write instead (on the exception itself, or one it was raised from or while handling)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if (
+            isinstance(exc, OSError)
+            and exc.errno in _TMP_REFUSALS
+            and (_under_literal_tmp(exc.filename) or _under_literal_tmp(exc.filename2))
+        ):
+            exc.add_note(_tmp_note)
+            return
+        exc = exc.__cause__ or exc.__context__
 
 
 def answer_memory_size(memory_bytes: int) -> None:
@@ -384,6 +428,11 @@ def _print_exception(exc: BaseException) -> None:
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
+    if _tmp_note:
+        try:
+            _add_tmp_note(exc)
+        except Exception:  # noqa: BLE001 - the code's own exception classes: the traceback is printed as it is
+            pass
     traceback.print_exception(type(exc), exc, tb)
 
 

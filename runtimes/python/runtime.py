@@ -157,4 +157,6 @@ class PythonRuntime(JailedRuntime):
         }
         if network_refused:
             options["network_refused"] = network_refused  # the runner's audit hook words the refusal
+        if self.mode.tmp_note:  # /tmp is not the run's own: its error printing says where to write (runner.py)
+            options["tmp_note"] = self.mode.tmp_note
         return protocol.run_input(options, request.stdin)

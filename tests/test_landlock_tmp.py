@@ -1,0 +1,125 @@
+"""A literal /tmp in the `landlock` jail (issue 30): where a mode cannot give a run a /tmp of its own, the error
+says where to write instead.
+
+Runs there share the service's uid, with no mount namespace and no tree: /tmp is the platform's, and the run's
+Landlock domain lets it write only under its own directory (its working directory, TMPDIR, what
+tempfile.gettempdir() and os.tmpdir() answer). A refused write to /tmp/name ends its printed error with one line
+saying so and naming that directory, the same words in both languages; an error elsewhere prints as it did; and
+writing under the directory it names works. Through the HTTP API of a whole service started under the stand-in
+of a restricted pod, as tests/test_landlock_mode.py starts one.
+"""
+
+from __future__ import annotations
+
+import pytest
+import unprivileged
+from test_landlock_mode import KERNEL_ABI, RESTRICTED_POD
+
+from runtimes.jail import modes
+
+NOTE = "sandlot: /tmp is not writable in the landlock jail; write under the working directory (TMPDIR={}) instead"
+
+
+def test_only_modes_without_a_tmp_of_their_own_carry_the_note():
+    for mode in (modes.FULL, modes.USERNS, modes.CHROOT_MODE):
+        assert mode.own_tmp and mode.tmp_note == ""
+    assert not modes.LANDLOCK_MODE.own_tmp
+    assert modes.LANDLOCK_MODE.tmp_note == NOTE.format("{tmpdir}")
+    assert "in the single jail" in modes.SINGLE.tmp_note
+
+
+@pytest.fixture(scope="module")
+def pod():
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    if KERNEL_ABI < 1:
+        pytest.skip("needs Landlock")
+    svc = unprivileged.service()
+    svc.user = None  # outer_filter changes to it, after its filter is loaded as root
+    svc.launcher = RESTRICTED_POD
+    svc.start()
+    yield svc
+    svc.stop()
+
+
+def _failed(svc, code: str, language: str) -> tuple[str, str]:
+    """A run that prints its working directory and then fails: (that directory, what it printed on stderr)."""
+    envelope = svc.run(code, language)
+    assert envelope["code"] == 0, envelope
+    data = envelope["data"]
+    assert data["exit_code"] == 1, data
+    return data["stdout"].strip(), data["stderr"]
+
+
+WRITE_TMP = {
+    "python3": "import os; print(os.getcwd()); open('/tmp/report.pdf', 'w').write('pdf')",
+    "nodejs": "console.log(process.cwd()); require('fs').writeFileSync('/tmp/report.pdf', 'pdf')",
+}
+
+
+@pytest.mark.parametrize("language", list(WRITE_TMP))
+def test_a_refused_write_to_tmp_says_where_to_write(pod, language):
+    directory, stderr = _failed(pod, WRITE_TMP[language], language)
+    assert directory.startswith("/") and directory != "/tmp"
+    assert "EACCES" in stderr or "PermissionError: [Errno 13]" in stderr
+    assert NOTE.format(directory) in stderr.splitlines(), stderr
+
+
+ASYNC_WRITE_TMP = {
+    # a directory under /tmp, the run's own directory reached from its parent, a promise's rejection
+    "python3": "import os; print(os.getcwd()); os.makedirs('/tmp/out/reports')",
+    "nodejs": "console.log(process.cwd()); require('fs').promises.writeFile('../beside-my-directory', 'x')",
+}
+
+
+@pytest.mark.parametrize("language", list(ASYNC_WRITE_TMP))
+def test_other_calls_and_relative_paths_under_tmp_get_the_note_too(pod, language):
+    directory, stderr = _failed(pod, ASYNC_WRITE_TMP[language], language)
+    assert NOTE.format(directory) in stderr.splitlines(), stderr
+
+
+ELSEWHERE = {
+    # refused, but not under /tmp
+    ("python3", "refused"): "print(1); open('/etc/shadow')",
+    ("nodejs", "refused"): "console.log(1); require('fs').readFileSync('/etc/shadow')",
+    # under /tmp, but not refused (no such file)
+    ("python3", "missing"): "print(1); open('/tmp/sandlot-no-such-file')",
+    ("nodejs", "missing"): "console.log(1); require('fs').readFileSync('/tmp/sandlot-no-such-file')",
+    # refused, not by the jail, under the run's own directory
+    ("python3", "own"): "print(1); raise PermissionError(13, 'Permission denied', 'mine.txt')",
+    ("nodejs", "own"): (
+        "console.log(1); throw Object.assign(new Error('EACCES: permission denied'), "
+        "{code: 'EACCES', path: process.cwd() + '/mine.txt'})"
+    ),
+}
+
+
+@pytest.mark.parametrize(("language", "case"), list(ELSEWHERE))
+def test_an_error_elsewhere_prints_as_it_did(pod, language, case):
+    _, stderr = _failed(pod, ELSEWHERE[(language, case)], language)
+    assert ("Error" in stderr) and "sandlot:" not in stderr, stderr
+
+
+ROUND_TRIP = {
+    "python3": (
+        "import os, tempfile\n"
+        "for path in (os.path.join(tempfile.gettempdir(), 'a.pdf'), os.environ['TMPDIR'] + '/b.pdf', 'c.pdf'):\n"
+        "    with open(path, 'w') as f:\n"
+        "        f.write(path[-5:])\n"
+        "print(sorted(open(name).read() for name in os.listdir('.')))\n"
+    ),
+    "nodejs": (
+        "const fs = require('fs'), os = require('os'), path = require('path');\n"
+        "for (const p of [path.join(os.tmpdir(), 'a.pdf'), process.env.TMPDIR + '/b.pdf', 'c.pdf'])"
+        " fs.writeFileSync(p, p.slice(-5));\n"
+        "console.log(JSON.stringify(fs.readdirSync('.').map((n) => fs.readFileSync(n, 'utf8')).sort()));\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("language", list(ROUND_TRIP))
+def test_writing_where_the_note_says_works(pod, language):
+    envelope = pod.run(ROUND_TRIP[language], language)
+    assert envelope["code"] == 0, envelope
+    out = envelope["data"]["stdout"].replace('"', "'").replace(", ", ",")
+    assert out == "['a.pdf','b.pdf','c.pdf']\n", envelope["data"]
