@@ -10,7 +10,7 @@
 #      but refuses sethostname, so the userns mode with the run's hostname step dropped.
 # Each must be healthy, serve both languages, report its mode; a literal /tmp round trip (write
 # /tmp/report.txt, read it back) is run and reported, and must pass in the modes whose /tmp is the run's own
-# (full, userns: a tmpfs; chroot: its cell's directory). `sandlot serve` is the container's pid 1 and must have put its init in front
+# (full, userns: a tmpfs; chroot: its cell's directory), and elsewhere (landlock) say where to write instead. `sandlot serve` is the container's pid 1 and must have put its init in front
 # (handler/pid_one.py).
 #
 #   infra/container_test.sh [--keep]     # as root; --keep leaves the containers running
@@ -248,9 +248,12 @@ init = "pid_one.py" in os.environ["INIT"]
 ok = ok and init
 trip = load("TMP_TRIP")
 tmp = stdout(trip) == "kept\n"
+tmp_error = ((trip.get("data") or {}).get("stderr") or trip.get("message") or "no answer").strip()
 if not tmp and set(modes.values()) <= {"full", "userns", "chroot"}:
     ok = False  # the run's own tmpfs on /tmp, or its cell's /tmp (chroot): a literal path must work
-tmp_shown = tmp or ((trip.get("data") or {}).get("stderr") or trip.get("message") or "no answer").strip().splitlines()[-1:]
+if not tmp and "write under the working directory" not in tmp_error:
+    ok = False  # where /tmp cannot be the run's own (landlock), the error says where to write instead
+tmp_shown = tmp or tmp_error.splitlines()[-1:]
 hostname = {lang: (rt.get("protections") or {}).get("hostname") for lang, rt in detail.items()}
 print(f"{'PASS' if ok else 'FAIL'} {os.environ['NAME']}: healthy={os.environ['HEALTHY'] == '1'} in {os.environ['READY']} s, "
       f"serves={serves}, init={init}, modes={modes} (expected {expected}), tmp={tmp_shown}, "
