@@ -294,6 +294,7 @@ class Materialized:
     copied: int = 0
     copied_bytes: int = 0
     devices: str = "nodes"  # "nodes" (mknod), or "stand-ins" (see materialize)
+    uncache: bool = False  # drop the page cache the build itself filled (see materialize)
 
 
 def linkable(info: os.stat_result) -> bool:
@@ -302,7 +303,7 @@ def linkable(info: os.stat_result) -> bool:
     return stat.S_ISREG(info.st_mode) and info.st_uid == 0 and not info.st_mode & _NOT_LINKABLE
 
 
-def materialize(spec: dict, root: str, device_nodes: bool = True) -> Materialized:
+def materialize(spec: dict, root: str, device_nodes: bool = True, uncache: bool = False) -> Materialized:
     """Build at root, an empty directory, the files build_and_enter's tree shows, as real files.
 
     The same walk as build_and_enter's mounts, in the same order: each bound host path at its own
@@ -317,8 +318,15 @@ def materialize(spec: dict, root: str, device_nodes: bool = True) -> Materialize
     from null; a write fails loudly instead of landing where another run could read it), and zero,
     random and urandom are left out: a file cannot stand in for them without handing out predictable
     or short "random" bytes (the interpreters take randomness from getrandom(2), which needs no file).
+
+    uncache: where a tree costs every byte anyway (on overlayfs a link copies a lower file up, reading
+    and writing it all; onto another filesystem only a copy can be made), every file is copied, and
+    the pages the copy read are dropped from the page cache as it goes (the tree's own, once written
+    back, by the caller: drop_cache), so that a container is not charged hundreds of MB of cache for
+    files no run may ever read. (A link's copy-up leaves the lower file's pages cached, out of reach:
+    the path names the copy from then on.)
     """
-    done = Materialized(devices="nodes" if device_nodes else "stand-ins")
+    done = Materialized(devices="nodes" if device_nodes else "stand-ins", uncache=uncache)
     hidden = {os.path.realpath(path) for path in spec["hidden"]}
     os.chmod(root, 0o755)
     for path in spec["binds"]:
@@ -437,7 +445,7 @@ def _copy_in(root: str, source: str, hidden: set[str], done: Materialized) -> No
 
 
 def _file_in(source: str, target: str, info: os.stat_result, done: Materialized) -> None:
-    if linkable(info):
+    if linkable(info) and not done.uncache:
         try:
             os.link(source, target, follow_symlinks=False)
             done.linked += 1
@@ -445,11 +453,62 @@ def _file_in(source: str, target: str, info: os.stat_result, done: Materialized)
         except OSError as exc:
             if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EACCES):
                 raise
-    done.copied_bytes += _copy_file(source, target, info)
+    done.copied_bytes += _copy_file(source, target, info, done.uncache)
     done.copied += 1
 
 
-def _copy_file(source: str, target: str, info: os.stat_result) -> int:
+def _open_to_uncache(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return -1
+
+
+def drop_cache(root: str) -> int:
+    """Drop what the page cache holds of the files under root (written back first: dirty pages stay), except
+    pages a process maps; how many files were told."""
+    told = 0
+    pending = [root]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                elif entry.is_file(follow_symlinks=False) and (fd := _open_to_uncache(entry.path)) >= 0:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    os.close(fd)
+                    told += 1
+    return told
+
+
+def fills_cache(root: str, source: str) -> bool:
+    """Whether materializing under root reads and writes the bytes of files from source's filesystem: root on
+    overlayfs (linking a file of a lower layer copies it up first) or on another filesystem (a copy)."""
+    try:
+        return os.stat(root).st_dev != os.stat(source).st_dev or _filesystem(root) == "overlay"
+    except OSError:
+        return False
+
+
+def _filesystem(path: str) -> str:
+    """The type of the filesystem mounted where path lies (/proc/self/mountinfo), "" if not found."""
+    path = os.path.realpath(path)
+    found, kind = "", ""
+    try:
+        with open("/proc/self/mountinfo") as mounts:
+            for line in mounts:
+                fields = line.split()
+                point = fields[4].replace("\\040", " ")
+                after = fields[fields.index("-") + 1]
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(found):
+                    found, kind = point, after
+    except (OSError, ValueError, IndexError):
+        return ""
+    return kind
+
+
+def _copy_file(source: str, target: str, info: os.stat_result, uncache: bool = False) -> int:
     """Copy a regular file's bytes (copy_file_range: a reflink where the filesystem offers it); return the
     size. The copy is root's, its mode without setuid bits or write for group and others."""
     src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -463,6 +522,8 @@ def _copy_file(source: str, target: str, info: os.stat_result) -> int:
             os.utime(dst, ns=(info.st_atime_ns, info.st_mtime_ns))
         finally:
             os.close(dst)
+        if uncache:  # the source's pages this read (clean: dropped now, unless a process maps them)
+            os.posix_fadvise(src, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(src)
     return size

@@ -15,11 +15,12 @@ possible), so it is built once per tree spec, before any zygote needs it, and ke
   filesystem; it survives restarts (a restart need not build again); runs never see it.
   Except in the service image (the Dockerfile makes IMAGE_TREES): there the system files
   (the interpreters, their libraries: some 160 MB against a few MB of layer) are most of a
-  tree, and the data dir is a volume, another filesystem, where each would be a copy, its
-  pages charged again to the container's memory. On the image's own filesystem they are
-  hard links (overlayfs copies a lower file up once, and the service's own path then names
-  the same inode: one copy on the container's layer, its page cache shared with the
-  service), the layer's few files copied; nothing of trees on the volume.
+  tree, and the data dir is a volume; the trees go on the image's own filesystem instead,
+  nothing of them on the volume. There (overlayfs: a link copies a lower file up, every
+  byte read and written) and on any other filesystem than the sources' every file is a
+  copy, and the page cache the build filled is dropped (TreeStore.uncache): the container
+  is charged for what runs read back, not for 160 MB of copying (a copy-up's pages of the
+  lower file could not be: the path names the copy from then on).
 - Held like layers (runtimes/dirlock.py): a shared flock per instance that uses a tree;
   a tree is removed only when no instance holds it (collect()).
 - Each run has a literal /tmp of its own: a run of uid chroots (from its zygote's tree)
@@ -40,6 +41,7 @@ import logging
 import os
 import shutil
 import stat
+import sys
 import threading
 import time
 
@@ -137,6 +139,9 @@ class TreeStore:
                 "from it (SANDLOT_DATA_DIR)"
             )
         self.no_devices = devices_work(root)  # why stand-ins are used for /dev ("" when real nodes are made)
+        # a container's own filesystem (overlayfs), or another one than the interpreter's: a build reads and
+        # writes whole files, whose pages, charged to the container, are dropped (tree.materialize)
+        self.uncache = tree.fills_cache(root, sys.executable)
         if self.no_devices:
             log.warning("trees get stand-ins for /dev (a read-only empty null, no zero or random): %s", self.no_devices)
         self._lock = threading.Lock()
@@ -170,8 +175,10 @@ class TreeStore:
         held = lock_shared(scratch)  # another instance's collect() leaves it alone
         try:
             started = time.monotonic()
-            done = tree.materialize(spec, scratch, self.device_nodes)
+            done = tree.materialize(spec, scratch, self.device_nodes, uncache=self.uncache)
             os.sync()  # a tree that a power cut left with empty copies must never be found finished
+            if self.uncache:
+                tree.drop_cache(scratch)  # written back now: clean pages, which runs read back as they need
             try:
                 os.rename(scratch, path)
             except OSError as exc:

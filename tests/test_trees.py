@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 import os
 import shutil
 import stat
@@ -283,9 +285,9 @@ def test_a_tree_is_built_once_reused_after_a_restart_and_rebuilt_when_a_source_c
     built = []
     materialize = tree.materialize
 
-    def watched(spec, scratch, device_nodes=True):
+    def watched(spec, scratch, device_nodes=True, uncache=False):
         built.append(scratch)
-        done = materialize(spec, scratch, device_nodes)
+        done = materialize(spec, scratch, device_nodes, uncache)
         final = scratch.rsplit(".build-", 1)[0]
         assert not os.path.exists(final), "a tree is visible under its name only once it is complete"
         return done
@@ -409,3 +411,50 @@ def test_what_dead_instances_left_in_cells_goes_and_nothing_of_it_stays_in_a_cel
     monkeypatch.undo()
     trees.clear_stale_run_tmps(root)  # the failed one is removed next time
     assert sorted(os.listdir(os.path.join(root, "cells"))) == sorted([str(dead), str(live)])
+
+
+def resident_pages(path: str) -> int:
+    """How many of the file's pages the page cache holds now (mincore)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    size = os.path.getsize(path)
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        vector = (ctypes.c_ubyte * pages)()
+        assert libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(size), vector) == 0, ctypes.get_errno()
+        libc.munmap(ctypes.c_void_p(address), ctypes.c_size_t(size))
+    finally:
+        os.close(fd)
+    return sum(page & 1 for page in vector)
+
+
+@pytest.mark.parametrize("uncache", [True, False])
+def test_a_tree_built_by_copying_leaves_no_page_cache_of_what_it_read(place, uncache):
+    """A container is charged for the page cache its processes fill: a tree copied onto another filesystem (or
+    copied up by overlayfs to be linked) read every byte of hundreds of MB of files that runs mostly never
+    read. Built with uncache (TreeStore sets it there: tree.fills_cache), neither the sources' pages it read nor
+    the copies' are left (here: a source on the data directory's filesystem, the tree on /dev/shm's tmpfs)."""
+    if tree.fills_cache("/dev/shm", place) is False:
+        pytest.skip("/dev/shm is on the same filesystem as /var/tmp here")
+    source = os.path.join(place, "src")
+    os.mkdir(source)
+    big = os.path.join(source, "big.bin")
+    with open(big, "wb") as f:
+        f.write(os.urandom(4 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+    with open(big, "rb") as f:
+        f.read()  # cached, as an image's files are once the service has started
+    assert resident_pages(big) > 0
+    root = tempfile.mkdtemp(prefix="sandlot-tree-", dir="/dev/shm")
+    try:
+        tree.materialize({"binds": [source], "hidden": [], "devices": [], "placed": {}}, root, uncache=uncache)
+        with open(root + big, "rb") as f:
+            assert f.read(16)  # the copy is whole
+        left = resident_pages(big)
+        assert (left == 0) if uncache else (left > 0), left
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
