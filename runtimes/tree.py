@@ -387,23 +387,12 @@ def make_cell(root: str, uid: int) -> str:
     os.mkdir(scratch, 0o700)
     held = dirlock.lock_shared(scratch)
     try:
-        skipped = {root + "/tmp", root + CELLS}
-        for dirpath, dirnames, filenames in os.walk(root):
-            target = scratch + dirpath[len(root) :]
-            if dirpath != root:
-                os.mkdir(target)
-            for name in dirnames + filenames:
-                source = os.path.join(dirpath, name)
-                if source in skipped:
-                    continue
-                if name in filenames or os.path.islink(source):  # os.walk lists a link to a directory there
-                    os.link(source, os.path.join(target, name), follow_symlinks=False)
-            dirnames[:] = [d for d in dirnames if os.path.join(dirpath, d) not in skipped]
-        for dirpath, _dirnames, _filenames in os.walk(scratch):
-            info = os.lstat(root + dirpath[len(scratch) :])
-            os.chmod(dirpath, stat.S_IMODE(info.st_mode))
-            if os.geteuid() == 0:
-                os.chown(dirpath, info.st_uid, info.st_gid)
+        source = os.open(root, _DIRECTORY)
+        try:
+            _clone(source, held, skipped=(os.path.basename(CELLS), "tmp"))
+        finally:
+            os.close(source)
+        os.chmod(scratch, stat.S_IMODE(os.stat(root).st_mode))
         try:
             os.rename(scratch, path)
         except OSError as exc:
@@ -414,6 +403,33 @@ def make_cell(root: str, uid: int) -> str:
         if os.path.lexists(scratch):
             shutil.rmtree(scratch, ignore_errors=True)
     return path
+
+
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _clone(source: int, target: int, skipped: tuple[str, ...] = ()) -> None:
+    """Into the directory open as target, the entries of the one open as source: directories made anew (the
+    maker's, with the source's mode), everything else a hard link. By descriptors: no path is walked again, and
+    nothing is followed."""
+    with os.scandir(source) as entries:
+        found = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries if entry.name not in skipped]
+    for name, is_dir in found:
+        if not is_dir:
+            os.link(name, name, src_dir_fd=source, dst_dir_fd=target, follow_symlinks=False)
+            continue
+        mode = stat.S_IMODE(os.stat(name, dir_fd=source, follow_symlinks=False).st_mode)
+        os.mkdir(name, 0o700, dir_fd=target)
+        inner_source = os.open(name, _DIRECTORY, dir_fd=source)
+        try:
+            inner_target = os.open(name, _DIRECTORY, dir_fd=target)
+            try:
+                _clone(inner_source, inner_target)
+                os.fchmod(inner_target, mode)
+            finally:
+                os.close(inner_target)
+        finally:
+            os.close(inner_source)
 
 
 def _copy_in(root: str, source: str, hidden: set[str], done: Materialized) -> None:
