@@ -58,6 +58,11 @@ def remove_if_unlocked(
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
+        try:  # the name may lead elsewhere by now: the directory opened was removed, and a new one, locked by its
+            if os.lstat(path).st_ino != os.fstat(fd).st_ino:  # maker or about to be, made under the same name
+                return False
+        except FileNotFoundError:
+            return False
         name = os.fspath(path)
         trash = f"{name}{TRASH}{secrets.token_hex(16)}" if TRASH not in name else name
         if trash_dir is not None and TRASH not in name:

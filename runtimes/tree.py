@@ -408,6 +408,34 @@ def make_cell(root: str, uid: int) -> str:
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+def _copy_entry(source: int, target: int, name: str) -> None:
+    info = os.stat(name, dir_fd=source, follow_symlinks=False)
+    if stat.S_ISLNK(info.st_mode):
+        os.symlink(os.readlink(name, dir_fd=source), name, dir_fd=target)
+    elif stat.S_ISREG(info.st_mode):
+        _copy_file(f"/proc/self/fd/{source}/{name}", f"/proc/self/fd/{target}/{name}", info)
+    else:
+        raise OSError(errno.EMLINK, f"{name}: too many links, and not a file that can be copied")
+
+
+def renew_devices(cell_root: str) -> None:
+    """The device nodes of a cell made again, for its next run: a node is shared by whoever links it, and any
+    run may set a 0666 node's times to now (utime with no times needs only write access), which every later run
+    of the cell would read: nothing of a run may reach the next. (Stand-ins are files nobody may write.)"""
+    devices = cell_root + "/dev"
+    try:
+        names = os.listdir(devices)
+    except FileNotFoundError:
+        return
+    for name in names:
+        path = os.path.join(devices, name)
+        info = os.lstat(path)
+        if stat.S_ISCHR(info.st_mode):
+            os.unlink(path)
+            os.mknod(path, stat.S_IFCHR | 0o666, info.st_rdev)
+            os.chmod(path, 0o666)  # mknod's mode goes through the umask
+
+
 def _clone(source: int, target: int, skipped: tuple[str, ...] = ()) -> None:
     """Into the directory open as target, the entries of the one open as source: directories made anew (the
     maker's, with the source's mode), everything else a hard link. By descriptors: no path is walked again, and
@@ -416,7 +444,12 @@ def _clone(source: int, target: int, skipped: tuple[str, ...] = ()) -> None:
         found = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries if entry.name not in skipped]
     for name, is_dir in found:
         if not is_dir:
-            os.link(name, name, src_dir_fd=source, dst_dir_fd=target, follow_symlinks=False)
+            try:
+                os.link(name, name, src_dir_fd=source, dst_dir_fd=target, follow_symlinks=False)
+            except OSError as exc:  # the file's links at the filesystem's limit (ext4: 65,000): a copy of it
+                if exc.errno != errno.EMLINK:
+                    raise
+                _copy_entry(source, target, name)
             continue
         mode = stat.S_IMODE(os.stat(name, dir_fd=source, follow_symlinks=False).st_mode)
         os.mkdir(name, 0o700, dir_fd=target)

@@ -277,16 +277,21 @@ def make_run_tmp(tree_root: str, uid: int) -> str:
     make_cells(tree_root, [uid])
     path = run_tmp(tree_root, uid)
     remove_run_tmp(tree_root, uid)
+    tree.renew_devices(tree_root + tree.cell(uid))
     os.mkdir(path, 0o700)
     os.chown(path, uid, uid)
     return path
 
 
-def clear_stale_run_tmps(tree_root: str) -> list[str]:
+def clear_stale_run_tmps(tree_root: str, own: range = range(0)) -> list[str]:
     """Remove the runs' /tmp directories in the tree's cells that no live instance holds a lock on
     (RunDirectories holds one on each of its own while its run lives), and cells a dead instance left
     half-made: what killed instances left. Their uids' processes are gone (parent-death signals; a
-    restarted instance sweeps its block). The names removed (a uid, or a half-made cell's name)."""
+    restarted instance sweeps its block). The names removed (a uid, or a half-made cell's name).
+
+    own: the uids of the caller's block, left alone: their directories are its own runs' (a dead holder's
+    go when the uid is next given out, make_run_tmp), made and removed at any moment, and one removed and
+    made again under the same name just as it is looked at must not be taken for a dead one's."""
     parent = tree_root + tree.CELLS
     removed = []
     for name in os.listdir(parent):
@@ -294,6 +299,8 @@ def clear_stale_run_tmps(tree_root: str) -> list[str]:
         if ".build-" in name or TRASH in name:  # a half-made cell, or what an earlier clearing failed to remove
             if remove_if_unlocked(path, remove=_remove_quietly):
                 removed.append(name)
+        elif name.isdigit() and int(name) in own:
+            continue
         # a /tmp is renamed out of its cell before it is removed: were that to fail, the uid's next run, whose
         # root the cell is, would find it there
         elif os.path.isdir(os.path.join(path, "tmp")) and remove_if_unlocked(

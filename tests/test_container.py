@@ -581,3 +581,30 @@ def test_a_new_layer_gets_its_own_tree_and_the_old_one_goes_once_unused(tmp_path
     finally:
         svc.stop()
         shutil.rmtree(data, ignore_errors=True)
+
+
+@needs_root
+def test_a_uid_whose_cell_cannot_be_made_goes_back_and_runs_go_on_once_it_can(container):
+    """A run's /tmp that cannot be made (a full disk, a cell that cannot be built) fails the spawn, not the uid:
+    it goes back to the block, so that the block is not used up by failures once their cause is gone."""
+    status = container.detail()["runtimes"]["python3"]
+    first, last = status["uid_range"]
+    idle = status["uids_in_use"]
+    tree_dirs = glob.glob(os.path.join(container.env["SANDLOT_DATA_DIR"], "trees", "*", "cells"))
+    planted = []
+    for cells in tree_dirs:  # no cell can be made for a uid that has none yet: a file holds its name
+        for uid in range(first, last + 1):
+            path = os.path.join(cells, str(uid))
+            if not os.path.exists(path):
+                open(path, "w").close()
+                planted.append(path)
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: container.run("print(1)", enable_network=True), range(24)))
+    assert any(answer["code"] != 0 for answer in answers), "no spawn failed: the case proves nothing"
+    for path in planted:
+        os.unlink(path)
+    assert wait_for(lambda: container.run("print(1)")["data"]["stdout"] == "1\n", timeout=30)
+    # what failed gave its uids back: as many are in use as before, give or take the ready children in flight
+    assert wait_for(lambda: container.detail()["runtimes"]["python3"]["uids_in_use"] <= idle + 2, timeout=30), (
+        container.detail()["runtimes"]["python3"]
+    )

@@ -458,3 +458,48 @@ def test_a_tree_built_by_copying_leaves_no_page_cache_of_what_it_read(place, unc
         assert (left == 0) if uncache else (left > 0), left
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@needs_root
+def test_each_run_of_a_cell_gets_device_nodes_of_its_own(place):
+    """utime() with no times needs only write access: a run could set a 0666 node's times to now, which later
+    runs would read (every cell's nodes were links of the tree's). Each run's cell gets its nodes made anew."""
+    spec, _module = _store_spec(place)
+    spec["devices"] = ["/dev/null", "/dev/zero"]
+    root = os.path.join(place, "tree")
+    os.mkdir(root)
+    tree.materialize(spec, root)
+    trees.make_run_tmp(root, RUN_UID)
+    cell = root + tree.cell(RUN_UID)
+    held = os.open(cell + "/dev/null", os.O_RDONLY)  # the node a run had: its number cannot be given again
+    try:
+        marked = os.fstat(held)
+        trees.remove_run_tmp(root, RUN_UID)
+        trees.make_run_tmp(root, RUN_UID)  # the uid's next run
+        fresh = os.stat(cell + "/dev/null")
+        assert fresh.st_ino != marked.st_ino and fresh.st_ino != os.stat(root + "/dev/null").st_ino
+        assert stat.S_ISCHR(fresh.st_mode) and fresh.st_rdev == marked.st_rdev and stat.S_IMODE(fresh.st_mode) == 0o666
+    finally:
+        os.close(held)
+    with open(cell + "/dev/zero", "rb") as zero:
+        assert zero.read(4) == b"\0\0\0\0"
+
+
+def test_a_directory_replaced_under_its_name_is_not_taken_for_the_one_found_unlocked(tmp_path, monkeypatch):
+    """Clearing dead instances' directories (at a zygote's start) locks what it opened, then renames by name:
+    if the directory it opened was removed meanwhile and a live run's new one made under the same name, it must
+    leave that one alone (it moved and removed a live run's /tmp, whose run then went on without caps)."""
+    path = tmp_path / "tmp"
+    path.mkdir()
+    real_flock = dirlock.fcntl.flock
+
+    def flock(fd, operation):
+        if operation & dirlock.fcntl.LOCK_EX:  # just then, the owner removes its run's and makes the next one
+            path.rmdir()
+            path.mkdir()
+            (path / "live").write_text("the next run's")
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(dirlock.fcntl, "flock", flock)
+    assert not dirlock.remove_if_unlocked(path)
+    assert (path / "live").read_text() == "the next run's"

@@ -161,11 +161,17 @@ class ChildPool:
             uid = self._uids.acquire() if self._uids is not None else os.getuid()
         except UidPoolExhausted as exc:
             raise Unavailable(str(exc)) from exc
-        if self._run_dirs is not None:
-            # the service's path, the run's; a uid's first run on a tree makes its cell: off the loop
-            tmpdir, inside = await asyncio.to_thread(self._run_dirs.make, zygote.tree_root, uid)
-        else:
-            tmpdir = inside = tempfile.mkdtemp(prefix="run-", dir=self._tmp_parent) if self._tmp_parent else ""
+        try:
+            if self._run_dirs is not None:
+                # the service's path, the run's; a uid's first run on a tree makes its cell: off the loop
+                tmpdir, inside = await asyncio.to_thread(self._run_dirs.make, zygote.tree_root, uid)
+            else:
+                tmpdir = inside = tempfile.mkdtemp(prefix="run-", dir=self._tmp_parent) if self._tmp_parent else ""
+        except BaseException as exc:  # no directory for it (a full disk, a cell that cannot be made): the uid goes back
+            self._give_back(uid, "")
+            if isinstance(exc, Exception):
+                self._spawn_failed(f"could not make a run's /tmp: {exc}")
+            raise
         try:
             child = await zygote.fork(uid, inside, {k: v for k, v in variant if k != KIND})
         except BaseException as exc:

@@ -401,7 +401,8 @@ class JailedRuntime:
     def _ensure_tree(self, spec: dict) -> str:
         """The materialized tree for spec, held; what runs of dead instances left in its /tmp goes."""
         root = self._trees.ensure(spec)
-        left = trees.clear_stale_run_tmps(root)
+        own = range(self._uids.first, self._uids.first + self._uids.size) if self._uids is not None else range(0)
+        left = trees.clear_stale_run_tmps(root, own)
         if left:
             log.info("%s: removed what runs of stopped instances left in %s/tmp: %s", self.language, root, left)
         return root
