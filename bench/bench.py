@@ -262,6 +262,8 @@ class Subject:
         container = standin(CONTAINERS[self.container][0]) if self.container else []
         if self.container == "restricted":
             service.user = None  # the stand-in changes to nobody, after its filter is loaded as root
+        elif self.container:  # layer builds there run as their uid without a tree: an interpreter it may run
+            service.python = unprivileged.venv_python()
         service.launcher = (cgroup.launcher() if cgroup is not None else []) + container
         return service
 

@@ -430,10 +430,16 @@ def renew_devices(cell_root: str) -> None:
     for name in names:
         path = os.path.join(devices, name)
         info = os.lstat(path)
-        if stat.S_ISCHR(info.st_mode):
-            os.unlink(path)
-            os.mknod(path, stat.S_IFCHR | 0o666, info.st_rdev)
-            os.chmod(path, 0o666)  # mknod's mode goes through the umask
+        if not stat.S_ISCHR(info.st_mode) or _made.get(path) == (info.st_ino, info.st_ctime_ns):
+            continue  # a stand-in, or a node no run has touched since it was made (its change time would be new)
+        os.unlink(path)
+        os.mknod(path, stat.S_IFCHR | 0o666, info.st_rdev)
+        os.chmod(path, 0o666)  # mknod's mode goes through the umask
+        made = os.lstat(path)
+        _made[path] = (made.st_ino, made.st_ctime_ns)
+
+
+_made: dict[str, tuple[int, int]] = {}  # each cell node this process made: its inode and change time then
 
 
 def _clone(source: int, target: int, skipped: tuple[str, ...] = ()) -> None:

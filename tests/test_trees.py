@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -473,12 +474,16 @@ def test_each_run_of_a_cell_gets_device_nodes_of_its_own(place):
     cell = root + tree.cell(RUN_UID)
     held = os.open(cell + "/dev/null", os.O_RDONLY)  # the node a run had: its number cannot be given again
     try:
+        time.sleep(0.05)
+        os.utime(held)  # a run's mark: the times set to now
         marked = os.fstat(held)
+        untouched = os.stat(cell + "/dev/zero")
         trees.remove_run_tmp(root, RUN_UID)
         trees.make_run_tmp(root, RUN_UID)  # the uid's next run
         fresh = os.stat(cell + "/dev/null")
         assert fresh.st_ino != marked.st_ino and fresh.st_ino != os.stat(root + "/dev/null").st_ino
         assert stat.S_ISCHR(fresh.st_mode) and fresh.st_rdev == marked.st_rdev and stat.S_IMODE(fresh.st_mode) == 0o666
+        assert os.stat(cell + "/dev/zero").st_ino == untouched.st_ino  # a node nobody marked is kept: no cost
     finally:
         os.close(held)
     with open(cell + "/dev/zero", "rb") as zero:

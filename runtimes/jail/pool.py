@@ -162,9 +162,11 @@ class ChildPool:
         except UidPoolExhausted as exc:
             raise Unavailable(str(exc)) from exc
         try:
-            if self._run_dirs is not None:
-                # the service's path, the run's; a uid's first run on a tree makes its cell: off the loop
+            if self._run_dirs is not None and self._run_dirs.needs_cell(zygote.tree_root, uid):
+                # a uid's first run on a tree makes its cell (tens of ms): off the loop
                 tmpdir, inside = await asyncio.to_thread(self._run_dirs.make, zygote.tree_root, uid)
+            elif self._run_dirs is not None:
+                tmpdir, inside = self._run_dirs.make(zygote.tree_root, uid)  # the service's path, the run's
             else:
                 tmpdir = inside = tempfile.mkdtemp(prefix="run-", dir=self._tmp_parent) if self._tmp_parent else ""
         except BaseException as exc:  # no directory for it (a full disk, a cell that cannot be made): the uid goes back

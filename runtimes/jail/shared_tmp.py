@@ -20,6 +20,9 @@ class SharedRunDirectories(RunDirectories):
         super().__init__(watcher, max_bytes, max_files)
         self.parent = parent
 
+    def needs_cell(self, tree_root: str, uid: int) -> bool:
+        return False  # no tree, no cells: a directory under the runtime's own
+
     def make(self, tree_root: str, uid: int) -> tuple[str, str]:
         """A fresh directory for the next run: the service's path to it and the run's are the same."""
         path = tempfile.mkdtemp(prefix="run-", dir=self.parent)

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from inotify_simple import INotify
 from inotify_simple import flags as ev
 
-from runtimes import dirlock, trees
+from runtimes import dirlock, tree, trees
 
 log = logging.getLogger("sandlot.jail")
 
@@ -546,6 +546,10 @@ class RunDirectories:
             except FileNotFoundError:  # another instance took it for a dead one's before it was locked
                 continue
         raise OSError(f"could not make a /tmp directory for uid {uid} in {tree_root}")
+
+    def needs_cell(self, tree_root: str, uid: int) -> bool:
+        """Whether make() would make uid's cell first (trees.make_cells)."""
+        return not os.path.isdir(tree_root + tree.cell(uid))
 
     def watch(self, child) -> None:
         """Cap the child's directory until remove(); over a cap the child is killed, its run ending with the
