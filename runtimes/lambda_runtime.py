@@ -69,7 +69,7 @@ from runtimes.payload import (
     TenantRefused,
     Unavailable,
     fit_result,
-    parse_request,
+    read_request,
 )
 
 log = logging.getLogger("sandlot.function")
@@ -240,7 +240,7 @@ class RuntimeFunction:
     def handler(self, event: object, context: object = None) -> dict:
         if isinstance(event, dict) and "action" in event:
             return self.action(event)
-        request = parse_request(event, self.settings.ENABLE_NETWORK)
+        request = read_request(event, self.settings.ENABLE_NETWORK)  # no pydantic for a plain one (payload.py)
         runtime = self.runtime
         if request.language != runtime.language:
             raise InvalidRequest(f"this function runs {runtime.language} code, not {request.language}")
