@@ -7,10 +7,14 @@ environment block never held them. A runtime function needs none (its role has
 nothing beyond its logs, which go to stdout). Standard library only, so that it
 runs first and cheaply, before the heavy imports of init.
 
-In the image it runs even earlier: infra/layout.sh puts a `.pth` file in the
-venv (EARLY_HOOK) that calls `early_hook()` while the interpreter starts, before
-awslambdaric is imported, so that the process that is replaced has done nothing
-but start. What remains of the re-exec is one bare interpreter start. (Wiping the
+In the image they never reach it: the Dockerfiles' ENTRYPOINT is env(1), which
+drops them and execs the interpreter (ENTRYPOINT_PREFIX), so that the function's
+process starts one interpreter, as a bare function's does (a re-exec cost a
+second bare start, about 7 ms). Should a Lambda runtime process of the image's
+venv be started any other way, infra/layout.sh's `.pth` file (EARLY_HOOK) calls
+`early_hook()` while the interpreter starts, before awslambdaric is imported,
+and the re-exec happens there, the replaced process having done nothing but
+start. (Wiping the
 credentials in place instead would leave copies: the environment block that
 /proc/<pid>/environ reads, and the interpreter's own copies in its heap, which a
 same-uid process may read through /proc/<pid>/mem where the platform allows it.)
@@ -30,6 +34,10 @@ CREDENTIALS = (
     "AWS_CONTAINER_CREDENTIALS_FULL_URI",
     "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
 )
+
+
+# The image's ENTRYPOINT before the interpreter (runtimes/*/Dockerfile; tests/lambda keep them equal)
+ENTRYPOINT_PREFIX = ("/usr/bin/env", *(arg for name in CREDENTIALS for arg in ("-u", name)))
 
 
 def drop_credentials() -> None:

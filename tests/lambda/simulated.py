@@ -23,6 +23,8 @@ import tempfile
 from emulation import FunctionInstance
 from functions import FAKE_CREDENTIALS, HANDLERS, REPO
 
+from runtimes.credentials import ENTRYPOINT_PREFIX
+
 SYSTEM_PYTHON = "/usr/bin/python3.11"
 SIM_UID = 61051  # a uid of its own, so that sweeping it touches no one else's processes
 OUTER_FILTER = os.path.join(REPO, "tests", "outer_filter.py")
@@ -88,7 +90,8 @@ def start_simulated(
         function_env,
         name=f"sim-{language}",
         python=os.path.join(image, "venv", "bin", "python"),
-        prefix=(sys.executable, OUTER_FILTER, "--uid", str(uid), *refusals, "--"),
+        # started as the image's ENTRYPOINT starts it: env(1) drops the credentials, then the interpreter
+        prefix=(sys.executable, OUTER_FILTER, "--uid", str(uid), *refusals, "--", *ENTRYPOINT_PREFIX),
         cwd="/",
     )
     instance.tmp = tmp

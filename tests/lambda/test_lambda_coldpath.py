@@ -16,6 +16,8 @@ import pytest
 from functions import FAKE_CREDENTIALS, REPO
 from simulated import SIM_UID, SYSTEM_PYTHON, lay_out_image, start_simulated
 
+from runtimes.credentials import CREDENTIALS, ENTRYPOINT_PREFIX
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 
 from service import IS_ROOT  # noqa: E402
@@ -105,6 +107,20 @@ def test_a_lambda_runtime_process_drops_the_credentials_as_its_interpreter_start
     # any other process of the venv (pip at build time) is left alone
     other = subprocess.run([python, "-c", show], env=env, **_text())
     assert all(secret in json.loads(other.stdout)[0] for secret in FAKE_CREDENTIALS.values())
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: the simulation changes to an unprivileged uid")
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"needs {SYSTEM_PYTHON} (any uid can run it)")
+def test_the_images_entrypoint_starts_the_interpreter_without_the_credentials(image):
+    """The Dockerfiles' ENTRYPOINT (env(1) first) drops them before the interpreter starts: no re-exec needed."""
+    python = os.path.join(image, "venv", "bin", "python")
+    show = "import os; print(open('/proc/self/environ', 'rb').read().decode().replace(chr(0), chr(10)))"
+    env = {"PATH": "/usr/bin:/bin", **FAKE_CREDENTIALS, "AWS_LAMBDA_RUNTIME_API": "127.0.0.1:9"}
+    ran = subprocess.run([*ENTRYPOINT_PREFIX, python, "-c", show], env=env, **_text())
+    assert "AWS_LAMBDA_RUNTIME_API=127.0.0.1:9" in ran.stdout.splitlines()
+    assert set(CREDENTIALS) >= set(FAKE_CREDENTIALS)
+    for name, secret in FAKE_CREDENTIALS.items():
+        assert secret not in ran.stdout and name not in ran.stdout
 
 
 def test_the_early_probe_records_what_the_process_would_have_probed():
