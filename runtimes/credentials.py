@@ -55,6 +55,12 @@ EARLY_HOOK = "import runtimes.credentials as _sandlot; _sandlot.early_hook()\n" 
 
 def early_hook() -> None:
     """Called by the image's .pth file as any interpreter of its venv starts: a Lambda runtime process (one the
-    Runtime API is handed to) drops the credentials there and then; any other is left alone."""
+    Runtime API is handed to) drops the credentials there and then; any other is left alone. A runtime
+    function's process then starts its platform probe (runtimes/early.py) in a forked child, so that it runs
+    beside awslambdaric's imports too, not only beside the function's own."""
     if "AWS_LAMBDA_RUNTIME_API" in os.environ:
         drop_credentials()
+        if any(arg.startswith("runtimes.") and arg.endswith(".lambda_function.handler") for arg in sys.orig_argv):
+            from runtimes import early
+
+            early._start_probe()

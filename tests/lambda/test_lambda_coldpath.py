@@ -123,6 +123,25 @@ def test_the_images_entrypoint_starts_the_interpreter_without_the_credentials(im
         assert secret not in ran.stdout and name not in ran.stdout
 
 
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: the simulation changes to an unprivileged uid")
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"needs {SYSTEM_PYTHON} (any uid can run it)")
+def test_a_runtime_functions_probe_starts_as_its_interpreter_starts(image):
+    """In the image, a runtime function's process forks its probe from the early hook, before anything else is
+    imported (awslambdaric's imports run beside it too); the record is the one its init reads."""
+    python = os.path.join(image, "venv", "bin", "python")
+    show = (
+        "import json, sys; from runtimes import early; started = early._started; early.record(); "
+        "print(json.dumps([started, early.probe_seconds == early.probe_seconds, 'awslambdaric' in sys.modules]))"
+    )
+    env = {"PATH": "/usr/bin:/bin", "AWS_LAMBDA_RUNTIME_API": "127.0.0.1:9"}
+    handler = "runtimes.python.lambda_function.handler"  # in argv, as `python -m awslambdaric <handler>` has it
+    ran = subprocess.run([python, "-c", show, handler], env=env, **_text())
+    assert json.loads(ran.stdout) == [True, True, False]
+    for other in ([python, "-c", show, handler], [python, "-c", show, "other.handler"]):  # not a runtime function
+        ran = subprocess.run(other, env=env if other[-1] != handler else {"PATH": "/usr/bin:/bin"}, **_text())
+        assert json.loads(ran.stdout) == [False, False, False]
+
+
 def test_the_early_probe_records_what_the_process_would_have_probed():
     script = (
         "import json\n"
