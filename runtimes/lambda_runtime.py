@@ -3,9 +3,12 @@
     python -m awslambdaric runtimes.<language>.lambda_function.handler
 
 Module import is Lambda's init phase. The role's credentials are gone before it
-begins (runtimes/credentials.py: in the image, a .pth hook re-executes the
-interpreter as it starts), and the platform probe runs in a forked child beside
-the heavy imports (runtimes/early.py). Then it reads the probed record (the
+begins (runtimes/credentials.py: in the image, the ENTRYPOINT's env(1) drops them
+before the interpreter starts; a process started otherwise re-executes itself
+from the venv's .pth hook), and the platform probe runs in a forked child beside
+the imports, from that hook as the interpreter starts (runtimes/early.py). The
+cold path imports no pydantic: the settings are read by runtimes/environment.py,
+the event by payload.read_request, the result is a plain dataclass. Then it reads the probed record (the
 shared protections record, which decides the mode), starts the zygote (a
 separately exec'ed process with a clean environment) with the layer baked into
 the image, and prepares the child for the first run, so that the first
