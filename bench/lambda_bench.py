@@ -27,7 +27,10 @@ Rows (one table, all from the same run on this machine; read ratios, not absolut
   naming a new tenant, so each is that tenant's first run in a fresh environment.
 
     python bench/lambda_bench.py [--requests 200] [--paced-requests 50] [--pace 10] [--inits 3]
-                                 [--per-run 10] [--header 5] [--no-simulated] [--per-run-only]
+                                 [--per-run 10] [--header 5] [--no-simulated] [--per-run-only] [--base REF]
+
+--base REF: the per-run rows of REF's runtime functions too (e.g. main), in the same run, interleaved with
+the others (a copy of the simulated image with REF's code, started as REF's images were).
 """
 
 from __future__ import annotations
@@ -141,29 +144,32 @@ def runtime_api_latencies(instance, language: str, total: int, interval: float =
 
 
 def per_run_tenancy(
-    invoke_api, client, image: str, languages: tuple[str, ...], count: int
+    invoke_api, client, image: str, languages: tuple[str, ...], count: int, base_image: str = ""
 ) -> tuple[dict[str, list[float]], dict[str, list[dict]]]:
     """Invoke latencies with a fresh tenant id each (a fresh environment's init included), and each init's parts,
-    by language; "floor" is the bare awslambdaric function (simulated.start_floor) on the same simulation.
-    Interleaved (a round is one invoke of each), so that the machine's load weighs on each row alike."""
+    by language; "floor" is the bare awslambdaric function (simulated.start_floor) on the same simulation;
+    "<language>@base" the same function from base_image (bench --base: another commit's code, started as
+    its images were, the interpreter straight). Interleaved (a round is one invoke of each), so that the
+    machine's load weighs on each row alike."""
     from simulated import tenant_environments
 
     from handler.tenancy import per_run_id
 
     inits: dict[str, list[dict]] = {language: [] for language in languages}
 
-    def recorder(language: str):
-        start = tenant_environments(image, language)
+    def recorder(label: str):
+        language, _, base = label.partition("@")
+        start = tenant_environments(base_image if base else image, language, entrypoint=not base)
 
         def recorded(tenant: str):
             instance = start(tenant)
             if language == "floor":
-                inits[language].append({"spawn to first /next": instance.init_seconds})
+                inits[label].append({"spawn to first /next": instance.init_seconds})
                 return instance
             found = INIT.search(instance.output())
             assert found, instance.output()
             ready, age, probe = (float(v) for v in found.groups())
-            inits[language].append(
+            inits[label].append(
                 {
                     "spawn to first /next": instance.init_seconds,
                     "process start to init": age - ready - probe,
@@ -179,7 +185,8 @@ def per_run_tenancy(
     payloads = {}
     for language in languages:
         invoke_api.add_per_tenant(f"per-run-{language}", recorder(language), concurrency=1, keep=1)
-        event = {"floor": True} if language == "floor" else {"language": language, "code": WORKLOADS[language]}
+        plain = language.partition("@")[0]
+        event = {"floor": True} if language == "floor" else {"language": plain, "code": WORKLOADS[plain]}
         payloads[language] = json.dumps({**event, "enable_network": True})
     times: dict[str, list[float]] = {language: [] for language in languages}
     for i in range(count + 1):  # the first round: a warm-up (files not yet in the page cache)
@@ -197,6 +204,29 @@ def per_run_tenancy(
             if i:
                 times[language].append(elapsed)
     return times, {language: found[1:] for language, found in inits.items()}
+
+
+def base_image(image: str, ref: str) -> str:
+    """A copy of the simulated image (lay_out_image) with `ref`'s code in its venv, installed by that commit's own
+    infra/layout.sh --project-only: the per-run rows of both, interleaved in one run (kept under /var/tmp)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from functions import REPO
+
+    sha = subprocess.run(["git", "-C", REPO, "rev-parse", ref], check=True, capture_output=True, text=True)
+    root = f"{image}-base-{sha.stdout.strip()[:12]}"
+    if not os.path.exists(os.path.join(root, ".complete")):
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(image, root, symlinks=True)
+        with tempfile.TemporaryDirectory() as source:
+            archive = ["git", "-C", REPO, "archive", sha.stdout.strip()]
+            tar = subprocess.run(archive, check=True, capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", source], input=tar, check=True)
+            subprocess.run([os.path.join(source, "infra", "layout.sh"), root, "--project-only"], check=True)
+        open(os.path.join(root, ".complete"), "w").close()
+    return root
 
 
 def header_tenancy(invoke_api, image: str, language: str, count: int) -> list[float]:
@@ -255,6 +285,12 @@ def main() -> None:
     )
     parser.add_argument("--no-simulated", action="store_true")
     parser.add_argument("--per-run-only", action="store_true", help="only the cold init and per-run tenancy rows")
+    parser.add_argument(
+        "--base",
+        default="",
+        metavar="REF",
+        help="per-run rows of this commit's runtime functions too, interleaved with the others (e.g. main)",
+    )
     args = parser.parse_args()
     languages = ("python3", "nodejs")
     modes = [] if args.per_run_only else [("warm", 0.0, args.requests)]
@@ -324,34 +360,44 @@ def main() -> None:
                     )
                 add_rows(rows, language, measured, f"{label}, local service, HTTP")
         if simulated and args.per_run:
-            all_times, all_inits = per_run_tenancy(invoke_api, client, image, ("floor", *languages), args.per_run)
+            based = tuple(f"{language}@base" for language in languages) if args.base else ()
+            all_times, all_inits = per_run_tenancy(
+                invoke_api,
+                client,
+                image,
+                ("floor", *languages, *based),
+                args.per_run,
+                base_image(image, args.base) if args.base else "",
+            )
             floor = all_times["floor"]
             floor_p50, floor_p95 = statistics.median(floor), percentile(floor, 0.95)
             rows.append(("floor: bare awslambdaric function, fresh env (p50, p95)", ms(floor_p50), ms(floor_p95)))
-            for language in languages:
-                times, inits = all_times[language], all_inits[language]
+            for label in (*languages, *based):
+                language = label.partition("@")[0]
+                times, inits = all_times[label], all_inits[label]
                 p50, p95 = statistics.median(times), percentile(times, 0.95)
                 allowed = PER_RUN_TARGETS[language]
+                label = label.replace("@base", f" (base {args.base})")
                 verdict = "met" if p50 <= floor_p50 + allowed and p95 <= 1.5 * p50 else "MISSED"
                 rows.append(
                     (
-                        f"{language} per-run tenancy, fresh env (p50, p95)",
+                        f"{label} per-run tenancy, fresh env (p50, p95)",
                         ms(p50),
                         f"{ms(p95)} = {p95 / p50:.2f} x p50",
                     )
                 )
                 rows.append(
                     (
-                        f"{language}   p50 over the floor (target +{allowed * 1000:.0f} ms, p95 <= 1.5 x p50)",
+                        f"{label}   p50 over the floor (target +{allowed * 1000:.0f} ms, p95 <= 1.5 x p50)",
                         ms(p50 - floor_p50),
                         f"{p50 / floor_p50:5.2f} x floor: {verdict}",
                     )
                 )
                 for part in inits[0]:
-                    rows.append((f"{language}   init: {part}", ms(statistics.median([i[part] for i in inits])), ""))
+                    rows.append((f"{label}   init: {part}", ms(statistics.median([i[part] for i in inits])), ""))
                 spawn = statistics.median([i["spawn to first /next"] for i in inits])
-                rows.append((f"{language}   the invoke beyond the init (p50 - init p50)", ms(p50 - spawn), ""))
-                if args.header:
+                rows.append((f"{label}   the invoke beyond the init (p50 - init p50)", ms(p50 - spawn), ""))
+                if args.header and "base" not in label:
                     first = header_tenancy(invoke_api, image, language, args.header)
                     p50h = statistics.median(first)
                     rows.append(

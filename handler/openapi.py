@@ -17,7 +17,7 @@ from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from handler.models import RunBody
-from runtimes.payload import RunResult
+from runtimes.run_models import RunResult
 
 # ---- the bodies, as pydantic models (the run request is handler.models.RunBody, the result the contract's own) -----
 

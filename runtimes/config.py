@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 
 MIB = 1024 * 1024
 
+# SANDLOT_JAIL's values: modes.CHOICES (runtimes/jail/modes.py, which decides what each gives on this platform);
+# not imported from there, so that loading the settings loads no jail module (tests/test_settings.py keeps them equal)
+JAIL_MODES = ("auto", "full", "userns", "reduced", "chroot", "single", "landlock")
+
 
 def comma_list(value: object) -> object:
     """A setting given as "a, b,c" (environment, file) as a list; anything else as it is."""
@@ -81,3 +85,57 @@ class RuntimeConfig:
     def clamp_memory(self, requested: int | None) -> int:
         value = self.default_memory_mb if requested is None else requested
         return max(16, min(int(value), self.max_memory_mb))
+
+
+def proxy_environment(settings) -> dict[str, str]:
+    """The proxy variables handed to user code, in both spellings tools read (settings: the runtimes' settings,
+    runtimes/settings.py's model or a runtime function's light reading of them, runtimes/environment.py)."""
+    found = {}
+    for name, value in (("HTTP_PROXY", settings.HTTP_PROXY), ("HTTPS_PROXY", settings.HTTPS_PROXY)):
+        if value:
+            found[name] = found[name.lower()] = value
+    if settings.SOCKS5_PROXY:
+        found["ALL_PROXY"] = found["all_proxy"] = settings.SOCKS5_PROXY
+    return found
+
+
+def runtime_config_of(
+    settings,
+    *,
+    python_layer: str = "",
+    nodejs_layer: str = "",
+    workers: int = 4,
+    data_dir: str | None = None,
+    one_run_at_a_time: bool = False,
+) -> RuntimeConfig:
+    """The one mapping of the runtimes' settings (by their names, runtimes/settings.py) to what the runtimes read;
+    the caller says what the settings cannot (layers in use, children kept ready, one run at a time)."""
+    return RuntimeConfig(
+        python_path=settings.PYTHON_PATH,
+        nodejs_path=settings.NODEJS_PATH,
+        data_dir=settings.SANDLOT_DATA_DIR if data_dir is None else data_dir,
+        python_layer=python_layer,
+        nodejs_layer=nodejs_layer,
+        python_preload=tuple(settings.SANDLOT_PYTHON_PRELOAD),
+        workers=workers,
+        default_timeout=settings.WORKER_TIMEOUT,
+        max_timeout=max(settings.SANDLOT_MAX_TIMEOUT, settings.WORKER_TIMEOUT),
+        default_memory_mb=settings.SANDLOT_MEMORY_LIMIT_MB,
+        max_memory_mb=max(settings.SANDLOT_MAX_MEMORY_LIMIT_MB, settings.SANDLOT_MEMORY_LIMIT_MB),
+        output_limit=settings.SANDLOT_OUTPUT_LIMIT_BYTES,
+        tmp_size_mb=settings.SANDLOT_TMP_SIZE_MB,
+        tmp_files=settings.SANDLOT_TMP_FILES,
+        enable_preload=settings.ENABLE_PRELOAD,
+        require_seccomp=settings.SANDLOT_REQUIRE_SECCOMP,
+        extra_syscalls=tuple(settings.ALLOWED_SYSCALLS),
+        jail=settings.SANDLOT_JAIL,
+        one_run_at_a_time=one_run_at_a_time,
+        uid_base=settings.SANDLOT_UID_BASE,
+        zygote_max_forks=settings.SANDLOT_ZYGOTE_MAX_FORKS,
+        zygote_max_age=settings.SANDLOT_ZYGOTE_MAX_AGE,
+        run_env=proxy_environment(settings),
+        egress_allow=tuple(str(network) for network in settings.SANDLOT_EGRESS_ALLOW),
+        pasta=settings.SANDLOT_PASTA,
+        unfiltered_egress=settings.SANDLOT_UNFILTERED_EGRESS,
+        proxy_egress=settings.SANDLOT_PROXY_EGRESS,
+    )

@@ -7,10 +7,14 @@ environment block never held them. A runtime function needs none (its role has
 nothing beyond its logs, which go to stdout). Standard library only, so that it
 runs first and cheaply, before the heavy imports of init.
 
-In the image it runs even earlier: infra/layout.sh puts a `.pth` file in the
-venv (EARLY_HOOK) that calls `early_hook()` while the interpreter starts, before
-awslambdaric is imported, so that the process that is replaced has done nothing
-but start. What remains of the re-exec is one bare interpreter start. (Wiping the
+In the image they never reach it: the Dockerfiles' ENTRYPOINT is env(1), which
+drops them and execs the interpreter (ENTRYPOINT_PREFIX), so that the function's
+process starts one interpreter, as a bare function's does (a re-exec cost a
+second bare start, about 7 ms). Should a Lambda runtime process of the image's
+venv be started any other way, infra/layout.sh's `.pth` file (EARLY_HOOK) calls
+`early_hook()` while the interpreter starts, before awslambdaric is imported,
+and the re-exec happens there, the replaced process having done nothing but
+start. (Wiping the
 credentials in place instead would leave copies: the environment block that
 /proc/<pid>/environ reads, and the interpreter's own copies in its heap, which a
 same-uid process may read through /proc/<pid>/mem where the platform allows it.)
@@ -32,6 +36,10 @@ CREDENTIALS = (
 )
 
 
+# The image's ENTRYPOINT before the interpreter (runtimes/*/Dockerfile; tests/lambda keep them equal)
+ENTRYPOINT_PREFIX = ("/usr/bin/env", *(arg for name in CREDENTIALS for arg in ("-u", name)))
+
+
 def drop_credentials() -> None:
     """Re-exec this very command without the credentials in its environment (no-op once they are gone)."""
     if not any(name in os.environ for name in CREDENTIALS):
@@ -47,6 +55,12 @@ EARLY_HOOK = "import runtimes.credentials as _sandlot; _sandlot.early_hook()\n" 
 
 def early_hook() -> None:
     """Called by the image's .pth file as any interpreter of its venv starts: a Lambda runtime process (one the
-    Runtime API is handed to) drops the credentials there and then; any other is left alone."""
+    Runtime API is handed to) drops the credentials there and then; any other is left alone. A runtime
+    function's process then starts its platform probe (runtimes/early.py) in a forked child, so that it runs
+    beside awslambdaric's imports too, not only beside the function's own."""
     if "AWS_LAMBDA_RUNTIME_API" in os.environ:
         drop_credentials()
+        if any(arg.startswith("runtimes.") and arg.endswith(".lambda_function.handler") for arg in sys.orig_argv):
+            from runtimes import early
+
+            early._start_probe()

@@ -2,7 +2,8 @@
 
 1. The role's credentials out of the process (credentials.py): a no-op where the image's early hook
    (infra/layout.sh's `sandlot-early.pth`) already did it, before awslambdaric was even imported.
-2. The platform probe (jail/protections.py) starts while the process is still small and single-threaded:
+2. The platform probe (jail/protections.py) starts while the process is still small and single-threaded
+   (in the image, as the interpreter starts, from the same early hook, before awslambdaric is imported):
    a forked child of this process runs it (each mechanism in a throwaway child of its own, as always) and
    writes the record to a pipe, while this process goes on with its imports. The child has this process's
    credentials, namespaces, filters and limits, so its record is the one this process would have probed;
@@ -21,6 +22,7 @@ from runtimes.credentials import drop_credentials
 
 probe_seconds = float("nan")  # from the probe's start to its record being read (nan: not probed here)
 _probe: tuple[int, int, float] | None = None  # (pid, read end, started)
+_started = False
 
 
 def first_steps() -> None:
@@ -29,9 +31,12 @@ def first_steps() -> None:
 
 
 def _start_probe() -> None:
-    global _probe
+    global _probe, _started
+    if _started:
+        return  # once per process: the image's early hook may have started it already (credentials.early_hook)
     if threading.active_count() > 1:
         return  # forking now could copy another thread's held locks: probed in process, later
+    _started = True
     from runtimes.jail import protections
 
     read_end, write_end = os.pipe2(os.O_CLOEXEC)

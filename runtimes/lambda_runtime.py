@@ -3,9 +3,12 @@
     python -m awslambdaric runtimes.<language>.lambda_function.handler
 
 Module import is Lambda's init phase. The role's credentials are gone before it
-begins (runtimes/credentials.py: in the image, a .pth hook re-executes the
-interpreter as it starts), and the platform probe runs in a forked child beside
-the heavy imports (runtimes/early.py). Then it reads the probed record (the
+begins (runtimes/credentials.py: in the image, the ENTRYPOINT's env(1) drops them
+before the interpreter starts; a process started otherwise re-executes itself
+from the venv's .pth hook), and the platform probe runs in a forked child beside
+the imports, from that hook as the interpreter starts (runtimes/early.py). The
+cold path imports no pydantic: the settings are read by runtimes/environment.py,
+the event by payload.read_request, the result is a plain dataclass. Then it reads the probed record (the
 shared protections record, which decides the mode), starts the zygote (a
 separately exec'ed process with a clean environment) with the layer baked into
 the image, and prepares the child for the first run, so that the first
@@ -69,7 +72,7 @@ from runtimes.payload import (
     TenantRefused,
     Unavailable,
     fit_result,
-    parse_request,
+    read_request,
 )
 
 log = logging.getLogger("sandlot.function")
@@ -240,7 +243,7 @@ class RuntimeFunction:
     def handler(self, event: object, context: object = None) -> dict:
         if isinstance(event, dict) and "action" in event:
             return self.action(event)
-        request = parse_request(event, self.settings.ENABLE_NETWORK)
+        request = read_request(event, self.settings.ENABLE_NETWORK)  # no pydantic for a plain one (payload.py)
         runtime = self.runtime
         if request.language != runtime.language:
             raise InvalidRequest(f"this function runs {runtime.language} code, not {request.language}")

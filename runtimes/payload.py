@@ -8,16 +8,28 @@ it is a RunResult, whose outcome is decided once, where the result is built (the
 jail, runtimes/jail/outcome.py), and only read everywhere else (metrics, logs,
 the CLI). This module imports nothing of the jail, so the API function (a zip on
 Lambda, no libseccomp there) can use it.
+
+No pydantic here: a runtime function's cold path (a fresh environment's first
+run: init, request, run, result) imports none (it cost that path about 70 ms of
+CPU). A RunResult is a plain frozen dataclass, built by the jail; its wire
+schema (OpenAPI) and the check of a result that comes from outside
+(`RunResult.model_validate`, the LambdaInvoker's answers) are pydantic's model of
+the same shape, runtimes/run_models.py. RunRequest is pydantic's (the service's
+bodies extend it), this module's name once asked for; a runtime function reads
+its event with `read_request` (the same rules, stricter spellings, anything else
+handed to the model: its error, or its request).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, fields, replace
 from enum import StrEnum
-from typing import Annotated
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+if TYPE_CHECKING:
+    from runtimes.run_models import RunRequest
 
 LANGUAGES = ("python3", "nodejs")
 
@@ -56,22 +68,6 @@ class InvalidRequest(ValueError):
         self.http_status = http_status
 
 
-class RunRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    language: StrictStr
-    code: Annotated[StrictStr, Field(min_length=1)]
-    preload: StrictStr = ""
-    enable_network: StrictBool = False
-    timeout: Annotated[StrictFloat | StrictInt, Field(gt=0)] | None = None
-    memory_limit_mb: Annotated[StrictInt, Field(gt=0)] | None = None
-    stdin: StrictStr = ""
-
-    def to_payload(self) -> dict:
-        """The request as it travels (None fields left out)."""
-        return self.model_dump(exclude_none=True)
-
-
 class RunOutcome(StrEnum):
     """How a run ended, in one word: what metrics count and logs say. `refused` is never a result's:
     it names a run that got no result (Unavailable, Throttled), for the counters."""
@@ -85,29 +81,70 @@ class RunOutcome(StrEnum):
     REFUSED = "refused"
 
 
-class RunResult(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class RunResult:
     """A run's result: `data` of the success envelope (also when the user's code failed), and what a runtime
-    function returns. Unknown fields from a runtime are ignored."""
+    function returns. Its fields' meaning and wire schema: runtimes/run_models.py's RunResult."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    stdout: str
+    stderr: str
+    error: str
+    exit_code: int
+    duration: float = 0.0
+    truncated: bool = False
+    outcome: RunOutcome
 
-    stdout: str = Field(description="the run's stdout, byte-exact (UTF-8, invalid bytes replaced)")
-    stderr: str = Field(description="the run's stderr, byte-exact")
-    error: str = Field(
-        description="empty when exit_code is 0; otherwise `process exited with code N`, the sandbox's own lines "
-        "(`error: timeout`, `error: output limit exceeded`, `error: operation not permitted`, "
-        "`error: memory limit exceeded`) and the full stderr"
-    )
-    exit_code: int = Field(description="the process's exit code; -1 on timeout or output cap; 128+N for signal N")
-    duration: float = Field(0.0, description="seconds the run took")
-    truncated: bool = Field(False, description="output was cut at the output cap")
-    outcome: RunOutcome = Field(
-        description="how the run ended: ok, error, timeout, forbidden_syscall, output_limit or memory_limit"
-    )
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outcome", RunOutcome(self.outcome))
 
     def to_wire(self) -> dict:
         """The result as it travels: a plain JSON-ready dict."""
-        return self.model_dump(mode="json")
+        return {field.name: getattr(self, field.name) for field in fields(self)} | {"outcome": self.outcome.value}
+
+    @classmethod
+    def model_validate(cls, data: object) -> RunResult:
+        """A result from outside (a runtime function's answer), checked by the wire model; its ValidationError
+        (a ValueError) says what is wrong. Unknown fields are ignored."""
+        from runtimes.run_models import RunResult as Model
+
+        checked = Model.model_validate(data)
+        return cls(**{field.name: getattr(checked, field.name) for field in fields(cls)})
+
+
+@dataclass(frozen=True)
+class RequestFields:
+    """A run request read by `read_request`: RunRequest's fields, without the model (a runtime function's)."""
+
+    language: str
+    code: str
+    preload: str = ""
+    enable_network: bool = False
+    timeout: float | int | None = None
+    memory_limit_mb: int | None = None
+    stdin: str = ""
+
+    def model_copy(self, update: dict) -> RequestFields:
+        return replace(self, **update)
+
+    def to_payload(self) -> dict:
+        values = {field.name: getattr(self, field.name) for field in fields(self)}
+        return {name: value for name, value in values.items() if value is not None}
+
+
+_REQUEST_TYPES = {"language": str, "code": str, "preload": str, "enable_network": bool, "stdin": str}
+
+
+def read_request(data: object, network_allowed: bool) -> RequestFields | RunRequest:
+    """parse_request's rules without pydantic for a request that plainly keeps them (RunRequest's fields, each
+    of its exact type, bounds kept); any other is parse_request's: its InvalidRequest, or its request."""
+    if isinstance(data, dict) and data.keys() <= _REQUEST_FIELDS and data.get("language") in LANGUAGES:
+        plain = all(type(data[name]) is kind for name, kind in _REQUEST_TYPES.items() if name in data)
+        timeout, memory = data.get("timeout"), data.get("memory_limit_mb")
+        plain = plain and bool(data.get("code")) and (memory is None or (type(memory) is int and memory > 0))
+        plain = plain and (timeout is None or (type(timeout) in (int, float) and 0 < timeout < math.inf))
+        if plain and (network_allowed or not data.get("enable_network")):
+            return RequestFields(**data)
+    return parse_request(data, network_allowed)
 
 
 def describe(errors: list[dict]) -> str:
@@ -120,8 +157,13 @@ def describe(errors: list[dict]) -> str:
     return "; ".join(parts)
 
 
-def parse_request(data: object, network_allowed: bool, model: type[RunRequest] = RunRequest) -> RunRequest:
+def parse_request(data: object, network_allowed: bool, model: type[RunRequest] | None = None) -> RunRequest:
     """A run request from a decoded body or event, every rule checked; InvalidRequest says what is wrong."""
+    from pydantic import ValidationError
+
+    from runtimes.run_models import RunRequest
+
+    model = model or RunRequest
     if not isinstance(data, dict):
         raise InvalidRequest("the body must be a JSON object")
     if "language" in data and data["language"] not in LANGUAGES:
@@ -133,6 +175,9 @@ def parse_request(data: object, network_allowed: bool, model: type[RunRequest] =
     if request.enable_network and not network_allowed:
         raise InvalidRequest(NETWORK_DISABLED, http_status=200)  # dify-sandbox answers this one with 200
     return request
+
+
+_REQUEST_FIELDS = frozenset(field.name for field in fields(RequestFields))
 
 
 def encoded_size(value: object, ascii_only: bool) -> int:
@@ -155,7 +200,7 @@ def fit_result(result: RunResult, limit: int, ascii_only: bool = True) -> RunRes
         cut.update(stdout=stdout, stderr=stderr, error=header + stderr)
         excess = encoded_size(cut, ascii_only) - limit
         if excess <= 0:
-            return RunResult.model_validate(cut)
+            return RunResult(**cut)
         # drop about as many characters as the excess is worth at their average encoded size
         if stdout:
             stdout = stdout[: len(stdout) - _chars_worth(stdout, excess, ascii_only)]
@@ -169,3 +214,12 @@ def _chars_worth(text: str, size: int, ascii_only: bool) -> int:
     """How many characters from the end of text encode to about `size` bytes (at least one)."""
     per_char = max(1.0, (encoded_size(text, ascii_only) - 2) / len(text))
     return min(len(text), max(1, math.ceil(size / per_char)))
+
+
+def __getattr__(name: str):
+    if name == "RunRequest":  # pydantic's model: imported when first asked for (see above)
+        from runtimes import run_models
+
+        value = globals()[name] = getattr(run_models, name)
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,10 +1,12 @@
 """The runtimes' settings: one definition for the service and the runtime functions.
 
 The HTTP service (handler/settings.py) and a Lambda runtime function
-(runtimes/environment.py) run the same runtimes, so what the runtimes are told
-(limits, network, seccomp, jail mode, egress, zygote life) is declared once
-here, with dify-sandbox's names where it has one, and mapped to a RuntimeConfig
-once (`to_runtime_config`). Each side adds only what is its own: the service its
+(runtimes/environment.py, which reads them without this model on its cold path,
+FunctionEnvironment below being its declaration and its full check) run the
+same runtimes, so what the runtimes are told (limits, network, seccomp, jail
+mode, egress, zygote life) is declared once here, with dify-sandbox's names
+where it has one, and mapped to a RuntimeConfig once (runtimes/config.py's
+`runtime_config_of`). Each side adds only what is its own: the service its
 port, admission and backend; a function its baked layers. Nothing here imports
 the jail at import time: the API function on Lambda (a zip, no libseccomp)
 loads the service's settings.
@@ -12,16 +14,22 @@ loads the service's settings.
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, IPvAnyNetwork, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from runtimes.config import RuntimeConfig, comma_list, default_data_dir, default_python
-
-# SANDLOT_JAIL's values: modes.CHOICES (runtimes/jail/modes.py, which decides what each gives on this platform);
-# not imported from there, so that loading the settings loads no jail module (tests/test_settings.py keeps them equal)
-JAIL_MODES = ("auto", "full", "userns", "reduced", "chroot", "single", "landlock")
+from runtimes.config import (
+    JAIL_MODES,
+    RuntimeConfig,
+    comma_list,
+    default_data_dir,
+    default_python,
+    proxy_environment,
+    runtime_config_of,
+)
+from runtimes.environment import IMAGE_ROOT, function_runtime_config
 
 
 def describe_invalid(exc: ValidationError) -> str:
@@ -152,13 +160,7 @@ class RuntimeSettings(BaseSettings):
 
     def proxies(self) -> dict[str, str]:
         """The proxy variables handed to user code, in both spellings tools read."""
-        found = {}
-        for name, value in (("HTTP_PROXY", self.HTTP_PROXY), ("HTTPS_PROXY", self.HTTPS_PROXY)):
-            if value:
-                found[name] = found[name.lower()] = value
-        if self.SOCKS5_PROXY:
-            found["ALL_PROXY"] = found["all_proxy"] = self.SOCKS5_PROXY
-        return found
+        return proxy_environment(self)
 
     def to_runtime_config(
         self,
@@ -169,34 +171,35 @@ class RuntimeSettings(BaseSettings):
         data_dir: str | None = None,
         one_run_at_a_time: bool = False,
     ) -> RuntimeConfig:
-        """The one mapping to what the runtimes read; the caller says what the settings cannot (layers in use,
-        children kept ready, one run at a time)."""
-        return RuntimeConfig(
-            python_path=self.PYTHON_PATH,
-            nodejs_path=self.NODEJS_PATH,
-            data_dir=self.SANDLOT_DATA_DIR if data_dir is None else data_dir,
+        """The one mapping to what the runtimes read (runtimes/config.py's runtime_config_of, which a runtime
+        function's light reading of these settings maps through too); the caller says what the settings cannot
+        (layers in use, children kept ready, one run at a time)."""
+        return runtime_config_of(
+            self,
             python_layer=python_layer,
             nodejs_layer=nodejs_layer,
-            python_preload=tuple(self.SANDLOT_PYTHON_PRELOAD),
             workers=workers,
-            default_timeout=self.WORKER_TIMEOUT,
-            max_timeout=max(self.SANDLOT_MAX_TIMEOUT, self.WORKER_TIMEOUT),
-            default_memory_mb=self.SANDLOT_MEMORY_LIMIT_MB,
-            max_memory_mb=max(self.SANDLOT_MAX_MEMORY_LIMIT_MB, self.SANDLOT_MEMORY_LIMIT_MB),
-            output_limit=self.SANDLOT_OUTPUT_LIMIT_BYTES,
-            tmp_size_mb=self.SANDLOT_TMP_SIZE_MB,
-            tmp_files=self.SANDLOT_TMP_FILES,
-            enable_preload=self.ENABLE_PRELOAD,
-            require_seccomp=self.SANDLOT_REQUIRE_SECCOMP,
-            extra_syscalls=tuple(self.ALLOWED_SYSCALLS),
-            jail=self.SANDLOT_JAIL,
+            data_dir=data_dir,
             one_run_at_a_time=one_run_at_a_time,
-            uid_base=self.SANDLOT_UID_BASE,
-            zygote_max_forks=self.SANDLOT_ZYGOTE_MAX_FORKS,
-            zygote_max_age=self.SANDLOT_ZYGOTE_MAX_AGE,
-            run_env=self.proxies(),
-            egress_allow=tuple(str(network) for network in self.SANDLOT_EGRESS_ALLOW),
-            pasta=self.SANDLOT_PASTA,
-            unfiltered_egress=self.SANDLOT_UNFILTERED_EGRESS,
-            proxy_egress=self.SANDLOT_PROXY_EGRESS,
         )
+
+
+class FunctionEnvironment(RuntimeSettings):
+    """A runtime function's settings (its environment: template.yaml sets it), the declaration and the full check.
+
+    What a function's init reads is runtimes/environment.py's light reading of the same names (no pydantic on
+    the cold path); it hands every value it cannot vouch for to this model, whose error is the operator's."""
+
+    SANDLOT_DATA_DIR: str = ""  # "" = a directory of its own under the temp dir (the only writable place)
+    SANDLOT_PYTHON_LAYER: str = Field(
+        os.path.join(IMAGE_ROOT, "layers", "python"), description="the Python layer baked into the image"
+    )
+    SANDLOT_NODEJS_LAYER: str = Field(
+        os.path.join(IMAGE_ROOT, "layers", "nodejs"), description="the Node.js layer baked into the image"
+    )
+
+    def keeps_layers(self) -> bool:
+        return False  # baked into the image; the data dir holds only the runtime's own scratch
+
+    def runtime_config(self) -> RuntimeConfig:
+        return function_runtime_config(self)

@@ -6,6 +6,8 @@ import ast
 import asyncio
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -95,3 +97,89 @@ def test_the_local_invoker_maps_what_a_runtime_raises_at_its_seam():
         asyncio.run(LocalInvoker({"python3": _Refusing()}).invoke(request))
     with pytest.raises(Unavailable, match="no runtime for python3"):
         asyncio.run(LocalInvoker({}).invoke(request))
+
+
+def test_a_result_is_the_wire_models_shape():
+    """payload.RunResult (plain, what a run gives) and run_models.RunResult (its wire schema, the check of answers
+    from outside) name the same fields in the same order with the same defaults, and travel alike."""
+    import dataclasses
+
+    from runtimes import run_models
+
+    plain = {f.name: f.default for f in dataclasses.fields(RunResult)}
+    wire = {name: info.default for name, info in run_models.RunResult.model_fields.items()}
+    assert list(plain) == list(wire)
+    assert {k: v for k, v in plain.items() if v is not dataclasses.MISSING} == {
+        k: v for k, v in wire.items() if repr(v) != "PydanticUndefined"
+    }
+    fields = {"stdout": "é\n", "stderr": "x", "error": "process exited with code 1\n", "exit_code": 1}
+    fields |= {"duration": 0.5, "outcome": "error", "truncated": True}
+    assert RunResult(**fields).to_wire() == run_models.RunResult(**fields).to_wire() == _result(**fields).to_wire()
+    assert _result(**fields, unknown="ignored") == RunResult(**fields)
+
+
+REQUESTS = [
+    {"language": "python3", "code": "print(1)"},
+    {"language": "nodejs", "code": "1", "preload": "x", "enable_network": True, "timeout": 2.5, "stdin": "é"},
+    {"language": "python3", "code": "1", "timeout": 3, "memory_limit_mb": 64, "enable_network": False},
+    {"language": "python3", "code": ""},
+    {"language": "python3"},
+    {"language": "ruby", "code": "1"},
+    {"language": 3, "code": "1"},
+    {"language": "python3", "code": "1", "extra": 1},
+    {"language": "python3", "code": "1", "timeout": 0},
+    {"language": "python3", "code": "1", "timeout": -1.5},
+    {"language": "python3", "code": "1", "timeout": float("nan")},
+    {"language": "python3", "code": "1", "timeout": float("inf")},
+    {"language": "python3", "code": "1", "timeout": True},
+    {"language": "python3", "code": "1", "timeout": "2"},
+    {"language": "python3", "code": "1", "memory_limit_mb": 1.0},
+    {"language": "python3", "code": "1", "memory_limit_mb": 0},
+    {"language": "python3", "code": "1", "memory_limit_mb": True},
+    {"language": "python3", "code": "1", "enable_network": 1},
+    {"language": "python3", "code": "1", "enable_network": "true"},
+    {"language": "python3", "code": b"1"},
+    {"language": "python3", "code": "1", "stdin": None},
+    {"language": "python3", "code": "1", "preload": None},
+    {"language": "python3", "code": "1", "timeout": None, "memory_limit_mb": None},
+    {"code": "1"},
+    [],
+    "print(1)",
+]
+
+
+@pytest.mark.parametrize("network_allowed", [True, False])
+@pytest.mark.parametrize("data", REQUESTS, ids=range(len(REQUESTS)))
+def test_a_functions_request_is_read_as_the_model_reads_it(data, network_allowed):
+    """A runtime function reads its event without pydantic (read_request): the same request, or the same error."""
+    from runtimes.payload import InvalidRequest, parse_request, read_request
+
+    try:
+        expected = parse_request(data, network_allowed).to_payload()
+    except InvalidRequest as exc:
+        expected = (str(exc), exc.http_status)
+    try:
+        got = read_request(data, network_allowed).to_payload()
+    except InvalidRequest as exc:
+        got = (str(exc), exc.http_status)
+    assert got == expected
+    if isinstance(got, dict):
+        assert {k: type(v) for k, v in got.items()} == {k: type(v) for k, v in expected.items()}
+
+
+def test_a_functions_first_run_imports_no_pydantic():
+    """A fresh environment's first run (init, the event read, the result built and fitted) imports no pydantic:
+    it cost that cold path about 70 ms of CPU."""
+    script = (
+        "import sys\n"
+        "import runtimes.lambda_runtime, runtimes.python.runtime, runtimes.nodejs.runtime\n"
+        "from runtimes.jail.outcome import Outcome\n"
+        "from runtimes.payload import fit_result, read_request\n"
+        "request = read_request({'language': 'python3', 'code': 'print(1)', 'enable_network': True}, True)\n"
+        "outcome = Outcome(b'1\\n', b'', False, 0, False, False, 0.01)\n"
+        "wire = fit_result(outcome.to_result(), 6_000_000).to_wire()\n"
+        "assert wire['stdout'] == '1\\n' and wire['outcome'] == 'ok', wire\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0].startswith('pydantic')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout

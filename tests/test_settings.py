@@ -253,3 +253,98 @@ def test_proxies_are_handed_to_user_code():
         assert svc.run(js, language="nodejs")["data"]["stdout"] == "http://10.9.9.9:3129\n"
     finally:
         svc.stop()
+
+
+def test_a_functions_light_reading_declares_what_the_model_declares():
+    """runtimes/environment.py reads a function's settings without pydantic (its cold path): the same names,
+    defaults, bounds and choices as the model, FunctionEnvironment."""
+    import typing
+
+    import annotated_types
+
+    from runtimes.environment import FIELDS
+    from runtimes.settings import FunctionEnvironment
+
+    assert set(FIELDS) == set(FunctionEnvironment.model_fields)
+    for name, info in FunctionEnvironment.model_fields.items():
+        kind, default, bounds = FIELDS[name]
+        if info.default_factory is not None:
+            assert callable(default) and default() == info.default_factory(), name
+        else:
+            assert default == info.default and type(default) is type(info.default), name
+        declared = {}
+        for constraint in info.metadata:
+            for bound in ("gt", "ge", "le", "lt"):
+                if isinstance(constraint, getattr(annotated_types, bound.capitalize())):
+                    declared[bound] = getattr(constraint, bound)
+        assert bounds == declared, name
+        if typing.get_origin(info.annotation) is typing.Literal:
+            assert kind == typing.get_args(info.annotation), name
+        elif typing.get_origin(info.annotation) is list:
+            assert kind in ("list", "model") and (kind == "list") == (typing.get_args(info.annotation) == (str,))
+        else:
+            assert kind == info.annotation.__name__, name
+
+
+SPELLINGS = [
+    "", " ", "0", "1", "2", "15", "016", "1.5", ".5", "5.", "-1", "+3", " 7", "7 ", "1_000", "1e3", "nan", "inf",
+    "true", "True", "TRUE", "false", "yes", "No", "on", "OFF", "t", "f", "y", "n", "maybe", "auto", "full",
+    "userns", "Auto", "paper", "allow", "refuse", "no-network", "off", "json, re", "39", "57", "39,40",
+    "10.0.0.0/8", "10.0.0.1/8", "65535", "65536", "4000000000", "4000000001", "1024", "1023", "999999999999999999999",
+    "/opt/x", "socks5://proxy.example:1080",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(__import__("runtimes.environment").environment.FIELDS))
+def test_a_functions_light_reading_reads_each_value_as_the_model_does(name):
+    """Every value is either read as the model reads it, or handed to the model: same value, same error."""
+    from pydantic import ValidationError
+
+    from runtimes.environment import ConfigError, FunctionSettings, function_environment
+    from runtimes.settings import FunctionEnvironment
+
+    for spelling in SPELLINGS:
+        try:
+            expected = getattr(FunctionEnvironment(**{name: spelling}), name)
+        except ValidationError:
+            expected = ConfigError
+        try:
+            got = function_environment({name: spelling})
+        except ConfigError as exc:
+            assert expected is ConfigError, (name, spelling, exc)
+            assert name in str(exc)
+            continue
+        assert expected is not ConfigError, (name, spelling)
+        value = getattr(got, name)
+        assert value == expected and type(value) is type(expected), (name, spelling, value, expected)
+        if isinstance(got, FunctionSettings):  # read lightly: the same value in the same type
+            assert not isinstance(got, FunctionEnvironment)
+
+
+def test_a_functions_init_reads_its_settings_without_pydantic():
+    """The template's settings are read on a fresh environment's cold path without importing pydantic (it cost
+    that path about 40 ms); a bad value is still the model's error."""
+    script = (
+        "import sys\n"
+        "from runtimes.environment import function_environment\n"
+        "s = function_environment({'SANDLOT_REQUIRE_SECCOMP': 'true', 'SANDLOT_MAX_TIMEOUT': '60',"
+        " 'SANDLOT_MAX_MEMORY_LIMIT_MB': '2048', 'ENABLE_NETWORK': 'false', 'SANDLOT_DATA_DIR': '/var/tmp/x'})\n"
+        "c = s.runtime_config()\n"
+        "assert c.require_seccomp is True and c.max_timeout == 60.0 and c.max_memory_mb == 2048, c\n"
+        "assert s.ENABLE_NETWORK is False and c.data_dir == '/var/tmp/x' and c.one_run_at_a_time, c\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0].startswith('pydantic')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_functions_bad_value_is_the_models_clear_error():
+    from runtimes.environment import ConfigError, function_environment
+
+    with pytest.raises(ConfigError, match=r"^invalid setting: SANDLOT_MAX_TIMEOUT: Input should be greater than 0"):
+        function_environment({"SANDLOT_MAX_TIMEOUT": "0"})
+    with pytest.raises(ConfigError, match=r"^invalid setting: SANDLOT_TMP_FILES: Input should be a valid integer"):
+        function_environment({"SANDLOT_TMP_FILES": "many"})
+    assert function_environment({"SANDLOT_EGRESS_ALLOW": "203.0.113.0/24"}).runtime_config().egress_allow == (
+        "203.0.113.0/24",
+    )

@@ -19,6 +19,7 @@ import logging
 import os
 import socket
 import tempfile
+from typing import TYPE_CHECKING
 
 import pyseccomp
 
@@ -41,8 +42,11 @@ from runtimes.jail.uids import UidPool, UidPoolExhausted
 from runtimes.jail.userspace_net import REFUSED as REFUSED_PREFIX
 from runtimes.jail.userspace_net import NamespaceNetwork
 from runtimes.jail.userspace_net import plan as plan_network
-from runtimes.payload import RunRequest, RunResult, Unavailable
+from runtimes.payload import RequestFields, RunResult, Unavailable
 from runtimes.tree import RUN_HOSTNAME, TreeSpec
+
+if TYPE_CHECKING:
+    from runtimes.payload import RunRequest
 
 log = logging.getLogger("sandlot.runtime")
 
@@ -252,8 +256,7 @@ class JailedRuntime:
 
     def default_variant(self) -> tuple:
         """The kind of child most runs need (Dify asks for network on every run)."""
-        request = RunRequest.model_construct(language=self.language, code="", enable_network=True, memory_limit_mb=None)
-        return self.variant(request)
+        return self.variant(RequestFields(language=self.language, code="", enable_network=True))
 
     def _claim_identities(self) -> str | None:
         """As root: a uid block and, where the mode filters egress by uid, rules for it (a user namespace per

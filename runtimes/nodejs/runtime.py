@@ -9,6 +9,7 @@ import math
 import os
 import stat
 import subprocess
+from typing import TYPE_CHECKING
 
 from runtimes import tree
 from runtimes.jail import modes, protocol, run_network
@@ -16,7 +17,9 @@ from runtimes.jail.pool import MAIN
 from runtimes.jail.runtime import JailedRuntime
 from runtimes.jail.supervisor import Zygote
 from runtimes.nodejs import snapshot
-from runtimes.payload import RunRequest
+
+if TYPE_CHECKING:
+    from runtimes.payload import RunRequest
 
 WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wrapper.js")
 WRAPPER_IN_TREE = "/opt/sandlot/wrapper.js"  # wherever the package is installed (even under /tmp)

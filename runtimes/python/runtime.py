@@ -7,13 +7,16 @@ import json
 import logging
 import os
 import subprocess
+from typing import TYPE_CHECKING
 
 from runtimes import tree
 from runtimes.jail import protocol
 from runtimes.jail.pool import KIND, MAIN
 from runtimes.jail.runtime import JailedRuntime
-from runtimes.payload import RunRequest
 from runtimes.python.imports import imported_modules
+
+if TYPE_CHECKING:
+    from runtimes.payload import RunRequest
 
 log = logging.getLogger("sandlot.runtime")
 

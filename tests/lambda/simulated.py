@@ -23,6 +23,8 @@ import tempfile
 from emulation import FunctionInstance
 from functions import FAKE_CREDENTIALS, HANDLERS, REPO
 
+from runtimes.credentials import ENTRYPOINT_PREFIX
+
 SYSTEM_PYTHON = "/usr/bin/python3.11"
 SIM_UID = 61051  # a uid of its own, so that sweeping it touches no one else's processes
 OUTER_FILTER = os.path.join(REPO, "tests", "outer_filter.py")
@@ -61,18 +63,26 @@ def lay_out_image() -> str:
 
 
 def start_simulated(
-    image: str, language: str, sigsys: bool = False, uid: int = SIM_UID, landlock: bool = True, **env: str
+    image: str,
+    language: str,
+    sigsys: bool = False,
+    uid: int = SIM_UID,
+    landlock: bool = True,
+    entrypoint: bool = True,
+    **env: str,
 ) -> FunctionInstance:
     """A runtime function instance on the simulated platform; its temp dir is the only place it may write.
 
     Whether Lambda's kernel lets a function use Landlock is not known (the probe says where it runs):
-    `landlock=False` refuses its calls too, for a platform without it.
+    `landlock=False` refuses its calls too, for a platform without it. `entrypoint=False`: the interpreter
+    started straight, with the credentials (as images did before their ENTRYPOINT dropped them: bench --base).
 
     Each instance sweeps its uid after every run, as on Lambda, where an instance has a sandbox of its
     own: instances that must live side by side need uids of their own."""
     tmp = tempfile.mkdtemp(prefix="sandlot-sim-")
     os.chown(tmp, uid, uid)
     refusals = ["--sigsys" if sigsys else "--eperm", REFUSED if landlock else f"{REFUSED},{LANDLOCK}"]
+    start = ENTRYPOINT_PREFIX if entrypoint else ()
     function_env = {
         "PATH": "/usr/bin:/bin",
         "LANG": "C.UTF-8",
@@ -88,7 +98,8 @@ def start_simulated(
         function_env,
         name=f"sim-{language}",
         python=os.path.join(image, "venv", "bin", "python"),
-        prefix=(sys.executable, OUTER_FILTER, "--uid", str(uid), *refusals, "--"),
+        # started as the image's ENTRYPOINT starts it: env(1) drops the credentials, then the interpreter
+        prefix=(sys.executable, OUTER_FILTER, "--uid", str(uid), *refusals, "--", *start),
         cwd="/",
     )
     instance.tmp = tmp
@@ -124,7 +135,7 @@ TENANT_UIDS = range(SIM_UID + 100, SIM_UID + 1100)  # one per environment starte
 _next_tenant_uid = iter(TENANT_UIDS)
 
 
-def tenant_environments(image: str, language: str, **env: str):
+def tenant_environments(image: str, language: str, entrypoint: bool = True, **env: str):
     """`start(tenant_id)` for InvokeAPI.add_per_tenant: each tenant's environment a simulated instance with a uid
     of its own (as each is a microVM of its own on Lambda, and each sweeps its uid after every run).
     language "floor": the bare function (start_floor)."""
@@ -132,7 +143,7 @@ def tenant_environments(image: str, language: str, **env: str):
     def start(tenant: str) -> FunctionInstance:
         if language == "floor":
             return start_floor(image, uid=next(_next_tenant_uid), **env)
-        return start_simulated(image, language, uid=next(_next_tenant_uid), **env)
+        return start_simulated(image, language, uid=next(_next_tenant_uid), entrypoint=entrypoint, **env)
 
     return start
 

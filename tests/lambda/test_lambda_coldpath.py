@@ -16,6 +16,8 @@ import pytest
 from functions import FAKE_CREDENTIALS, REPO
 from simulated import SIM_UID, SYSTEM_PYTHON, lay_out_image, start_simulated
 
+from runtimes.credentials import CREDENTIALS, ENTRYPOINT_PREFIX
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 
 from service import IS_ROOT  # noqa: E402
@@ -105,6 +107,39 @@ def test_a_lambda_runtime_process_drops_the_credentials_as_its_interpreter_start
     # any other process of the venv (pip at build time) is left alone
     other = subprocess.run([python, "-c", show], env=env, **_text())
     assert all(secret in json.loads(other.stdout)[0] for secret in FAKE_CREDENTIALS.values())
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: the simulation changes to an unprivileged uid")
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"needs {SYSTEM_PYTHON} (any uid can run it)")
+def test_the_images_entrypoint_starts_the_interpreter_without_the_credentials(image):
+    """The Dockerfiles' ENTRYPOINT (env(1) first) drops them before the interpreter starts: no re-exec needed."""
+    python = os.path.join(image, "venv", "bin", "python")
+    show = "import os; print(open('/proc/self/environ', 'rb').read().decode().replace(chr(0), chr(10)))"
+    env = {"PATH": "/usr/bin:/bin", **FAKE_CREDENTIALS, "AWS_LAMBDA_RUNTIME_API": "127.0.0.1:9"}
+    ran = subprocess.run([*ENTRYPOINT_PREFIX, python, "-c", show], env=env, **_text())
+    assert "AWS_LAMBDA_RUNTIME_API=127.0.0.1:9" in ran.stdout.splitlines()
+    assert set(CREDENTIALS) >= set(FAKE_CREDENTIALS)
+    for name, secret in FAKE_CREDENTIALS.items():
+        assert secret not in ran.stdout and name not in ran.stdout
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: the simulation changes to an unprivileged uid")
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"needs {SYSTEM_PYTHON} (any uid can run it)")
+def test_a_runtime_functions_probe_starts_as_its_interpreter_starts(image):
+    """In the image, a runtime function's process forks its probe from the early hook, before anything else is
+    imported (awslambdaric's imports run beside it too); the record is the one its init reads."""
+    python = os.path.join(image, "venv", "bin", "python")
+    show = (
+        "import json, sys; from runtimes import early; started = early._started; early.record(); "
+        "print(json.dumps([started, early.probe_seconds == early.probe_seconds, 'awslambdaric' in sys.modules]))"
+    )
+    env = {"PATH": "/usr/bin:/bin", "AWS_LAMBDA_RUNTIME_API": "127.0.0.1:9"}
+    handler = "runtimes.python.lambda_function.handler"  # in argv, as `python -m awslambdaric <handler>` has it
+    ran = subprocess.run([python, "-c", show, handler], env=env, **_text())
+    assert json.loads(ran.stdout) == [True, True, False]
+    for other in ([python, "-c", show, handler], [python, "-c", show, "other.handler"]):  # not a runtime function
+        ran = subprocess.run(other, env=env if other[-1] != handler else {"PATH": "/usr/bin:/bin"}, **_text())
+        assert json.loads(ran.stdout) == [False, False, False]
 
 
 def test_the_early_probe_records_what_the_process_would_have_probed():

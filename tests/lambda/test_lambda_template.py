@@ -10,6 +10,8 @@ import pytest
 import yaml
 from functions import HANDLERS, REPO
 
+from runtimes.credentials import ENTRYPOINT_PREFIX
+
 sys.path.insert(0, os.path.join(REPO, "infra"))
 
 import events  # noqa: E402
@@ -158,7 +160,9 @@ def test_dockerfiles_lay_out_the_image_with_the_tested_script(language):
     assert users and users[-1] == "root"
     entrypoint = json.loads(re.search(r"^ENTRYPOINT (.+)$", dockerfile, re.M).group(1))
     command = json.loads(re.search(r"^CMD (.+)$", dockerfile, re.M).group(1))
-    assert entrypoint[1:] == ["-m", "awslambdaric"] and command == [HANDLERS[language]]
+    # env(1) drops the role's credentials before the interpreter starts (no re-exec)
+    assert entrypoint == [*ENTRYPOINT_PREFIX, "/opt/sandlot/venv/bin/python", "-m", "awslambdaric"]
+    assert command == [HANDLERS[language]]
     if language == "nodejs":
         assert "FROM node:20" in dockerfile
 
