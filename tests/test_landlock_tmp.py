@@ -12,10 +12,11 @@ of a restricted pod, as tests/test_landlock_mode.py starts one.
 from __future__ import annotations
 
 import pytest
-import unprivileged
-from test_landlock_mode import KERNEL_ABI, RESTRICTED_POD
+import test_landlock_mode
 
 from runtimes.jail import modes
+
+pod = test_landlock_mode.pod  # the fixture: a whole service in a restricted pod's stand-in (landlock)
 
 NOTE = "sandlot: /tmp is not writable in the landlock jail; write under the working directory (TMPDIR={}) instead"
 
@@ -26,20 +27,6 @@ def test_only_modes_without_a_tmp_of_their_own_carry_the_note():
     assert not modes.LANDLOCK_MODE.own_tmp
     assert modes.LANDLOCK_MODE.tmp_note == NOTE.format("{tmpdir}")
     assert "in the single jail" in modes.SINGLE.tmp_note
-
-
-@pytest.fixture(scope="module")
-def pod():
-    if unprivileged.unavailable():
-        pytest.skip(unprivileged.unavailable())
-    if KERNEL_ABI < 1:
-        pytest.skip("needs Landlock")
-    svc = unprivileged.service()
-    svc.user = None  # outer_filter changes to it, after its filter is loaded as root
-    svc.launcher = RESTRICTED_POD
-    svc.start()
-    yield svc
-    svc.stop()
 
 
 def _failed(svc, code: str, language: str) -> tuple[str, str]:
