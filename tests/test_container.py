@@ -584,9 +584,18 @@ def test_a_new_layer_gets_its_own_tree_and_the_old_one_goes_once_unused(tmp_path
 
 
 @needs_root
-def test_a_uid_whose_cell_cannot_be_made_goes_back_and_runs_go_on_once_it_can(container):
+def test_a_uid_whose_cell_cannot_be_made_goes_back_and_runs_go_on_once_it_can():
     """A run's /tmp that cannot be made (a full disk, a cell that cannot be built) fails the spawn, not the uid:
     it goes back to the block, so that the block is not used up by failures once their cause is gone."""
+    container = serving().start()  # of its own: only the first uids have cells
+    try:
+        _cells_that_cannot_be_made(container)
+    finally:
+        container.stop()
+        shutil.rmtree(container.env["SANDLOT_DATA_DIR"], ignore_errors=True)
+
+
+def _cells_that_cannot_be_made(container) -> None:
     status = container.detail()["runtimes"]["python3"]
     first, last = status["uid_range"]
     idle = status["uids_in_use"]
@@ -598,8 +607,8 @@ def test_a_uid_whose_cell_cannot_be_made_goes_back_and_runs_go_on_once_it_can(co
             if not os.path.exists(path):
                 open(path, "w").close()
                 planted.append(path)
-    with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda _: container.run("print(1)", enable_network=True), range(24)))
+    with ThreadPoolExecutor(16) as pool:  # runs that hold their uids a while: more uids than have cells
+        answers = list(pool.map(lambda _: container.run("import time\ntime.sleep(1)", enable_network=True), range(32)))
     assert any(answer["code"] != 0 for answer in answers), "no spawn failed: the case proves nothing"
     for path in planted:
         os.unlink(path)

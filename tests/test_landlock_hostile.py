@@ -2,9 +2,9 @@
 
 A whole service as nobody under the restricted pod's stand-in (tests/test_landlock_mode.py), and every case
 of the corpus that applies where runs share the service's uid. Left out, each for its reason: a literal /tmp
-(the run's directory is named by TMPDIR: issue 30's literal-/tmp point), the root jail's shape and a uid per
-run (runs share the service's uid by design), the capability sets of the children of a uid block (there is no
-block; the service itself holds no capability).
+(the run's directory is named by TMPDIR; a refused write to /tmp says so: test_landlock_tmp), the root jail's
+shape and a uid per run (runs share the service's uid by design), the capability sets of the children of a uid
+block (there is no block; the service itself holds no capability).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ OTHER_SHAPE = {
     "kill(1, 15)": "pid 1 is the run's own only in a PID namespace; here the signal fence refuses it (EPERM)",
     "py-etc-passwd": "the host's /etc/passwd is there but refused (EACCES), not missing (ENOENT): Landlock does "
     "not hide names, it refuses opening them (test_landlock_mode: test_names_show_contents_do_not)",
-    "its /tmp is a directory of its own, and /tmp itself is closed": "the run's directory is the runtime's, "
-    "under the host's /tmp (TMPDIR names it); the literal /tmp is issue 30's other point",
+    "a literal /tmp of its own": "the run's directory is the runtime's, under the host's /tmp (TMPDIR names it): "
+    "no mount or chroot can show it as /tmp here, and a refused write there says where to write (test_landlock_tmp)",
     "nothing of the host is visible": "names of the host's files can be stat()ed (Landlock checks no stat): "
     "their contents are refused (test_names_show_contents_do_not)",
     "no second chroot, no way out through a directory descriptor": "no tree to break out of: / is the host's, "
