@@ -15,6 +15,7 @@ from pathlib import Path
 
 from layers import isolation
 from layers.store import LayerBuildError, what_went_wrong
+from runtimes import tree
 
 DEFAULT_PACKAGE = Path(__file__).parent / "nodejs" / "package.json"
 DEFAULT_REGISTRY = "https://registry.npmjs.org/"
@@ -55,26 +56,14 @@ def build(
     registry = env.get("npm_config_registry") or DEFAULT_REGISTRY
     reaches = isolation.reached([registry, *configured, *isolation.proxies(env)])
     result = isolation.run(argv, str(scratch), readable, env, build_uid, on_output, reaches=reaches)
-    forget_cached_pages(node)
+    # npm runs on node three times a build, reading some 80 MB of the binary: in the chroot jail on a container's
+    # overlayfs runs exec the tree's copy of node (runtimes/trees.py), so those pages, charged to the container,
+    # would only be read again by the next build; elsewhere the ready children map what runs use of it, which stays
+    tree.forget_cached_pages(node)
     if result.returncode != 0:
         raise LayerBuildError(f"npm failed with code {result.returncode}: {what_went_wrong(result.stdout)}")
     (scratch / "node_modules").mkdir(exist_ok=True)
     shutil.rmtree(scratch / ".npm", ignore_errors=True)  # npm's cache and logs (HOME is scratch): not for runs
-
-
-def forget_cached_pages(path: str) -> None:
-    """Drop the page cache's copy of a file (clean pages no process maps). npm runs on node three times a build,
-    reading some 80 MB of the binary: in the chroot jail on a container's overlayfs, runs exec a copy of node
-    in their tree (runtimes/trees.py), so those pages, charged to the container, would only be read again by
-    the next build; elsewhere the ready children map what runs use of it, which stays."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def merged_package(package: Path, requested: dict[str, str]) -> dict:

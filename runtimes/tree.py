@@ -512,11 +512,17 @@ def _file_in(source: str, target: str, info: os.stat_result, done: Materialized)
     done.copied += 1
 
 
-def _open_to_uncache(path: str) -> int:
+def forget_cached_pages(path: str) -> bool:
+    """Drop the page cache's copy of a file (its clean pages that no process maps); whether it could be opened."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return -1
+        return False
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return True
 
 
 def drop_cache(root: str) -> int:
@@ -529,10 +535,8 @@ def drop_cache(root: str) -> int:
             for entry in entries:
                 if entry.is_dir(follow_symlinks=False):
                     pending.append(entry.path)
-                elif entry.is_file(follow_symlinks=False) and (fd := _open_to_uncache(entry.path)) >= 0:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                    os.close(fd)
-                    told += 1
+                elif entry.is_file(follow_symlinks=False):
+                    told += forget_cached_pages(entry.path)
     return told
 
 

@@ -26,6 +26,7 @@ import time
 import pytest
 import unprivileged
 from service import OUTER_FILTER, Service, descendants
+from test_hostile import _cmdline
 
 from runtimes import linux
 from runtimes.jail import landlock, landlock_mode, modes, seccomp_policy
@@ -505,11 +506,3 @@ def test_the_service_its_zygotes_and_ready_children_are_not_dumpable(pod):
         code += f"open('/proc/{pid}/environ').read()"
         out = _out(pod.run(code))
         assert out.startswith("-1 1\n") and "PermissionError" in out, out
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
