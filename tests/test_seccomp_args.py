@@ -37,6 +37,8 @@ SYS = {
     "clock_gettime": 228,
     "clock_getres": 229,
     "clock_nanosleep": 230,
+    "clone": 56,
+    "close_range": 436,
 }
 HIGH = 1 << 32
 
@@ -539,4 +541,40 @@ def test_fallocate_takes_mode_0_only(tmp_path):
         "INSERT_RANGE": NOT_SUPPORTED,
         "KEEP_SIZE with high bits": NOT_SUPPORTED,
         "size": 1 << 20,
+    }
+
+
+CLONE_VM, CLONE_FILES, CLONE_THREAD, CLOSE_RANGE_UNSHARE = 0x100, 0x400, 0x10000, 0x2
+
+
+def descriptor_tables() -> dict:
+    """Ways for a thread to a descriptor table of its own. The clone flags lack CLONE_SIGHAND, which the kernel
+    requires with CLONE_THREAD: a call the filter admits fails with EINVAL there, and no thread is ever made."""
+    import threading
+
+    threads = []
+    worker = threading.Thread(target=lambda: threads.append("ran"))
+    worker.start()
+    worker.join()
+    spare = os.dup(0)
+    return {
+        "clone thread, shared table": syscall("clone", CLONE_THREAD | CLONE_FILES | CLONE_VM, 0, 0, 0, 0),
+        "clone thread, own table": syscall("clone", CLONE_THREAD | CLONE_VM, 0, 0, 0, 0),
+        "close_range": syscall("close_range", spare, spare, 0),
+        "close_range, unshare": syscall("close_range", 0, 0, CLOSE_RANGE_UNSHARE),
+        "close_range, unshare with high bits": syscall("close_range", 0, 0, CLOSE_RANGE_UNSHARE | HIGH),
+        "a Python thread": threads,
+    }
+
+
+def test_every_thread_of_a_run_shares_its_descriptor_table():
+    """The watcher reads a run's /proc/<pid>/fd for files held after their names went (unnamed.py): a thread
+    with a table of its own would hold them out of its sight."""
+    assert in_filter(True, descriptor_tables) == {
+        "clone thread, shared table": "EINVAL",  # admitted by the filter, refused by the kernel (no SIGHAND)
+        "clone thread, own table": "EPERM",
+        "close_range": "ok",
+        "close_range, unshare": "EPERM",
+        "close_range, unshare with high bits": "EPERM",
+        "a Python thread": ["ran"],
     }

@@ -3,7 +3,7 @@
 A filter is built per language and network mode. Anything not listed fails with
 EPERM, so user code sees "Operation not permitted" instead of dying silently.
 Process creation is refused: fork and vfork fail with EPERM, clone only passes
-with CLONE_THREAD (threads keep working), clone3 answers ENOSYS so that glibc
+with CLONE_THREAD and CLONE_FILES (threads keep working), clone3 answers ENOSYS so that glibc
 falls back to clone. execve is only admitted where a runtime must exec its own
 interpreter (Node), and stays admitted for the run, which gains nothing by it: the
 filter, the uid and the limits outlive an exec. (Where /tmp is a directory of the
@@ -55,6 +55,8 @@ import pyseccomp
 from runtimes.linux import SeccompProgram, set_no_new_privs
 
 CLONE_THREAD = 0x00010000
+CLONE_FILES = 0x00000400
+CLOSE_RANGE_UNSHARE = 1 << 1
 AF_UNIX = 1
 AF_INET = 2
 AF_INET6 = 10
@@ -76,7 +78,6 @@ BASE_SYSCALLS = (
     "pwritev",
     "lseek",
     "close",
-    "close_range",
     "open",
     "openat",
     "openat2",
@@ -511,7 +512,11 @@ def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) 
         _allow(flt, name)
     for number in extra:
         flt.add_rule(pyseccomp.ALLOW, number)
-    _allow(flt, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, CLONE_THREAD, CLONE_THREAD))
+    # threads share one descriptor table (pthread_create's flags), which the service reads for files a run holds
+    # after their names went (unnamed.py): no thread of a table of its own, by clone or by close_range
+    thread = CLONE_THREAD | CLONE_FILES
+    _allow(flt, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, thread, thread))
+    _allow(flt, "close_range", pyseccomp.Arg(2, pyseccomp.MASKED_EQ, CLOSE_RANGE_UNSHARE, 0))
     flt.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
     _refuse(flt, errno.ENOSYS, "times")  # as on a kernel without it: callers must handle that
     _allow(flt, "socketpair", pyseccomp.Arg(0, pyseccomp.EQ, AF_UNIX))
