@@ -381,6 +381,42 @@ def test_what_a_run_plants_in_its_tmp_never_meets_the_next_run_of_its_uid(contai
     assert planted & {int(uid) for uid, _listing in seen}, "no uid came back: the case proves nothing"
 
 
+# Files a run holds after their names went: no directory shows them, its /proc entries do (tmpcap, unnamed.py).
+# 120 MiB against the 64 MiB cap, each file within RLIMIT_FSIZE; before, only the disk floor stood behind them.
+HELD_UNNAMED = {
+    ("python3", "deleted while open"): (
+        "import os, time\nheld = []\nfor i in range(6):\n"
+        "    fd = os.open(f'h{i}', os.O_CREAT | os.O_RDWR, 0o600)\n    os.unlink(f'h{i}')\n"
+        "    os.write(fd, b'x' * (20 << 20))\n    held.append(fd)\n"
+        "print('held', flush=True)\ntime.sleep(30)"
+    ),
+    ("python3", "O_TMPFILE"): (
+        "import os, time\nheld = []\nfor i in range(6):\n"
+        "    fd = os.open('.', os.O_TMPFILE | os.O_RDWR, 0o600)\n"
+        "    os.write(fd, b'x' * (20 << 20))\n    held.append(fd)\n"
+        "print('held', flush=True)\ntime.sleep(30)"
+    ),
+    ("nodejs", "deleted while open"): (
+        "const fs = require('fs'), dir = require('os').tmpdir()\nconst held = []\nfor (let i = 0; i < 6; i++) {\n"
+        "  const fd = fs.openSync(dir + '/h' + i, 'w+')\n  fs.unlinkSync(dir + '/h' + i)\n"
+        "  fs.writeSync(fd, Buffer.alloc(20 << 20, 120))\n  held.push(fd)\n}\n"
+        "console.log('held')\nsetTimeout(() => {}, 30000)"
+    ),
+}
+
+
+@needs_root
+@pytest.mark.parametrize("key", HELD_UNNAMED, ids=[f"{lang}: {name}" for lang, name in HELD_UNNAMED])
+def test_files_a_run_holds_after_their_names_went_count_against_its_tmp_cap(container, key):
+    language, _name = key
+    began = time.monotonic()
+    envelope = container.run(HELD_UNNAMED[key], language=language, timeout=20)
+    data = envelope["data"]
+    assert data["exit_code"] == -1 and "error: /tmp size limit exceeded (64 MiB)" in data["error"], data
+    assert time.monotonic() - began < 10, "ended by its timeout, not by the cap"
+    assert container.run("print('next')")["data"]["stdout"] == "next\n"
+
+
 @needs_root
 @pytest.mark.parametrize(
     ("code", "fields", "error"),

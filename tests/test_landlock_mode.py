@@ -26,6 +26,7 @@ import time
 import pytest
 import unprivileged
 from service import OUTER_FILTER, Service, descendants
+from test_container import HELD_UNNAMED
 from test_hostile import _cmdline
 
 from runtimes import linux
@@ -430,6 +431,15 @@ def test_a_runs_tmp_is_capped_by_the_watcher(pod):
     assert "/tmp" in envelope["data"]["error"], envelope
 
 
+@pytest.mark.parametrize("key", HELD_UNNAMED, ids=[f"{lang}: {name}" for lang, name in HELD_UNNAMED])
+def test_files_a_run_holds_after_their_names_went_count_against_its_tmp_cap(pod, key):
+    """As in the chroot jail (test_container): the watcher, the runs' uid already, reads their descriptor tables."""
+    language, _name = key
+    envelope = pod.run(HELD_UNNAMED[key], language, timeout=20)
+    assert envelope["code"] == 0, envelope
+    assert "error: /tmp size limit exceeded (64 MiB)" in envelope["data"]["error"], envelope
+
+
 def test_names_show_contents_do_not(pod):
     """What Landlock leaves visible, as the docs say: a host file's name and metadata (stat), never its
     contents, nor a directory's listing."""
@@ -490,19 +500,32 @@ def test_the_openshift_restricted_stand_in_serves_in_the_landlock_jail():
         shutil.rmtree(data, ignore_errors=True)
 
 
-def test_the_service_its_zygotes_and_ready_children_are_not_dumpable(pod):
-    """Sharing their uid with the runs, their /proc entries (environment, memory, descriptors) belong to root:
-    closed to a run even where Landlock's own ptrace rule were missing. (The service and its zygotes make
-    themselves non-dumpable; a ready python child inherits it through fork.) A ready node child has exec'ed node,
-    which made it dumpable again: what closes it to a run is its Landlock domain (and the run's, which has no
-    /proc at all), asserted here from a run."""
+def test_the_service_and_its_zygotes_are_not_dumpable_and_no_run_opens_a_ready_child(pod):
+    """Sharing their uid with the runs, the service's and the zygotes' /proc entries (environment, memory,
+    descriptors) belong to root: closed to a run even where Landlock's own ptrace rule were missing. A ready
+    child is dumpable to the uid (a node child since it exec'ed node; every child since the watcher reads its
+    descriptor table for files held after their names went, unnamed.py): what closes it to a run is its
+    Landlock domain (and the run's, which has no /proc at all), asserted here from a run."""
     processes = [pod.process.pid, *descendants(pod.process.pid)]
-    execed = [pid for pid in processes if _cmdline(pid).startswith(b"/usr/bin/node") or b"node\0" in _cmdline(pid)]
-    assert execed and len(processes) - len(execed) >= 4  # the service, two zygotes, ready python children
-    for pid in set(processes) - set(execed):
+    zygotes = [pid for pid in processes if b"runtimes.jail.zygote" in _cmdline(pid) and _parent(pid) == pod.process.pid]
+    children = [pid for pid in processes if _parent(pid) in zygotes]
+    assert len(zygotes) >= 2 and len(children) >= 2, [_cmdline(pid) for pid in processes]
+    for pid in [pod.process.pid, *zygotes]:
         assert os.stat(f"/proc/{pid}/environ").st_uid == 0, (pid, _cmdline(pid))
-    for pid in execed:
-        code = f"import ctypes\nprint(ctypes.CDLL(None, use_errno=True).ptrace(16, {pid}, 0, 0), ctypes.get_errno())\n"
+    probed = 0
+    for pid in children:
+        code = f"import ctypes, os\nif os.getpid() == {pid}:\n    raise SystemExit('itself')\n"  # it took that child
+        code += f"print(ctypes.CDLL(None, use_errno=True).ptrace(16, {pid}, 0, 0), ctypes.get_errno())\n"
         code += f"open('/proc/{pid}/environ').read()"
         out = _out(pod.run(code))
+        if out == "itself\n" or ("FileNotFoundError" in out and not os.path.exists(f"/proc/{pid}")):
+            continue  # a ready python child an earlier probe's run took: gone
+        probed += 1
         assert out.startswith("-1 1\n") and "PermissionError" in out, out
+    assert probed >= 2
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        line = f.read()
+    return int(line[line.rindex(b")") + 2 :].split()[1])

@@ -19,7 +19,7 @@ import types
 
 import pytest
 
-from runtimes import dirlock, trees
+from runtimes import dirlock, linux, trees
 from runtimes.jail import tmpcap
 
 MIB = 1024 * 1024
@@ -38,8 +38,9 @@ def run_dir():
     trees.remove_tree(parent)  # shutil.rmtree recurses: the deepest cases would defeat it
 
 
-def hostile(path: str, code: str, file_limit: int) -> int:
-    """A child that runs code as the run's uid in path, RLIMIT_FSIZE at file_limit; its pidfd."""
+def hostile(path: str, code: str, file_limit: int, dumpable: bool = False) -> tuple[int, int]:
+    """A child that runs code as the run's uid in path, RLIMIT_FSIZE at file_limit: its pid and pidfd.
+    dumpable: to its own uid after its last credential change, as a run whose held files are counted."""
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         try:
@@ -47,6 +48,7 @@ def hostile(path: str, code: str, file_limit: int) -> int:
                 os.setgroups([])
                 os.setresgid(RUN_UID, RUN_UID, RUN_UID)
                 os.setresuid(RUN_UID, RUN_UID, RUN_UID)
+            linux.set_dumpable(dumpable)
             os.chdir(path)
             resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # as the interpreters do: EFBIG, not death
@@ -55,15 +57,18 @@ def hostile(path: str, code: str, file_limit: int) -> int:
         except BaseException as exc:  # noqa: BLE001
             os.write(2, f"hostile: {type(exc).__name__}: {exc}\n".encode())
             os._exit(3)
-    return os.pidfd_open(pid)
+    return pid, os.pidfd_open(pid)
 
 
-def watch_run(path: str, code: str, max_bytes: int, max_files: int, limit: float = 20.0, **watcher) -> dict:
-    """Run code under the watcher; how it ended and what was left in its directory."""
+def watch_run(
+    path: str, code: str, max_bytes: int, max_files: int, limit: float = 20.0, held: bool = False, **watcher
+) -> dict:
+    """Run code under the watcher; how it ended and what was left in its directory. held: the files the run
+    holds after their names went are counted, as the runtime counts them (RunDirectories.confined)."""
 
     async def main() -> dict:
         watcher_ = tmpcap.TmpWatcher(**watcher)
-        pidfd = hostile(path, code, max_bytes)
+        pid, pidfd = hostile(path, code, max_bytes, dumpable=held)
         ended: list[str] = []
 
         def over(reason: str) -> None:
@@ -71,6 +76,8 @@ def watch_run(path: str, code: str, max_bytes: int, max_files: int, limit: float
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
 
         cap = watcher_.watch(path, RUN_UID, max_bytes, max_files, over)
+        if held:
+            watcher_.count_held(cap, pid, RUN_UID)
         loop = asyncio.get_running_loop()
         gone = asyncio.Event()
         loop.add_reader(pidfd, gone.set)
@@ -535,8 +542,8 @@ def test_a_run_that_keeps_changing_its_directory_does_not_hold_off_anothers_scan
 
     async def main() -> tuple[float, bool]:
         watcher = tmpcap.TmpWatcher()
-        busy = hostile(dirs[0], KEEPS_CHANGING, 64 * MIB)
-        over = hostile(dirs[1], GOES_OVER_LATER, 64 * MIB)
+        _, busy = hostile(dirs[0], KEEPS_CHANGING, 64 * MIB)
+        _, over = hostile(dirs[1], GOES_OVER_LATER, 64 * MIB)
         started = time.monotonic()
         ended_at: list[float] = []
 
@@ -739,3 +746,100 @@ def test_space_preallocated_past_the_size_is_counted(run_dir):
     result = watch_run(run_dir, PREALLOCATED, 16 * MIB, 2048)
     assert result["ended"] == ["error: /tmp size limit exceeded (16 MiB)"] and result["killed"], result
     assert result["elapsed"] < 0.2 + 0.5 + 0.5, result["elapsed"]
+
+
+# ---- files held after their names went, counted from the run's own /proc entries (unnamed.py) --------------
+
+HELD_PAST_THE_CAP = """
+time.sleep(0.2)  # the runtime watches a run's directory before the run begins
+held = []
+for n in range(4):  # each within RLIMIT_FSIZE (the cap), four of them twice past it
+    fd = os.open(f"h{n}", os.O_CREAT | os.O_RDWR, 0o600)
+    os.unlink(f"h{n}")
+    os.write(fd, b"x" * (4 << 20))
+    held.append(fd)
+    os.write(1, f"held {n + 1} at {time.monotonic():.3f}\\n".encode())
+time.sleep(5)
+"""
+TMPFILES_PAST_THE_CAP = """
+time.sleep(0.2)
+held = []
+for n in range(4):  # never named at all
+    fd = os.open(".", os.O_TMPFILE | os.O_RDWR, 0o600)
+    os.write(fd, b"x" * (4 << 20))
+    held.append(fd)
+time.sleep(5)
+"""
+MAPPED_THEN_CLOSED = """
+import mmap
+time.sleep(0.2)
+fd = os.open("m", os.O_CREAT | os.O_RDWR, 0o600)
+os.write(fd, b"x" * (1 << 20))
+mem = mmap.mmap(fd, 4096)  # (Python's mmap keeps a descriptor of its own: closed by hand below)
+os.close(fd)
+os.unlink("m")
+for n in os.listdir("/proc/self/fd"):  # the mapping's own descriptor: then only the mapping holds m
+    try:
+        if os.readlink(f"/proc/self/fd/{n}").endswith("/m (deleted)"):
+            os.close(int(n))
+    except OSError:
+        pass  # the listing's own descriptor, closed since
+with open("visible", "wb") as f:
+    f.write(b"y" * 8192)
+time.sleep(5)
+"""
+
+
+@pytest.mark.parametrize("code", [HELD_PAST_THE_CAP, TMPFILES_PAST_THE_CAP], ids=["deleted while open", "O_TMPFILE"])
+def test_files_held_after_their_names_went_count_against_the_cap(run_dir, code):
+    """16 MiB in files no directory shows against an 8 MiB cap, the disk far from full: before, only the disk
+    floor stood behind them."""
+    result = watch_run(run_dir, code, 8 * MIB, 2048, held=True)
+    assert result["ended"] == ["error: /tmp size limit exceeded (8 MiB)"] and result["killed"], result
+    assert result["seen"].unnamed > 8 * MIB
+    assert result["elapsed"] < 0.2 + 2.0, result["elapsed"]  # not the 5 s sleep: ended as it passed
+
+
+HELD_AND_VISIBLE = """
+time.sleep(0.2)
+fd = os.open("h", os.O_CREAT | os.O_RDWR, 0o600)
+os.unlink("h")
+os.write(fd, b"x" * (4 << 20))
+with open("visible", "wb") as f:
+    f.write(b"y" * (VISIBLE << 20))
+time.sleep(1)
+"""
+
+
+@pytest.mark.parametrize(("visible", "over"), [(3, False), (5, True)])
+def test_what_a_run_holds_unnamed_and_named_counts_together(run_dir, visible, over):
+    """4 MiB held after its name went and a visible file, against an 8 MiB cap: 3 MiB more fits, 5 does not."""
+    code = HELD_AND_VISIBLE.replace("VISIBLE", str(visible))
+    result = watch_run(run_dir, code, 8 * MIB, 2048, held=True)
+    if over:
+        assert result["ended"] == ["error: /tmp size limit exceeded (8 MiB)"] and result["killed"], result
+    else:
+        assert result["ended"] == [] and result["exit"] == 0, result
+
+
+def test_a_file_held_only_by_a_mapping_counts_as_the_whole_cap(run_dir):
+    """Its size cannot be read (no descriptor, /proc/<pid>/map_files needs CAP_CHECKPOINT_RESTORE): it counts as
+    the most one file may hold, so the run is over as soon as it has anything else."""
+    result = watch_run(run_dir, MAPPED_THEN_CLOSED, 8 * MIB, 2048, held=True)
+    assert result["ended"] == ["error: /tmp size limit exceeded (8 MiB)"] and result["killed"], result
+
+
+NON_DUMPABLE = """
+import ctypes
+time.sleep(0.2)
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # as an exec of a file it cannot read would make it (a run's seccomp
+fd = os.open("h", os.O_CREAT | os.O_RDWR, 0o600)  # refuses prctl; a Node run may exec what it wrote)
+os.unlink("h")
+os.write(fd, b"x" * 4096)
+time.sleep(5)
+"""
+
+
+def test_a_run_whose_held_files_cannot_be_read_is_ended(run_dir):
+    result = watch_run(run_dir, NON_DUMPABLE, 8 * MIB, 2048, held=True)
+    assert result["killed"] and result["ended"] and result["ended"][0].startswith("error: /tmp could not be checked")

@@ -70,6 +70,9 @@ class ChildPlan:
     no_new_privs: bool = True  # PR_SET_NO_NEW_PRIVS
     seccomp: bool = True  # a seccomp filter (the signal fence, the runner's allow-list)
     hostname: bool = True  # sethostname in the run's UTS namespace (cosmetic: skipped where refused)
+    # its /tmp is a directory the service caps (tmpcap.py): the run is dumpable to its own uid, whose ids the
+    # service takes to read its /proc fd table and maps for files whose names went (unnamed.py)
+    watched: bool = False
 
     @classmethod
     def from_dict(cls, data: dict) -> ChildPlan:
@@ -155,6 +158,10 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
     if mode.identity != SHARED:  # counted per uid, or per user namespace: the run's own either way
         resource.setrlimit(resource.RLIMIT_NPROC, (plan.max_threads, plan.max_threads))
+    if plan.watched and plan.dumpable:
+        # After the last credential change (which made it non-dumpable). Nothing else has its uid (the chroot
+        # jail), or Landlock keeps every other run out of it (the landlock jail); /proc is closed to runs.
+        linux.set_dumpable(True)
 
 
 def fence_signals(plan: ChildPlan, program: linux.SeccompProgram | None = None) -> None:

@@ -190,6 +190,8 @@ class ChildPool:
             self.discard(child)
             self._spawn_failed(f"could not confine a run: {reason or 'the child exited'}")
             raise Unavailable(f"could not confine a run: {reason or 'the child exited'}")
+        if self._run_dirs is not None:
+            self._run_dirs.confined(child)
         self.confined += 1
         self.failed_in_a_row, self.spawn_error = 0, ""
         return child

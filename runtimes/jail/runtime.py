@@ -170,11 +170,15 @@ class JailedRuntime:
             if self.mode.tree == modes.CHROOT:
                 self._trees = await asyncio.to_thread(self._open_trees)
                 self._tmp_watcher = TmpWatcher()
-                run_dirs = RunDirectories(self._tmp_watcher, config.tmp_size_mb * MIB, config.tmp_files)
+                run_dirs = RunDirectories(
+                    self._tmp_watcher, config.tmp_size_mb * MIB, config.tmp_files, self._counts_held()
+                )
             elif self.mode.narrow_domain:  # runs sharing the service's uid, many at once: capped as chroot's
                 self._tmp_watcher = TmpWatcher()
                 caps = (config.tmp_size_mb * MIB, config.tmp_files)
-                run_dirs = SharedRunDirectories(self._tmp_watcher, *caps, parent=tmp_parent)
+                run_dirs = SharedRunDirectories(
+                    self._tmp_watcher, *caps, parent=tmp_parent, counts_held=self._counts_held()
+                )
             if self.mode.processes == modes.UID_SWEEP and self._uids is not None:
                 # a killed instance of this uid block may have left runs (whose zygote died, a parent-death
                 # signal away from them): none of them may meet the runs about to get the same uids
@@ -330,6 +334,12 @@ class JailedRuntime:
     def _proxies(self) -> tuple[str, ...]:
         return tuple(v for k, v in self.config.run_env.items() if k.isupper())
 
+    def _counts_held(self) -> bool:
+        """Whether the watcher counts what runs hold open or mapped after the names went (tmpcap, unnamed.py):
+        where their /tmp is a directory it caps, and they can be made dumpable to their own uid."""
+        capped = self.mode.tree == modes.CHROOT or self.mode.narrow_domain
+        return capped and bool(getattr(self.platform, "dumpable", True))
+
     def zygote_config(self, kind: str = MAIN) -> dict:
         """What a new zygote of that kind is started with, from the current layer and settings."""
         config = self.config
@@ -359,6 +369,7 @@ class JailedRuntime:
                     call: bool(getattr(self.platform, call, True))
                     for call in ("dumpable", "pdeathsig", "no_new_privs", "seccomp", "hostname")
                 },
+                "watched": self._counts_held(),
             },
         }
 

@@ -16,8 +16,8 @@ from runtimes.jail.tmpcap import RunDirectories, TmpWatcher
 
 
 class SharedRunDirectories(RunDirectories):
-    def __init__(self, watcher: TmpWatcher, max_bytes: int, max_files: int, parent: str):
-        super().__init__(watcher, max_bytes, max_files)
+    def __init__(self, watcher: TmpWatcher, max_bytes: int, max_files: int, parent: str, counts_held: bool = True):
+        super().__init__(watcher, max_bytes, max_files, counts_held)
         self.parent = parent
 
     def needs_cell(self, tree_root: str, uid: int) -> bool:

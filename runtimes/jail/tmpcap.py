@@ -23,12 +23,14 @@ no quota, so a run's /tmp is a directory of the tree's filesystem (runtimes/tree
   them, through the descriptor it opened, so a directory swapped for a symlink is never watched.
   Over a cap, the run is ended with a clear `error: ...` line (`TmpCap.over`). Where inotify
   watches run out (fs.inotify.max_user_watches), the run's directory is scanned on a timer instead.
-- a file deleted while still open, or made with O_TMPFILE, holds blocks no directory shows. Its
-  size is capped by RLIMIT_FSIZE and the number of such files by RLIMIT_NOFILE. Which run holds
-  one cannot be told for sure (a file deleted before its directory was watched, writes through a
-  mapping or into a directory since removed report nothing), so any run that has changed anything
-  in its directory counts as one that may: while it lives the filesystem's free space is read
-  every DISK_EVERY seconds, and should it fall below a floor those runs are ended.
+- a file deleted while still open, or made with O_TMPFILE, holds blocks no directory shows. Once the
+  run is confined, every scan also counts what its process holds open or mapped whose last name went,
+  from its own /proc entries (unnamed.py: the run is dumpable to its uid, the scan thread takes its
+  filesystem ids to read them; a run whose entries cannot be read is ended). What that cannot see (a
+  descriptor in flight in a socketpair's queue) is capped per file by RLIMIT_FSIZE and in number by
+  RLIMIT_NOFILE, and any run that has changed anything in its directory counts as one that may hold
+  such: while it lives the filesystem's free space is read every DISK_EVERY seconds, and should it fall
+  below a floor those runs are ended.
 - writes through a mapping raise no inotify event: a run that has changed anything in its directory
   is also scanned again every RESCAN_EVERY seconds while it lives, events or not, and the blocks a
   mapping has dirtied are in st_blocks from the fault on (ext4 and xfs count delayed allocation). A
@@ -38,7 +40,8 @@ no quota, so a run's /tmp is a directory of the tree's filesystem (runtimes/tree
 
 What this cannot give that a tmpfs gives: the caps are enforced after the fact, within a scan's
 delay (a run writing at disk speed may pass the size cap by what it writes in that time before it
-is killed), and hidden files are bounded per file and by the disk floor, not by the cap.
+is killed), and files in flight in a socket's queue are bounded per file and by the disk floor, not
+by the cap.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from inotify_simple import INotify
 from inotify_simple import flags as ev
 
 from runtimes import dirlock, tree, trees
+from runtimes.jail import unnamed
 
 log = logging.getLogger("sandlot.jail")
 
@@ -83,6 +87,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 class Usage:
     bytes: int = 0  # blocks allocated to the run's own inodes, once each (directories: past their first block)
     files: int = 0  # names below the top directory (each hard link one, as on tmpfs)
+    unnamed: int = 0  # of bytes, what the run holds open or mapped whose last name went (unnamed.py)
     over_files: bool = False  # the scan stopped because files passed the cap
 
 
@@ -221,6 +226,10 @@ class TmpCap:
     max_files: int
     over: Callable[[str], None]  # called once, with the `error: ...` line, when the run must end
     usage: Usage = field(default_factory=Usage)
+    # the run's process, once confined and dumpable to its uid (counted): its pid, start time and gid
+    pid: int = 0
+    started: int = 0
+    gid: int = 0
     hidden: bool = False  # the run may hold files no directory shows: it has changed something in its directory
     ended: str = ""
     _interval: float = MIN_INTERVAL
@@ -388,9 +397,20 @@ class TmpWatcher:
         walk = self._loop.run_in_executor(self._thread, self._walk, cap)
         walk.add_done_callback(lambda done: self._scanned(cap, started, done))
 
+    def count_held(self, cap: TmpCap, pid: int, gid: int) -> None:
+        """From now on the files pid holds whose last name went count too (the run is confined and dumpable
+        to its uid). Call from the event loop, while pid is the run's live, unreaped child."""
+        cap.started = unnamed.start_time(pid)
+        cap.pid, cap.gid = pid, gid
+
     def _walk(self, cap: TmpCap) -> Usage:
         """In the scan thread (and, for a run's first scan, in watch())."""
-        return usage(cap.path, cap.uid, cap.max_files, lambda fd, key: self._add_watch(cap, fd, key))
+        found = usage(cap.path, cap.uid, cap.max_files, lambda fd, key: self._add_watch(cap, fd, key))
+        if cap.started and not found.over_files:
+            with unnamed.as_fs_user(cap.uid, cap.gid):
+                found.unnamed = unnamed.held_bytes(cap.pid, cap.started, cap.path, cap.uid, cap.max_bytes)
+            found.bytes += found.unnamed
+        return found
 
     def _scanned(self, cap: TmpCap, started: float, walk: asyncio.Future) -> None:
         elapsed = time.monotonic() - started
@@ -526,8 +546,9 @@ class RunDirectories:
     lives, removed once nothing of the uid is left. The child, chrooted into its cell, sees it as /tmp (its
     HOME, TMPDIR and working directory)."""
 
-    def __init__(self, watcher: TmpWatcher, max_bytes: int, max_files: int):
+    def __init__(self, watcher: TmpWatcher, max_bytes: int, max_files: int, counts_held: bool = True):
         self.watcher = watcher
+        self.counts_held = counts_held  # runs are dumpable to their uid (ChildPlan.watched): unnamed.py reads them
         self.max_bytes = max_bytes
         self.max_files = max_files
         self._caps: dict[int, TmpCap] = {}  # child pid -> its directory's cap
@@ -564,6 +585,17 @@ class RunDirectories:
         cap = self.watcher.watch(child.tmpdir, child.uid, self.max_bytes, self.max_files, over)
         self._caps[child.pid] = cap
         child.settle = lambda: self.watcher.settle(cap)  # execution.execute: before the run's result is given
+
+    def confined(self, child) -> None:
+        """The child is confined (and, where counts_held, dumpable to its uid): what it holds open or mapped
+        after the names went counts from now on."""
+        cap = self._caps.get(child.pid)
+        if cap is not None and self.counts_held:
+            gid = child.uid if child.uid != os.geteuid() else os.getegid()  # own uids' gid is the uid (child.py)
+            try:
+                self.watcher.count_held(cap, child.pid, gid)
+            except OSError as exc:  # gone already: its end is reported as it ended
+                log.debug("no held files counted for %s: %s", child.pid, exc)
 
     async def remove(self, child) -> None:
         """The child is dead and its uid swept: stop watching, remove the directory (off the event loop:
