@@ -36,6 +36,7 @@ SYSTEM_FILES = (
     "/usr/share/zoneinfo",
 )
 
+LAYER_IN_TREE = "/opt/sandlot/layer"  # where a runtime's dependency layer shows in its tree, whatever the data dir
 RUN_HOSTNAME = "sandbox"  # what uname() tells a run (child.py sets it in the run's UTS namespace)
 # The run's /etc/hosts: loopback for localhost and for its own hostname, so that resolving
 # gethostname() works as on any machine; nothing of the host's.
@@ -66,7 +67,8 @@ class TreeSpec:
                 self.binds.append(path)
 
     def place(self, target: str, source: str) -> None:
-        """Show host file source at target inside the tree (for files installed anywhere, even /tmp)."""
+        """Show host file or directory source at target inside the tree (for files installed anywhere, even /tmp,
+        and for a layer, whose path on the host names the data dir: a user's home, a volume)."""
         self.placed[target] = os.path.realpath(source)
 
     def generate(self, target: str, text: str) -> None:
@@ -84,6 +86,14 @@ def run_system_files(spec: TreeSpec, hostname: str = RUN_HOSTNAME) -> None:
     the host, and a hosts file of its own (run_hosts) instead of the host's."""
     spec.add(*(path for path in SYSTEM_FILES if path != "/etc/hosts"))
     spec.generate("/etc/hosts", run_hosts(hostname))
+
+
+def outside(paths: list[str], directory: str) -> list[str]:
+    """paths but those in directory (links resolved): what a placed directory holds already."""
+    if not directory:
+        return list(paths)
+    top = os.path.realpath(directory)
+    return [p for p in paths if not (os.path.realpath(p) + "/").startswith(top + "/")]
 
 
 def under_tmp(path: str) -> bool:
@@ -256,9 +266,13 @@ def build_and_enter(spec: dict, root: str, writable: tuple[str, ...] = (), tmp_o
     for path in spec["devices"]:
         bind(root, path, linux.MS_NOSUID)
     for target, source in spec.get("placed", {}).items():
-        os.makedirs(os.path.dirname(root + target), exist_ok=True)
-        open(root + target, "w").close()  # noqa: SIM115 - an empty file to mount over
-        linux.mount(source, root + target, None, linux.MS_BIND)
+        if os.path.isdir(source):
+            os.makedirs(root + target, exist_ok=True)
+            linux.mount(source, root + target, None, linux.MS_BIND | linux.MS_REC)
+        else:
+            os.makedirs(os.path.dirname(root + target), exist_ok=True)
+            open(root + target, "w").close()  # noqa: SIM115 - an empty file to mount over
+            linux.mount(source, root + target, None, linux.MS_BIND)
         flags = linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY | linux.MS_NOSUID | kept_flags(source)
         linux.mount(None, root + target, None, flags)
     for target, text in spec.get("generated", {}).items():
@@ -278,7 +292,7 @@ def build_and_enter(spec: dict, root: str, writable: tuple[str, ...] = (), tmp_o
 
 # ---- the tree as a real directory (the chroot mode: no mount can be made) ------------------------------
 
-TREE_FORMAT = 3  # bumped when materialize() changes what a tree holds: older trees are then rebuilt
+TREE_FORMAT = 4  # bumped when materialize() changes what a tree holds: older trees are then rebuilt
 TREE_TMP_MODE = 0o711  # runs can neither list nor write the tree's /tmp (each has a /tmp of its own, in its cell)
 CELLS = "/cells"  # each uid's cell: the tree again, its directories made and its files hard links (make_cell)
 HIDDEN_MODE = 0o555  # what the pivot tree's hiding tmpfs shows: an empty directory
@@ -345,6 +359,9 @@ def materialize(spec: dict, root: str, device_nodes: bool = True, uncache: bool 
             open(target, "x").close()  # noqa: SIM115 - an empty file
             os.chmod(target, 0o444)
     for target, source in spec.get("placed", {}).items():
+        if os.path.isdir(source):
+            _copy_in(root, source, hidden, done, at=target)
+            continue
         os.makedirs(os.path.dirname(root + target), exist_ok=True)
         if os.path.lexists(root + target):
             os.unlink(root + target)  # a placed file shows over what a bind put there
@@ -471,24 +488,25 @@ def _clone(source: int, target: int, skipped: tuple[str, ...] = ()) -> None:
             os.close(inner_source)
 
 
-def _copy_in(root: str, source: str, hidden: set[str], done: Materialized) -> None:
-    """Copy host path source (a real path) to the same place under root; directories whole, but those in
-    hidden empty; symlinks as symlinks; nothing but directories, files and symlinks (no fifo, socket or
-    device a bound directory may hold)."""
+def _copy_in(root: str, source: str, hidden: set[str], done: Materialized, at: str = "") -> None:
+    """Copy host path source (a real path) to the same place under root (or to at); directories whole, but
+    those in hidden empty; symlinks as symlinks; nothing but directories, files and symlinks (no fifo, socket
+    or device a bound directory may hold)."""
+    at = at or source
     info = os.lstat(source)
     if not stat.S_ISDIR(info.st_mode):
-        if stat.S_ISREG(info.st_mode) and not os.path.lexists(root + source):
-            _file_in(source, root + source, info, done)
+        if stat.S_ISREG(info.st_mode) and not os.path.lexists(root + at):
+            _file_in(source, root + at, info, done)
         return
     pending = [source]
     while pending:
         directory = pending.pop()
-        os.makedirs(root + directory, exist_ok=True)
+        os.makedirs(root + at + directory[len(source) :], exist_ok=True)
         if directory in hidden:
             continue
         with os.scandir(directory) as entries:
             for entry in entries:
-                target = root + entry.path
+                target = root + at + entry.path[len(source) :]
                 if entry.is_dir(follow_symlinks=False):
                     pending.append(entry.path)
                 elif os.path.lexists(target):

@@ -305,6 +305,9 @@ def test_build_code_finds_nothing_and_is_gone_when_its_build_ends(tool, mode, pl
         findings = work / "findings.json"
         if tool == "pip":  # setup.py ran (an sdist is built): what it found
             assert findings.exists(), result.stderr[-3000:]
+        else:  # npm runs no package's scripts at all (--ignore-scripts: preinstall, install, postinstall, gyp)
+            assert not findings.exists(), "npm ran the package's install scripts"
+            assert (work / "node_modules" / "sandlot-hostile" / "index.js").exists(), result.stderr[-3000:]
         if findings.exists():
             assert json.loads(findings.read_text()) == []
         assert [p.name for p in layer.rglob("*") if token in p.name] == []

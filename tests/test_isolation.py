@@ -9,6 +9,8 @@ cases run two runs at once.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import unprivileged
 from service import IS_ROOT, Service, output, together
@@ -239,3 +241,31 @@ def test_a_run_cannot_reach_the_node_waiting_for_the_next_run(jail):
     assert a == "[]\n"
     assert b == "mine\n"
     assert output(jail, "console.log('next tenant')", language="nodejs") == "next tenant\n"
+
+
+def test_the_layers_show_at_a_fixed_path_and_the_data_dirs_stays_out_of_view(jail):
+    """A layer's path on the host names the data dir (a user's home without root, a volume): runs see the
+    layer at /opt/sandlot/layer instead, and nothing of the data dir's path."""
+    layers_out_of_view(jail)
+
+
+def layers_out_of_view(jail) -> None:
+    detail = jail.detail()["runtimes"]
+    layer = detail["python3"]["layer"]
+    assert layer and not layer.startswith("/opt/sandlot/")
+    code = (
+        "import os, sys, json\n"
+        f"print(os.path.exists({layer!r}), os.path.exists({os.path.dirname(layer)!r}))\n"
+        "print([p for p in sys.path if 'layer' in p], json.__file__.startswith('/opt'))\n"
+        "import requests\nprint(requests.__file__)"
+    )
+    assert output(jail, code) == (
+        "False False\n['/opt/sandlot/layer'] False\n/opt/sandlot/layer/requests/__init__.py\n"
+    )
+    node_layer = detail["nodejs"]["layer"]
+    code = (
+        "const fs = require('fs')\n"
+        f"console.log(fs.existsSync({node_layer!r}), fs.existsSync({os.path.dirname(node_layer)!r}))\n"
+        "console.log(JSON.stringify(require.resolve.paths('x').filter(p => p.includes('layer'))))"
+    )
+    assert output(jail, code, language="nodejs") == 'false false\n["/opt/sandlot/layer/node_modules"]\n'

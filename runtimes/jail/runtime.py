@@ -43,7 +43,7 @@ from runtimes.jail.userspace_net import REFUSED as REFUSED_PREFIX
 from runtimes.jail.userspace_net import NamespaceNetwork
 from runtimes.jail.userspace_net import plan as plan_network
 from runtimes.payload import RequestFields, RunResult, Unavailable
-from runtimes.tree import RUN_HOSTNAME, TreeSpec
+from runtimes.tree import LAYER_IN_TREE, RUN_HOSTNAME, TreeSpec
 
 if TYPE_CHECKING:
     from runtimes.payload import RunRequest
@@ -422,6 +422,13 @@ class JailedRuntime:
         return root
 
     # ---- dependency layers ------------------------------------------------------
+
+    def layer_in_view(self) -> str:
+        """The layer's path as runs see it: in a tree, where the tree places it (tree.LAYER_IN_TREE, whatever the
+        data dir); without one (landlock, Lambda), its own."""
+        if self.layer() and self.mode.tree != modes.NO_TREE:
+            return LAYER_IN_TREE
+        return self.layer()
 
     def layer(self) -> str:
         """The dependency layer this runtime's zygotes are started on ("" for none)."""

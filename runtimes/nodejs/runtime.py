@@ -141,7 +141,7 @@ class NodeRuntime(JailedRuntime):
         spec.add(self.node)
         spec.place(WRAPPER_IN_TREE, WRAPPER)
         if self.config.nodejs_layer:
-            spec.add(self.config.nodejs_layer)
+            spec.place(tree.LAYER_IN_TREE, self.config.nodejs_layer)  # a fixed path: the data dir stays out of view
         spec.add(*tree.shared_libraries([self.node]))
         tree.run_system_files(spec, self.run_hostname())
         return spec
@@ -156,7 +156,7 @@ class NodeRuntime(JailedRuntime):
             "snapshot_flags": list(self.snapshot.flags) if self.snapshot else [],
             "snapshot_memory_mb": self.snapshot.memory_mb if self.snapshot else 0,
             "cpu_seconds": math.ceil(self.config.max_timeout) + 1,
-            "node_path": os.path.join(self.config.nodejs_layer, "node_modules") if self.config.nodejs_layer else "",
+            "node_path": os.path.join(self.layer_in_view(), "node_modules") if self.config.nodejs_layer else "",
         }
 
     def readable(self) -> list[str]:

@@ -126,9 +126,9 @@ class PythonRuntime(JailedRuntime):
         layer = self.config.python_layer
         elf = [python, *tree.elf_files_under(paths["dynload"])]
         if layer:
-            spec.add(layer)
+            spec.place(tree.LAYER_IN_TREE, layer)  # at a fixed path: the data dir's stays out of view
             elf += tree.elf_files_under(layer)
-        spec.add(*tree.shared_libraries(elf, cache_dir=self.config.data_dir))
+        spec.add(*tree.outside(tree.shared_libraries(elf, cache_dir=self.config.data_dir), layer))
         tree.run_system_files(spec, self.run_hostname())
         for site in {paths["purelib"], paths["platlib"]}:  # the interpreter's own packages stay out
             if os.path.isdir(site):
@@ -139,7 +139,7 @@ class PythonRuntime(JailedRuntime):
         return {
             **super().runner_config(kind),
             "preload": list(self.config.python_preload) if self.config.python_layer else [],
-            "layer_path": self.config.python_layer,
+            "layer_path": self.layer_in_view(),
             "lazy": kind == LEAN or self._first_zygote_lean,
         }
 
