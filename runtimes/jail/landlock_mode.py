@@ -42,11 +42,15 @@ NETWORK_ABI = 4
 
 
 def readable(spec: TreeSpec, modules: tuple[str, ...] = ()) -> list[str]:
-    """What a run may read and execute: what its runtime's tree holds (the generated hosts file: the host's),
-    and modules, the directories of the runner's own packages."""
+    """What a run may read and execute: what its runtime's tree holds (the generated hosts file: the host's;
+    the generated resolv.conf: the host's where it names a resolver, i.e. where runs have the host's network
+    unfiltered, else none: nothing to resolve with, and the host's search domains stay unread), and modules,
+    the directories of the runner's own packages."""
     paths = [*spec.binds, *spec.placed.values(), *(os.path.realpath(p) for p in modules), *SYSTEM_CONFIG]
     if "/etc/hosts" in spec.generated:
         paths.append("/etc/hosts")
+    if "nameserver" in spec.generated.get("/etc/resolv.conf", ""):
+        paths.append("/etc/resolv.conf")
     return list(dict.fromkeys(paths))
 
 
