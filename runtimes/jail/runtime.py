@@ -92,7 +92,7 @@ class JailedRuntime:
 
     def readable(self) -> list[str]:
         """The landlock mode: what a run may read and execute (landlock_mode.py)."""
-        return landlock_mode.readable(self.tree(), landlock_mode.runner_modules())
+        return landlock_mode.readable(self.tree())
 
     def run_hostname(self) -> str:
         """What uname() tells a run: RUN_HOSTNAME in a UTS namespace of its own; where it has none (chroot),
