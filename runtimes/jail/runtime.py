@@ -114,7 +114,7 @@ class JailedRuntime:
         if kind not in (run_network.FILTERED, run_network.UNFILTERED):
             return ()
         servers = resolvers()
-        if self.mode.egress == modes.NETNS_PASTA and self._network is not None and self._network.netns:
+        if self._network is not None and self._network.netns:  # userns without root: pasta's namespace
             servers = [s for s in servers if not _loopback(s)]
         return tuple(servers)
 
