@@ -337,8 +337,7 @@ def hide_install_paths(roots: tuple[str, ...]) -> None:
             new = renamed(thing.__code__.co_filename)
             if new is not None:
                 _imp._fix_co_filename(thing.__code__, new)  # nested code objects too
-    linecache.clearcache()
-    sys.path_importer_cache.clear()
+    linecache.clearcache()  # (keyed by file name: a traceback the zygote formatted would keep the path)
 
 
 # The zygote's configuration comes on an inherited descriptor (an unlinked file), not in its argv: argv stays
