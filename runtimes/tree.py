@@ -8,7 +8,9 @@ pivots into it; the namespace, and with it every mount, dies with the zygote.
 
 Some files a run sees are made, not bound: the host's `/etc/hosts` names the host
 (and whatever else its administrator put there), so a run's tree holds one that
-knows only localhost and the run's own hostname (`run_system_files`).
+knows only localhost and the run's own hostname; the host's `/etc/resolv.conf`
+tells its search domains and options, so a run's holds only the `nameserver`
+lines of the resolvers its egress lets it reach, or none (`run_system_files`).
 """
 
 from __future__ import annotations
@@ -81,11 +83,24 @@ class TreeSpec:
         return asdict(self)
 
 
-def run_system_files(spec: TreeSpec, hostname: str = RUN_HOSTNAME) -> None:
-    """What every run's tree holds of the system: certificates, resolver and time zone files from
-    the host, and a hosts file of its own (run_hosts) instead of the host's."""
-    spec.add(*(path for path in SYSTEM_FILES if path != "/etc/hosts"))
+# What a run's resolv.conf says where its runs have no resolver to reach
+NO_RESOLVER = "# no resolver: runs here have no DNS (no network, or network only through the proxy)\n"
+
+
+def run_resolv_conf(nameservers: tuple[str, ...] | list[str]) -> str:
+    """A run's /etc/resolv.conf: one `nameserver` line per resolver it may reach, nothing else of the host's
+    (no search domain, no options); a comment alone where it may reach none."""
+    if not nameservers:
+        return NO_RESOLVER
+    return "".join(f"nameserver {server}\n" for server in nameservers)
+
+
+def run_system_files(spec: TreeSpec, hostname: str = RUN_HOSTNAME, nameservers: tuple[str, ...] = ()) -> None:
+    """What every run's tree holds of the system: certificates, name service and time zone files from
+    the host, and a hosts file (run_hosts) and resolv.conf (run_resolv_conf) of its own instead of the host's."""
+    spec.add(*(path for path in SYSTEM_FILES if path not in ("/etc/hosts", "/etc/resolv.conf")))
     spec.generate("/etc/hosts", run_hosts(hostname))
+    spec.generate("/etc/resolv.conf", run_resolv_conf(nameservers))
 
 
 def outside(paths: list[str], directory: str) -> list[str]:

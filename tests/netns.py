@@ -92,6 +92,53 @@ class Canary:
         self.sock.close()
 
 
+class DnsCanary:
+    """A UDP name server that knows one name (its A record) and answers every other question with no record."""
+
+    def __init__(self, address: str, name: str, answer: str):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((address, 53))
+        self.address = address
+        self.name = name.lower().rstrip(".")
+        self.answer = socket.inet_aton(answer)
+        self.questions: list[str] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                query, peer = self.sock.recvfrom(512)
+            except OSError:
+                return
+            try:
+                self.sock.sendto(self._reply(query), peer)
+            except (OSError, ValueError, IndexError):
+                continue
+
+    def _reply(self, query: bytes) -> bytes:
+        labels, at = [], 12
+        while query[at]:
+            labels.append(query[at + 1 : at + 1 + query[at]].decode().lower())
+            at += 1 + query[at]
+        question = query[12 : at + 5]
+        qtype = int.from_bytes(query[at + 1 : at + 3], "big")
+        name = ".".join(labels)
+        self.questions.append(name)
+        known = name == self.name
+        answers = b""
+        if known and qtype == 1:
+            answers = b"\xc0\x0c" + (1).to_bytes(2, "big") + (1).to_bytes(2, "big") + (60).to_bytes(4, "big")
+            answers += (4).to_bytes(2, "big") + self.answer
+        flags = 0x8180 if known else 0x8183  # a response, recursion available; NXDOMAIN for other names
+        header = query[:2] + flags.to_bytes(2, "big") + (1).to_bytes(2, "big")
+        header += (1 if answers else 0).to_bytes(2, "big") + bytes(4)
+        return header + question + answers
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 class World:
     def __init__(self, tag: str):
         self.host = f"sandlot-host-{tag}"

@@ -39,6 +39,9 @@ from conftest import needs_root
 from outer_filter import DOCKER_DEFAULT_CAPS
 from service import DOCKER_DEFAULT, IS_ROOT, Service, output, processes_with_uid_in, standin, together, wait_for
 
+from runtimes import tree
+from runtimes.jail import egress
+
 NO_SECCOMP = [*DOCKER_DEFAULT, "--eperm", "seccomp,prctl:22"]
 
 
@@ -501,6 +504,23 @@ def test_without_net_admin_runs_asking_for_network_get_none_and_are_told_why(con
     assert said.startswith("EPERM connect EPERM: network is not available to runs here") and "NET_ADMIN" in said
 
 
+READ_RESOLV_CONF = "print(repr(open('/etc/resolv.conf').read()))"
+
+
+def host_nameservers() -> str:
+    """What a run with filtered egress is to read: the host's nameserver lines, nothing else of its file."""
+    return tree.run_resolv_conf(egress.resolvers())
+
+
+@needs_root
+@pytest.mark.parametrize("network", [True, False])
+def test_without_net_admin_a_runs_resolv_conf_names_no_resolver(container, network):
+    """No network to resolve with: the tree's resolv.conf says so, and holds nothing of the host's."""
+    said = output(container, READ_RESOLV_CONF, enable_network=network)
+    assert said == f"{tree.NO_RESOLVER!r}\n"
+    assert said.count("nameserver") == 0
+
+
 @needs_root
 @pytest.mark.parametrize(("setting", "expected"), [("allow", "reached"), ("refuse", "-500")])
 def test_the_operator_chooses_unfiltered_egress_or_refusal(setting, expected, loopback_service):
@@ -538,6 +558,8 @@ def test_with_net_admin_runs_with_network_reach_no_loopback_service_and_no_priva
         lines = output(svc, LOOPBACK_PROBE.format(targets=targets), enable_network=True).splitlines()
         assert [line.split()[0] for line in lines] == [host for host, _port in targets]
         assert all("reached" not in line for line in lines), lines
+        # its resolv.conf: the host's resolvers (the rules admit them), no search domain or option of the host's
+        assert output(svc, READ_RESOLV_CONF, enable_network=True) == f"{host_nameservers()!r}\n"
     finally:
         svc.stop()
         shutil.rmtree(svc.env["SANDLOT_DATA_DIR"], ignore_errors=True)

@@ -335,15 +335,28 @@ SERVICE_REACH = {
     "the service's environment": "open('/proc/{service}/environ').read()",
     "the service's signals": "import os; os.kill({service}, 0)",
     "the service's files' modes": "import os; os.chmod({data!r}, 0o700)",
+    "the service's code": "open({source!r} + '/runtimes/python/runner.py').read()",
+    "the service's code, listed": "import os; os.listdir({source!r} + '/runtimes')",
 }
 
 
 @pytest.mark.parametrize("name", list(SERVICE_REACH))
 def test_a_run_cannot_reach_the_service(pod, name):
     # the stand-in launcher execs the service: its pid is the service's
-    code = SERVICE_REACH[name].format(data=pod.env["SANDLOT_DATA_DIR"], service=pod.process.pid)
+    code = SERVICE_REACH[name].format(data=pod.env["SANDLOT_DATA_DIR"], service=pod.process.pid, source=pod.source)
     out = _out(pod.run(code + "\nprint('reached')"))
     assert "reached" not in out and ("PermissionError" in out), out
+
+
+def test_a_run_learns_nothing_of_the_services_install_path(pod):
+    """The shared case (tests/cases/run_cases.json), and the path itself searched for in what a run inherits."""
+    from test_cases import CASES, check
+    from test_leaks import JS_INSTALL_PATH, PY_INSTALL_PATH
+
+    case = next(c for c in CASES if c["id"] == "py-no-install-path")
+    check(case["expect"], pod.run(case["code"])["data"])
+    assert _out(pod.run(PY_INSTALL_PATH.format(reversed_root=pod.source[::-1]))) == "[]\n"
+    assert _out(pod.run(JS_INSTALL_PATH.format(reversed_root=pod.source[::-1]), "nodejs")) == "unseen\n"
 
 
 def test_a_run_cannot_reach_another_run(pod):

@@ -213,6 +213,49 @@ def test_error_texts_do_not_show_the_services_paths(jailed, language, code, expe
         assert secret not in text, (secret, data)
 
 
+# Every string a Python run can reach from the objects it inherits (the zygote's modules, frames, their
+# locals, the config it was started with): none names the service's install path. The path is given
+# reversed, and the one string made from it (the needle itself) is left out of the search.
+PY_INSTALL_PATH = """
+import gc, sys
+needle = {reversed_root!r}[::-1]
+found = set()
+def look(value):
+    if isinstance(value, str) and value is not needle and needle in value:
+        found.add(value[:120])
+for thing in gc.get_objects():
+    values = thing.values() if isinstance(thing, dict) else thing if isinstance(thing, (list, tuple, set)) else ()
+    for value in list(values):
+        look(value)
+frame = sys._getframe()
+while frame:
+    for value in list(frame.f_locals.values()) + [frame.f_code.co_filename]:
+        look(value)
+    frame = frame.f_back
+for value in sys.orig_argv + sys.argv + sys.path:
+    look(value)
+print(sorted(found))
+"""
+
+JS_INSTALL_PATH = """
+const needle = {reversed_root!r}.split('').reverse().join('');
+const seen = [process.argv, process.execArgv, process.execPath, process.cwd(), module.paths, module.filename,
+  require.main && require.main.filename, Object.keys(require.cache), new Error('x').stack,
+  JSON.stringify(process.env), JSON.stringify(process.report.getReport().header.commandLine)];
+console.log(JSON.stringify(seen).includes(needle) ? 'seen' : 'unseen');
+"""
+
+
+def test_a_python_run_finds_no_string_naming_the_services_install_path(jailed):
+    data = run(jailed, PY_INSTALL_PATH.format(reversed_root=SERVICE_ROOT[::-1]))
+    assert data["stdout"] == "[]\n", data
+
+
+def test_a_nodejs_run_finds_nothing_naming_the_services_install_path(jailed):
+    data = run(jailed, JS_INSTALL_PATH.format(reversed_root=SERVICE_ROOT[::-1]), "nodejs")
+    assert data["stdout"] == "unseen\n", data
+
+
 # ---- settings that would reopen the jail -----------------------------------------------
 
 

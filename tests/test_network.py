@@ -30,6 +30,7 @@ from netns import (
     PRIVATE,
     PUBLIC,
     Canary,
+    DnsCanary,
     World,
     inside,
 )
@@ -385,6 +386,97 @@ def test_a_run_does_not_learn_the_hosts_name(service, language):
     data = run(service, HOSTNAME[language], language)
     assert data["stdout"] == "sandbox sandbox\n", data
     assert host not in data["stdout"]
+
+
+# ---- the run's resolv.conf ----------------------------------------------------------------------
+
+# The host's resolv.conf, as a service in a mount namespace of its own reads it: a search domain and options
+# no run may learn, and the one resolver, a name server in the "outside" namespace that knows one name.
+DNS_NAME = "canary.sandlot.test"
+DNS_ANSWER = "5.6.7.77"
+HOST_RESOLV = f"search sandlot-canary.invalid\noptions ndots:3 timeout:1 attempts:1\nnameserver {PUBLIC}\n"
+RESOLVE = {
+    "python3": (
+        "print(open('/etc/resolv.conf').read(), end='')\n"
+        "import socket\n"
+        "try:\n"
+        f"    print('resolved', socket.gethostbyname({DNS_NAME!r}))\n"
+        "except OSError as exc:\n"
+        "    print('resolved', type(exc).__name__)\n"
+    ),
+    "nodejs": (
+        "const fs = require('fs'), dns = require('dns');\n"
+        "process.stdout.write(fs.readFileSync('/etc/resolv.conf', 'utf8'));\n"
+        f"dns.lookup({DNS_NAME!r}, {{ family: 4 }}, (err, address) => {{\n"
+        "  console.log('resolved', err ? 'error' : address);\n"
+        f"  dns.resolve4({DNS_NAME!r}, (e, found) => console.log('resolve4', e ? 'error' : found.join(',')));\n"
+        "});\n"
+    ),
+}
+
+
+def _with_resolv_conf(path: str, user: int | None = None) -> list[str]:
+    """A launcher: the service in a mount namespace of its own, where path is the host's /etc/resolv.conf."""
+    drop = f"setpriv --reuid={user} --regid={user} --clear-groups " if user is not None else ""
+    script = f'mount --bind "$0" /etc/resolv.conf && exec {drop}"$@"'
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, path]
+
+
+@pytest.fixture(scope="module")
+def resolver_world(world, tmp_path_factory):
+    """The DNS canary, and a service of each mode reading HOST_RESOLV as the host's resolv.conf."""
+    path = tmp_path_factory.mktemp("resolv") / "resolv.conf"
+    path.write_text(HOST_RESOLV)
+    path.chmod(0o644)
+    with inside(world.outside):
+        dns = DnsCanary(PUBLIC, DNS_NAME, DNS_ANSWER)
+    services = {}
+    # the resolver these services read knows no package index: their layers are built first, in a data dir of
+    # their own (outside /tmp: a layer there is refused), by a service that reads the host's own resolv.conf
+    data = tempfile.mkdtemp(prefix="sandlot-resolv-", dir="/var/tmp")
+    os.chmod(data, 0o755)
+    env = {"SANDLOT_HOST": "0.0.0.0", "SANDLOT_DATA_DIR": data}
+    try:
+        # (a launcher, as below: the service on the interpreter any uid can run, which the layers' keys name)
+        Service(launcher=["env"], SANDLOT_DATA_DIR=data).start().stop()
+        if not unprivileged.unavailable():
+            unprivileged.service().start().stop()
+        with inside(world.host):
+            services["full"] = Service(launcher=_with_resolv_conf(str(path)), **env).start()
+            services["reduced"] = Service(launcher=_with_resolv_conf(str(path)), SANDLOT_JAIL="reduced", **env).start()
+            if not unprivileged.unavailable() and os.path.exists("/dev/net/tun"):
+                svc = unprivileged.service(SANDLOT_HOST="0.0.0.0")  # its data dir: the one built above
+                svc.user = None  # the launcher drops to it, after the mount
+                svc.launcher = _with_resolv_conf(str(path), unprivileged.NOBODY)
+                services["unprivileged"] = svc.start()
+        yield services, dns, world.host
+    finally:
+        for svc in services.values():
+            svc.stop()
+        dns.close()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("language", LANGUAGES)
+@pytest.mark.parametrize("network", [True, False], ids=["network", "no-network"])
+def test_a_runs_resolv_conf_names_only_the_resolver_its_egress_admits(resolver_world, mode, language, network):
+    """Not the host's file: no search domain, no options; the resolver runs with network reach and use (the
+    canary answers), the same text for runs without network (they share the tree, and cannot use it)."""
+    services, dns, host = resolver_world
+    if mode not in services:
+        pytest.skip("the service without root needs user namespaces and /dev/net/tun here")
+    with inside(host):
+        data = run(services[mode], RESOLVE[language], language, enable_network=network)
+    lines = data["stdout"].splitlines()
+    assert lines[0] == f"nameserver {PUBLIC}", data
+    if network:
+        expected = [f"resolved {DNS_ANSWER}"] + ([f"resolve4 {DNS_ANSWER}"] if language == "nodejs" else [])
+        assert lines[1:] == expected, data
+        assert DNS_NAME in dns.questions  # the name asked as is: no search domain was tried
+        assert not any("sandlot-canary.invalid" in question for question in dns.questions), dns.questions
+    else:
+        assert "resolved 5.6.7.77" not in data["stdout"], data
 
 
 def _pastas(svc) -> list[int]:

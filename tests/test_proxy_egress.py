@@ -21,6 +21,7 @@ import unprivileged
 from service import DOCKER_DEFAULT, Service, standin
 from test_landlock_mode import KERNEL_ABI, RESTRICTED_POD
 
+from runtimes import tree
 from runtimes.jail import proxy_egress
 
 PROXY_PORT = 18711
@@ -130,6 +131,69 @@ def test_nothing_else_is_reached(pod, name):
     assert "reached" not in out and "PermissionError" in out, out
 
 
+# A socket connected to the proxy, asked its own address (the container's): refused, with EPERM
+OWN_ADDRESS = {
+    "python3": (
+        "import socket\n"
+        f"s = socket.create_connection(('127.0.0.1', {PROXY_PORT}), timeout=5)\n"
+        "print('peer', s.getpeername()[1])\n"
+        "try:\n"
+        "    print('own', s.getsockname())\n"
+        "except OSError as exc:\n"
+        "    print('own', type(exc).__name__, exc.errno)\n"
+    ),
+    "nodejs": (
+        "const net = require('net');\n"
+        f"const s = net.connect({PROXY_PORT}, '127.0.0.1', () => {{\n"
+        "  console.log('peer', s.remotePort);\n"
+        "  console.log('own', JSON.stringify(s.address()), String(s.localAddress));\n"
+        "  s.destroy();\n"
+        "});\n"
+    ),
+}
+OWN_ADDRESS_REFUSED = {
+    "python3": f"peer {PROXY_PORT}\nown PermissionError 1\n",
+    "nodejs": f"peer {PROXY_PORT}\nown {{}} undefined\n",
+}
+# Node's own clients through the proxy (the run's fetch is undici; http.request names the proxy itself)
+NODE_THROUGH_PROXY = (
+    "const http = require('http');\n"
+    "const proxy = new URL(process.env.HTTP_PROXY);\n"
+    "http.get({ host: proxy.hostname, port: proxy.port, path: 'http://example.invalid/n' }, (res) => {\n"
+    "  let body = ''; res.on('data', (d) => body += d); res.on('end', () => console.log(body));\n"
+    "}).on('error', (e) => console.log('error', e.code));\n"
+)
+
+
+@pytest.mark.parametrize("language", ["python3", "nodejs"])
+def test_a_run_cannot_read_its_own_address_from_a_socket_to_the_proxy(pod, language):
+    envelope = pod.run(OWN_ADDRESS[language], language=language, enable_network=True)
+    assert envelope["code"] == 0, envelope
+    assert envelope["data"]["stdout"] == OWN_ADDRESS_REFUSED[language], envelope
+
+
+def test_node_reaches_the_web_through_the_proxy(pod):
+    envelope = pod.run(NODE_THROUGH_PROXY, language="nodejs", enable_network=True)
+    assert envelope["code"] == 0, envelope
+    assert "via proxy: GET http://example.invalid/n" in envelope["data"]["stdout"], envelope
+
+
+RESOLV_CONF = (
+    "try:\n    print(repr(open('/etc/resolv.conf').read()))\nexcept OSError as exc:\n    print(type(exc).__name__)\n"
+)
+
+
+def test_a_run_reads_no_resolver_of_the_host(pod):
+    """No DNS through the proxy: the landlock jail (no tree of its own) leaves the host's resolv.conf unread."""
+    assert _attempt(pod, RESOLV_CONF) == "PermissionError\nreached\n"
+
+
+def test_without_the_rule_a_run_reads_its_own_address(unfiltered):
+    """The control: the same code reads it where proxy egress is off."""
+    envelope = unfiltered.run(OWN_ADDRESS["python3"], enable_network=True)
+    assert "own ('127.0.0.1'," in envelope["data"]["stdout"], envelope
+
+
 @pytest.mark.parametrize("name", ["another TCP port", "UDP (DNS)", "UDP over IPv6"])
 def test_without_the_rule_the_same_attempts_succeed(unfiltered, name):
     """The control: unfiltered egress reaches them, so each refusal above is proxy egress's doing."""
@@ -179,3 +243,9 @@ def test_the_chroot_jail_without_net_admin_uses_the_proxy_too(container):
     for name in ("another TCP port", "UDP (DNS)", "a unix socket"):
         out = _attempt(container, ATTEMPTS[name])
         assert "reached" not in out and "PermissionError" in out, (name, out)
+    for language in ("python3", "nodejs"):
+        envelope = container.run(OWN_ADDRESS[language], language=language, enable_network=True)
+        assert envelope["data"]["stdout"] == OWN_ADDRESS_REFUSED[language], envelope
+    assert _attempt(container, RESOLV_CONF) == f"{tree.NO_RESOLVER!r}\nreached\n"  # the tree's own, no resolver
+    envelope = container.run(NODE_THROUGH_PROXY, language="nodejs", enable_network=True)
+    assert "via proxy: GET http://example.invalid/n" in envelope["data"]["stdout"], envelope

@@ -6,8 +6,9 @@ dir, its keys, the layers' build directories and the other runs' files, all of t
 therefore enters a Landlock domain of its own (landlock.py) that allows
 
 - reading and executing only what its runtime's tree would hold (the interpreter, its standard library, the
-  layer, the shared libraries they load, the certificate, resolver and time zone files: `readable`), plus the
-  modules the runner may still import;
+  layer, the shared libraries they load, the certificate, resolver and time zone files: `readable`), not the
+  service's own code (the zygote imported what its children run before any of them was confined, and a
+  run's modules name no path of the install: zygote.hide_install_paths), but for Node's wrapper;
 - writing only to the run's own /tmp directory (and the null and random devices);
 
 and nothing else of the filesystem: not /proc (no listing of processes, no /proc/<pid> of the service or of
@@ -28,8 +29,6 @@ Where even that cannot be had (no Landlock, no seccomp) the mode is refused with
 
 from __future__ import annotations
 
-import os
-
 from runtimes.tree import TreeSpec
 
 # system files an interpreter opens where the pivoted tree would have none, and fails on "permission denied"
@@ -41,20 +40,16 @@ TRUNCATE_ABI = 3
 NETWORK_ABI = 4
 
 
-def readable(spec: TreeSpec, modules: tuple[str, ...] = ()) -> list[str]:
-    """What a run may read and execute: what its runtime's tree holds (the generated hosts file: the host's),
-    and modules, the directories of the runner's own packages."""
-    paths = [*spec.binds, *spec.placed.values(), *(os.path.realpath(p) for p in modules), *SYSTEM_CONFIG]
+def readable(spec: TreeSpec) -> list[str]:
+    """What a run may read and execute: what its runtime's tree holds (the generated hosts file: the host's;
+    the generated resolv.conf: the host's where it names a resolver, i.e. where runs have the host's network
+    unfiltered, else none: nothing to resolve with, and the host's search domains stay unread)."""
+    paths = [*spec.binds, *spec.placed.values(), *SYSTEM_CONFIG]
     if "/etc/hosts" in spec.generated:
         paths.append("/etc/hosts")
+    if "nameserver" in spec.generated.get("/etc/resolv.conf", ""):
+        paths.append("/etc/resolv.conf")
     return list(dict.fromkeys(paths))
-
-
-def runner_modules() -> tuple[str, ...]:
-    """The runner's package (imported lazily in a child: the language runners and the jail's modules)."""
-    import runtimes
-
-    return (os.path.dirname(os.path.abspath(runtimes.__file__)),)
 
 
 def what_seccomp_adds(abi: int) -> list[str]:

@@ -13,7 +13,10 @@ process's TCP connect to given ports, whatever the address, so with a proxy conf
   other socket family (the runner's allow-list: IPv4 and IPv6 only; unix sockets: socketpair only), so no
   DNS: the proxy's address is handed to the run already resolved, in the proxy variables of its environment
   (the proxy resolves the names it is asked for);
-- no TCP bind (every Landlock domain of the jail: landlock.py).
+- no TCP bind (every Landlock domain of the jail: landlock.py);
+- no getsockname (the same stacked filter: EPERM): a socket connected to the proxy would tell the run the
+  container's own address. Nothing else tells it: getpeername names the proxy, which the run was given; no
+  socket option returns the local address; interface ioctls, netlink and /proc are refused already.
 
 `auto` (default) turns this on where a proxy is configured, the jail's egress is not filtered (chroot
 without NET_ADMIN, landlock) and SANDLOT_UNFILTERED_EGRESS is not `allow`; `on` also where
@@ -51,7 +54,8 @@ class ProxyEgress:
         return (
             f"runs asking for network reach only the proxy ({', '.join(self.endpoints)}): TCP connect to port "
             f"{ports} on any address the container reaches (whatever listens on that port elsewhere too); no "
-            "UDP, no DNS (the proxy's address is given resolved), no other socket family, no bind"
+            "UDP, no DNS (the proxy's address is given resolved), no other socket family, no bind, no getsockname "
+            "(the container's own address)"
         )
 
 
@@ -102,7 +106,8 @@ def _resolve(url: str) -> tuple[str, str, int]:
 
 
 def udp_refused():
-    """The filter each child stacks where proxy egress is in force: no datagram socket (UDP), of any family."""
+    """The filter each child stacks where proxy egress is in force: no datagram socket (UDP), of any family, and
+    no getsockname (a socket connected to the proxy would name the container's own address)."""
     import pyseccomp
 
     from runtimes.jail.seccomp_policy import SOCK_DGRAM, SOCK_TYPE_MASK
@@ -111,4 +116,5 @@ def udp_refused():
     flt.add_rule(
         pyseccomp.ERRNO(errno.EPERM), "socket", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, SOCK_TYPE_MASK, SOCK_DGRAM)
     )
+    flt.add_rule(pyseccomp.ERRNO(errno.EPERM), "getsockname")
     return flt

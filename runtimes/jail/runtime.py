@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import logging
 import os
 import socket
@@ -27,7 +28,7 @@ import runtimes
 from runtimes import linux, tempdirs, trees
 from runtimes.config import MIB, RuntimeConfig
 from runtimes.jail import landlock_mode, modes, proxy_egress, run_network, sweep
-from runtimes.jail.egress import EgressFilter
+from runtimes.jail.egress import EgressFilter, resolvers
 from runtimes.jail.execution import execute
 from runtimes.jail.pool import MAIN, ChildPool
 from runtimes.jail.protections import Protections, platform_protections
@@ -91,7 +92,7 @@ class JailedRuntime:
 
     def readable(self) -> list[str]:
         """The landlock mode: what a run may read and execute (landlock_mode.py)."""
-        return landlock_mode.readable(self.tree(), landlock_mode.runner_modules())
+        return landlock_mode.readable(self.tree())
 
     def run_hostname(self) -> str:
         """What uname() tells a run: RUN_HOSTNAME in a UTS namespace of its own; where it has none (chroot),
@@ -102,6 +103,20 @@ class JailedRuntime:
         if self.platform is not None and not self.platform.hostname:
             return socket.gethostname()  # sethostname refused: the UTS namespace keeps the container's name
         return RUN_HOSTNAME
+
+    def run_nameservers(self) -> tuple[str, ...]:
+        """The resolvers a run's resolv.conf names: those its egress lets it reach, from the host's resolv.conf.
+        Filtered egress: the ones the rules admit (egress.py), but not on loopback where runs have a network
+        namespace of their own (pasta's: the host's loopback is not theirs). The operator's unfiltered egress:
+        the host's. Through the proxy (no UDP, no DNS), or no network: none. Runs without network share the tree
+        of those with (one per zygote): they read the same lines, and cannot open a socket to use them."""
+        kind = self.run_network.kind
+        if kind not in (run_network.FILTERED, run_network.UNFILTERED):
+            return ()
+        servers = resolvers()
+        if self._network is not None and self._network.netns:  # userns without root: pasta's namespace
+            servers = [s for s in servers if not _loopback(s)]
+        return tuple(servers)
 
     def zygote_kinds(self) -> tuple[str, ...]:
         """The kinds of zygote this runtime keeps (pool.py), the first started first."""
@@ -611,6 +626,13 @@ class JailedRuntime:
         the next child; pooled: nothing)."""
         if self.schedule is not None:
             await self.schedule.between()
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def _import_paths() -> list[str]:

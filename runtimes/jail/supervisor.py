@@ -72,14 +72,15 @@ class Zygote:
         loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = dict(self._config, control_fd=theirs.fileno())
-        self._process = subprocess.Popen(
-            zygote.command(self._python, config),
-            env=self._env,
-            cwd="/",
-            stdin=subprocess.DEVNULL,
-            pass_fds=[theirs.fileno()],
-            close_fds=True,
-        )
+        with zygote.config_file(config) as config_file:
+            self._process = subprocess.Popen(
+                zygote.command(self._python, config_file.fileno(), config["runner"]),
+                env=self._env,
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                pass_fds=[theirs.fileno(), config_file.fileno()],
+                close_fds=True,
+            )
         theirs.close()
         ours.setblocking(False)
         self._control = ours

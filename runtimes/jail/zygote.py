@@ -37,6 +37,7 @@ import signal
 import socket
 import sys
 import traceback
+import types
 from collections.abc import Mapping
 
 from runtimes import linux, tree
@@ -118,6 +119,7 @@ class Zygote:
             while path in sys.path:
                 sys.path.remove(path)
         sys.path_importer_cache.clear()
+        self.install_roots = tuple(config["import_paths"])  # renamed away in serve() (hide_install_paths)
 
     def _join_network(self, ruleset: str) -> None:
         """The runs' network namespace (userspace_net.py): its egress rules, then pasta from the service."""
@@ -151,6 +153,8 @@ class Zygote:
         # by whoever started the service (and not handled since by the runner) are not ignored by the runs.
         ignored = tuple(s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) == signal.SIG_IGN)
         self.handles = Handles(self.lifeline, self.proc, self.ids, self.landlock, ignored)
+        hide_install_paths(self.install_roots)  # after the runner's last import
+        self.install_roots = ()
         self.fork_hooks.quiet()  # last: what the runner imported has registered its hooks
         gc.collect()
         gc.freeze()  # children then share the warm heap instead of copying it
@@ -287,18 +291,78 @@ def main(config: dict) -> None:
         traceback.print_exc()
         socket.socket(fileno=config["control_fd"]).send(protocol.ready(report))
         sys.exit(1)
+    # A run's code can walk its frames up to this one (and reach the bootstrap's globals): the config, which
+    # names the service's install path, its data dir and the tree's mount point, is emptied first.
+    config.clear()
     zygote.serve()
 
 
+def hide_install_paths(roots: tuple[str, ...]) -> None:
+    """Rename what the zygote loaded from under roots (the service's install path: this package, pyseccomp)
+    to `<sandlot>/<path inside the root>`: modules' __file__, __path__, spec and loader, and every function's
+    code (co_filename, which frames and tracebacks show; the running frames' code objects are these very
+    ones, changed in place). The run inherits the zygote's modules and frames; none of them then tells where
+    the service is installed. Once, before the first fork."""
+    import _imp
+    import linecache
+
+    longest_first = sorted((root.rstrip("/") for root in roots), key=len, reverse=True)
+
+    def renamed(path: object) -> str | None:
+        if not isinstance(path, str):
+            return None
+        for root in longest_first:
+            if path.startswith(root + "/"):
+                return f"<sandlot>/{os.path.relpath(path, root)}"
+        return None
+
+    for module in list(sys.modules.values()):
+        new = renamed(getattr(module, "__file__", None))
+        if new is None:
+            continue
+        module.__file__ = new
+        module.__cached__ = None
+        search = getattr(module, "__path__", None)
+        if isinstance(search, list):
+            search[:] = [renamed(p) or p for p in search]
+        spec = getattr(module, "__spec__", None)
+        if spec is not None:
+            spec.origin = new
+            spec._cached = None  # (computed again from the new origin)
+        loader = getattr(module, "__loader__", None)
+        if loader is not None and renamed(getattr(loader, "path", None)):
+            loader.path = new
+    for thing in gc.get_objects():
+        if isinstance(thing, types.FunctionType):
+            new = renamed(thing.__code__.co_filename)
+            if new is not None:
+                _imp._fix_co_filename(thing.__code__, new)  # nested code objects too
+    linecache.clearcache()  # (keyed by file name: a traceback the zygote formatted would keep the path)
+
+
+# The zygote's configuration comes on an inherited descriptor (an unlinked file), not in its argv: argv stays
+# in the process's memory (sys.orig_argv, the stack), which every run inherits.
 BOOTSTRAP = (
-    "import json, sys\n"
-    "config = json.loads(sys.argv[1])\n"
+    "import json, os, sys\n"
+    "with os.fdopen(int(sys.argv[1]), 'rb') as f:\n"
+    "    config = json.load(f)\n"
     "sys.path[:0] = config['import_paths']\n"
     "from runtimes.jail.zygote import main\n"
     "main(config)\n"
 )
 
 
-def command(python: str, config: dict) -> list[str]:
-    """The argv that starts a zygote: isolated mode, no site, UTF-8."""
-    return [python, "-I", "-S", "-X", "utf8", "-c", BOOTSTRAP, json.dumps(config)]
+def command(python: str, config_fd: int, runner: str) -> list[str]:
+    """The argv that starts a zygote (isolated mode, no site, UTF-8), its configuration on config_fd; the
+    runner's module name last, unused, so that ps tells the zygotes of each language apart."""
+    return [python, "-I", "-S", "-X", "utf8", "-c", BOOTSTRAP, str(config_fd), runner]
+
+
+def config_file(config: dict):
+    """An unlinked file holding config, positioned at its start, for command()'s descriptor."""
+    import tempfile
+
+    file = tempfile.TemporaryFile()  # noqa: SIM115 - the caller passes its descriptor on, then closes it
+    file.write(json.dumps(config).encode())
+    file.seek(0)
+    return file

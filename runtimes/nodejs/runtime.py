@@ -143,7 +143,7 @@ class NodeRuntime(JailedRuntime):
         if self.config.nodejs_layer:
             spec.place(tree.LAYER_IN_TREE, self.config.nodejs_layer)  # a fixed path: the data dir stays out of view
         spec.add(*tree.shared_libraries([self.node]))
-        tree.run_system_files(spec, self.run_hostname())
+        tree.run_system_files(spec, self.run_hostname(), self.run_nameservers())
         return spec
 
     def runner_config(self, kind: str = MAIN) -> dict:

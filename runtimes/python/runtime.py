@@ -129,7 +129,7 @@ class PythonRuntime(JailedRuntime):
             spec.place(tree.LAYER_IN_TREE, layer)  # at a fixed path: the data dir's stays out of view
             elf += tree.elf_files_under(layer)
         spec.add(*tree.outside(tree.shared_libraries(elf, cache_dir=self.config.data_dir), layer))
-        tree.run_system_files(spec, self.run_hostname())
+        tree.run_system_files(spec, self.run_hostname(), self.run_nameservers())
         for site in {paths["purelib"], paths["platlib"]}:  # the interpreter's own packages stay out
             if os.path.isdir(site):
                 spec.hidden.append(site)
