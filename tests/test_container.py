@@ -396,6 +396,15 @@ HELD_UNNAMED = {
         "    os.write(fd, b'x' * (20 << 20))\n    held.append(fd)\n"
         "print('held', flush=True)\ntime.sleep(30)"
     ),
+    ("python3", "held by threads after the leader ended alone"): (
+        "import ctypes, os, threading, time\ndef hold():\n    time.sleep(0.5)  # the leader gone first\n"
+        "    held = []\n    for i in range(6):\n"
+        "        fd = os.open(f'h{i}', os.O_CREAT | os.O_RDWR, 0o600)\n        os.unlink(f'h{i}')\n"
+        "        os.write(fd, b'x' * (20 << 20))\n        held.append(fd)\n"
+        "    print('held', flush=True)\n    time.sleep(30)\n"
+        "threading.Thread(target=hold).start()\n"
+        "ctypes.CDLL(None).syscall({'x86_64': 60, 'aarch64': 93}[os.uname().machine], 0)  # exit: this thread alone"
+    ),
     ("nodejs", "deleted while open"): (
         "const fs = require('fs'), dir = require('os').tmpdir()\nconst held = []\nfor (let i = 0; i < 6; i++) {\n"
         "  const fd = fs.openSync(dir + '/h' + i, 'w+')\n  fs.unlinkSync(dir + '/h' + i)\n"
