@@ -907,3 +907,21 @@ def test_a_run_that_ends_with_its_threads_holding_files_is_not_ended(run_dir, at
     be checked", never a size it did not hold."""
     result = watch_run(run_dir, THREADS_HOLD_AS_THE_RUN_ENDS, 8 * MIB, 2048, held=True)
     assert result["ended"] == [] and result["exit"] == 0 and not result["killed"], result
+
+
+def test_a_run_reaped_while_its_entries_are_read_holds_nothing(run_dir):
+    """A scan may open a run's /proc/<pid> just before the run ends and is reaped: every read then answers
+    ESRCH, which is its end (what it held went with it), never "could not be checked"."""
+    from runtimes.jail import unnamed
+
+    pid, pidfd = hostile(run_dir, "time.sleep(0.2)", 8 * MIB, dumpable=True)
+    started = unnamed.start_time(pid)
+    proc = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED)  # reaped: the directory's entries are gone
+        with unnamed.as_fs_user(RUN_UID, RUN_UID):
+            assert unnamed._held_by_the_group(proc, str(pid), run_dir, RUN_UID, 8 * MIB) == 0
+            assert unnamed.held_bytes(pid, started, run_dir, RUN_UID, 8 * MIB) == 0
+    finally:
+        os.close(proc)
+        os.close(pidfd)

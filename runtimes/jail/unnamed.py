@@ -115,19 +115,22 @@ def _held_by_the_group(proc: int, pid: str, directory: str, uid: int, per_file: 
     memory, so the read saw them whole). 0 when every thread is on its way out: what they hold goes with them."""
     for round_ in range(ROUNDS):
         if round_:
-            time.sleep(0.001 * round_)  # a group's exit marks every thread within a few microseconds
+            time.sleep(0.001 * round_)  # a group's exit marks every thread within a few milliseconds
         raced = False
         for tid in [pid, *_threads(proc, pid)]:
             try:
                 task = proc if tid == pid else os.open(f"task/{tid}", _DIR, dir_fd=proc)
             except (FileNotFoundError, ProcessLookupError):
+                raced = True  # gone since it was listed
                 continue
             try:
                 found = _read_whole(task, directory, uid, per_file)
             finally:
                 if task != proc:
                     os.close(task)
-            if found == _RACED:
+            if found == _GONE and task == proc:
+                return 0  # the group is gone (a leader is reaped last), and what it held with it
+            if found in (_RACED, _GONE):
                 raced = True
             elif found is not None:
                 return found
@@ -136,12 +139,12 @@ def _held_by_the_group(proc: int, pid: str, directory: str, uid: int, per_file: 
     raise Unreadable(0, f"its threads ended as their entries were read, {ROUNDS} times")
 
 
-_RACED = -1
+_RACED, _GONE = -1, -2
 
 
 def _read_whole(task: int, directory: str, uid: int, per_file: int) -> int | None:
     """What the thread's entries show, if it lived through the read; None if it was on its way out before,
-    _RACED if it set out (or went) during it."""
+    _RACED if it set out during it, _GONE if it is no more."""
     try:
         if _exiting(_stat(task)):
             return None
@@ -153,7 +156,7 @@ def _read_whole(task: int, directory: str, uid: int, per_file: int) -> int | Non
             raise Unreadable(exc.errno, f"its /proc entries are refused: {exc.strerror}") from None
         return _RACED if _exiting(_stat(task)) else total
     except (FileNotFoundError, ProcessLookupError):
-        return _RACED
+        return _GONE
 
 
 def _threads(proc: int, pid: str) -> list[str]:
