@@ -188,6 +188,12 @@ def test_every_shared_case_in_a_default_container(container, case):
 
 # what a run sees of the tree: its interpreter's files, the layer, certificates, zoneinfo, four devices
 CHROOT_CASES = {
+    # runs are dumpable to their uid (tmpcap, unnamed.py): a core_pattern piping to the host's handler (apport,
+    # systemd-coredump) would be handed a crashing run's memory at RLIMIT_CORE 0; 1 stops that as it stops a file
+    "no core dump, not even to a core_pattern's program": (
+        "import resource\nprint(resource.getrlimit(resource.RLIMIT_CORE))",
+        "(1, 1)\n",
+    ),
     # the zygote's prepared Landlock rules hold descriptors of its tree: none of them reaches the run
     "only its stdio and its exit report are open": (
         "import os\nopen_fds = []\nfor fd in range(1024):\n    try:\n        os.fstat(fd)\n"
