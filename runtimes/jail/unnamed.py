@@ -5,7 +5,10 @@ keeps its blocks on the disk until the run lets it go, and a walk of the directo
 own /proc entries do: `/proc/<pid>/fd` names every file it holds open (one table for all its threads: its
 seccomp filter admits clone only with CLONE_FILES and close_range never with CLOSE_RANGE_UNSHARE), and a
 stat through such a link tells the file's link count and its blocks; `/proc/<pid>/maps` names the files it
-has mapped, those whose name went marked "(deleted)".
+has mapped, those whose name went marked "(deleted)". The table and the memory are the thread group's, and
+the leader's entries show them only while the leader lives: a run may end its leader alone (the exit system
+call), and then another live thread's entries (/proc/<pid>/task/<tid>) are read instead. Paths in maps are
+named without symbolic links: the run's directory is compared as os.path.realpath names it.
 
 Reading them needs what ptrace's read check needs: the reader's filesystem uid and gid those of the run, and
 the run dumpable (child.py makes it so where this counts: the chroot jail, whose runs have uids of their own,
