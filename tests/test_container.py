@@ -192,6 +192,12 @@ def test_every_shared_case_in_a_default_container(container, case):
 
 # what a run sees of the tree: its interpreter's files, the layer, certificates, zoneinfo, four devices
 CHROOT_CASES = {
+    # runs are dumpable to their uid (tmpcap, unnamed.py): a core_pattern piping to the host's handler (apport,
+    # systemd-coredump) would be handed a crashing run's memory at RLIMIT_CORE 0; 1 stops that as it stops a file
+    "no core dump, not even to a core_pattern's program": (
+        "import resource\nprint(resource.getrlimit(resource.RLIMIT_CORE))",
+        "(1, 1)\n",
+    ),
     # the zygote's prepared Landlock rules hold descriptors of its tree: none of them reaches the run
     "only its stdio and its exit report are open": (
         "import os\nopen_fds = []\nfor fd in range(1024):\n    try:\n        os.fstat(fd)\n"
@@ -403,6 +409,15 @@ HELD_UNNAMED = {
         "    fd = os.open('.', os.O_TMPFILE | os.O_RDWR, 0o600)\n"
         "    os.write(fd, b'x' * (20 << 20))\n    held.append(fd)\n"
         "print('held', flush=True)\ntime.sleep(30)"
+    ),
+    ("python3", "held by threads after the leader ended alone"): (
+        "import ctypes, os, threading, time\ndef hold():\n    time.sleep(0.5)  # the leader gone first\n"
+        "    held = []\n    for i in range(6):\n"
+        "        fd = os.open(f'h{i}', os.O_CREAT | os.O_RDWR, 0o600)\n        os.unlink(f'h{i}')\n"
+        "        os.write(fd, b'x' * (20 << 20))\n        held.append(fd)\n"
+        "    print('held', flush=True)\n    time.sleep(30)\n"
+        "threading.Thread(target=hold).start()\n"
+        "ctypes.CDLL(None).syscall({'x86_64': 60, 'aarch64': 93}[os.uname().machine], 0)  # exit: this thread alone"
     ),
     ("nodejs", "deleted while open"): (
         "const fs = require('fs'), dir = require('os').tmpdir()\nconst held = []\nfor (let i = 0; i < 6; i++) {\n"

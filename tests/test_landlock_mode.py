@@ -448,9 +448,12 @@ def test_a_runs_tmp_is_capped_by_the_watcher(pod):
 def test_files_a_run_holds_after_their_names_went_count_against_its_tmp_cap(pod, key):
     """As in the chroot jail (test_container): the watcher, the runs' uid already, reads their descriptor tables."""
     language, _name = key
+    began = time.monotonic()
     envelope = pod.run(HELD_UNNAMED[key], language, timeout=20)
     assert envelope["code"] == 0, envelope
     assert "error: /tmp size limit exceeded (64 MiB)" in envelope["data"]["error"], envelope
+    assert envelope["data"]["duration"] < 10, "ended by its timeout, not by the cap"
+    assert time.monotonic() - began < 10, "ended by its timeout, not by the cap"
 
 
 def test_names_show_contents_do_not(pod):

@@ -843,3 +843,85 @@ time.sleep(5)
 def test_a_run_whose_held_files_cannot_be_read_is_ended(run_dir):
     result = watch_run(run_dir, NON_DUMPABLE, 8 * MIB, 2048, held=True)
     assert result["killed"] and result["ended"] and result["ended"][0].startswith("error: /tmp could not be checked")
+
+
+LEADER_ENDS_ALONE = """
+import ctypes, threading
+time.sleep(0.2)
+def hold():
+    time.sleep(0.3)  # the leader gone first
+    held = []
+    for n in range(4):  # as HELD_PAST_THE_CAP, from a thread
+        fd = os.open(f"h{n}", os.O_CREAT | os.O_RDWR, 0o600)
+        os.unlink(f"h{n}")
+        os.write(fd, b"x" * (4 << 20))
+        held.append(fd)
+    time.sleep(5)
+    os._exit(0)
+threading.Thread(target=hold).start()
+ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[os.uname().machine], 0)  # exit: the leader alone
+"""
+
+
+def test_files_held_by_a_group_whose_leader_ended_alone_count(run_dir):
+    """The exit system call (not exit_group) ends the calling thread only, which the filter must admit for
+    threads: the group lives on with all it holds, while the leader's /proc entries show no descriptor and no
+    mapping (its table and memory went, its entries are root's). Another thread's entries show them."""
+    result = watch_run(run_dir, LEADER_ENDS_ALONE, 8 * MIB, 2048, held=True)
+    assert result["ended"] == ["error: /tmp size limit exceeded (8 MiB)"] and result["killed"], result
+    assert result["elapsed"] < 0.5 + 2.0, result["elapsed"]
+
+
+def test_a_mapping_counts_where_the_directory_is_reached_through_a_link(run_dir):
+    """The kernel names a mapped file by its path without links (/proc/<pid>/maps), as a data directory or
+    TMPDIR reached through a symbolic link is not: such a run's directory is compared as the kernel names it."""
+    parent = os.path.dirname(run_dir)
+    link = parent + "-link"
+    os.symlink(parent, link)
+    try:
+        result = watch_run(os.path.join(link, "run"), MAPPED_THEN_CLOSED, 8 * MIB, 2048, held=True)
+    finally:
+        os.unlink(link)
+    assert result["ended"] == ["error: /tmp size limit exceeded (8 MiB)"] and result["killed"], result
+
+
+THREADS_HOLD_AS_THE_RUN_ENDS = """
+import threading
+time.sleep(0.2)
+fd = os.open("h", os.O_CREAT | os.O_RDWR, 0o600)
+os.unlink("h")
+os.write(fd, b"x" * (4 << 20))
+def spin():
+    while True:
+        os.fstat(fd)
+for _ in range(8):
+    threading.Thread(target=spin, daemon=True).start()
+time.sleep(0.6)  # scanned a few times, threads running
+os._exit(0)  # exit_group: every thread on its way out as a scan may be reading
+"""
+
+
+@pytest.mark.parametrize("attempt", range(5))
+def test_a_run_that_ends_with_its_threads_holding_files_is_not_ended(run_dir, attempt):
+    """Within the cap, many threads, ended by exit_group as a scan may be reading its entries: never "could not
+    be checked", never a size it did not hold."""
+    result = watch_run(run_dir, THREADS_HOLD_AS_THE_RUN_ENDS, 8 * MIB, 2048, held=True)
+    assert result["ended"] == [] and result["exit"] == 0 and not result["killed"], result
+
+
+def test_a_run_reaped_while_its_entries_are_read_holds_nothing(run_dir):
+    """A scan may open a run's /proc/<pid> just before the run ends and is reaped: every read then answers
+    ESRCH, which is its end (what it held went with it), never "could not be checked"."""
+    from runtimes.jail import unnamed
+
+    pid, pidfd = hostile(run_dir, "time.sleep(0.2)", 8 * MIB, dumpable=True)
+    started = unnamed.start_time(pid)
+    proc = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED)  # reaped: the directory's entries are gone
+        with unnamed.as_fs_user(RUN_UID, RUN_UID):
+            assert unnamed._held_by_the_group(proc, str(pid), run_dir, RUN_UID, 8 * MIB) == 0
+            assert unnamed.held_bytes(pid, started, run_dir, RUN_UID, 8 * MIB) == 0
+    finally:
+        os.close(proc)
+        os.close(pidfd)

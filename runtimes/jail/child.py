@@ -151,7 +151,11 @@ def confine(plan: ChildPlan, uid: int, tmpdir: str, fds: tuple[int, ...], handle
         os.environ["HOME"] = os.environ["TMPDIR"] = tmpdir
     os.chdir(tmpdir)
 
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # 1, not 0: a core_pattern piping to a program (apport, systemd-coredump: the host's, in a container) gets a
+    # dump whatever the limit, but at 1 (what the kernel gives its own helpers, against recursive dumps); a core
+    # file needs a page. A run is dumpable to its uid where /tmp is a directory (watched, below): no dump of it
+    # may leave it for the host.
+    resource.setrlimit(resource.RLIMIT_CORE, (1, 1))
     resource.setrlimit(resource.RLIMIT_NOFILE, (plan.max_open_files, plan.max_open_files))
     # a directory for /tmp is capped by the service after the fact (tmpcap.py): no single file may pass the cap
     file_bytes = plan.max_file_bytes if mode.tmp == TMPFS else min(plan.max_file_bytes, plan.tmp_size_bytes)

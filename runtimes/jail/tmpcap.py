@@ -230,6 +230,7 @@ class TmpCap:
     pid: int = 0
     started: int = 0
     gid: int = 0
+    real: str = ""  # its directory as the kernel names the files in it (/proc/<pid>/maps): no symbolic link
     hidden: bool = False  # the run may hold files no directory shows: it has changed something in its directory
     ended: str = ""
     _interval: float = MIN_INTERVAL
@@ -402,13 +403,14 @@ class TmpWatcher:
         to its uid). Call from the event loop, while pid is the run's live, unreaped child."""
         cap.started = unnamed.start_time(pid)
         cap.pid, cap.gid = pid, gid
+        cap.real = os.path.realpath(cap.path)  # a data directory reached through a link is named without it
 
     def _walk(self, cap: TmpCap) -> Usage:
         """In the scan thread (and, for a run's first scan, in watch())."""
         found = usage(cap.path, cap.uid, cap.max_files, lambda fd, key: self._add_watch(cap, fd, key))
         if cap.started and not found.over_files:
             with unnamed.as_fs_user(cap.uid, cap.gid):
-                found.unnamed = unnamed.held_bytes(cap.pid, cap.started, cap.path, cap.uid, cap.max_bytes)
+                found.unnamed = unnamed.held_bytes(cap.pid, cap.started, cap.real, cap.uid, cap.max_bytes)
             found.bytes += found.unnamed
         return found
 

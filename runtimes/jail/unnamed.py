@@ -5,7 +5,10 @@ keeps its blocks on the disk until the run lets it go, and a walk of the directo
 own /proc entries do: `/proc/<pid>/fd` names every file it holds open (one table for all its threads: its
 seccomp filter admits clone only with CLONE_FILES and close_range never with CLOSE_RANGE_UNSHARE), and a
 stat through such a link tells the file's link count and its blocks; `/proc/<pid>/maps` names the files it
-has mapped, those whose name went marked "(deleted)".
+has mapped, those whose name went marked "(deleted)". The table and the memory are the thread group's, and
+the leader's entries show them only while the leader lives: a run may end its leader alone (the exit system
+call), and then another live thread's entries (/proc/<pid>/task/<tid>) are read instead. Paths in maps are
+named without symbolic links: the run's directory is compared as os.path.realpath names it.
 
 Reading them needs what ptrace's read check needs: the reader's filesystem uid and gid those of the run, and
 the run dumpable (child.py makes it so where this counts: the chroot jail, whose runs have uids of their own,
@@ -25,6 +28,7 @@ import contextlib
 import ctypes
 import os
 import stat
+import time
 from collections.abc import Iterator
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -85,7 +89,8 @@ def as_fs_user(uid: int, gid: int) -> Iterator[None]:
 def held_bytes(pid: int, started: int, directory: str, uid: int, per_file: int) -> int:
     """The blocks of the files the process (pid, started) holds open or mapped whose last name went, in bytes;
     a mapped one without a descriptor counts as per_file. 0 once the process is gone. Call as_fs_user(the run's
-    ids) around it where the caller is not the run's uid. Raises Unreadable if its entries are refused."""
+    ids) around it where the caller is not the run's uid; directory as the kernel names it (no symbolic link on
+    the way: os.path.realpath). Raises Unreadable if its entries are refused."""
     try:
         proc = os.open(f"/proc/{pid}", _DIR)
     except FileNotFoundError:
@@ -94,18 +99,83 @@ def held_bytes(pid: int, started: int, directory: str, uid: int, per_file: int) 
         try:
             if _start_of(_stat(proc)) != started:
                 return 0  # the number is another process's now: the run is gone
-            return _held(proc, directory, uid, per_file)
         except (FileNotFoundError, ProcessLookupError):
             return 0  # ended meanwhile
-        except PermissionError as exc:
-            try:
-                if _exiting(_stat(proc)):
-                    return 0  # what it held goes with it
-            except (FileNotFoundError, ProcessLookupError):
-                return 0
-            raise Unreadable(exc.errno, f"its /proc entries are refused: {exc.strerror}") from None
+        return _held_by_the_group(proc, str(pid), directory, uid, per_file)
     finally:
         os.close(proc)
+
+
+ROUNDS = 5  # reads of the group's threads, when in each a thread read ended during its read (a pause between)
+
+
+def _held_by_the_group(proc: int, pid: str, directory: str, uid: int, per_file: int) -> int:
+    """The descriptor table and the memory are the whole thread group's, and any live thread's entries show
+    them: the leader's while it lives. A thread can end the leader alone (the exit system call, not
+    exit_group) and the group lives on with all it holds, while the leader's entries show nothing (its table
+    and memory are gone, its entries root's): then another thread's. A read counts only if its thread was not
+    on its way out once it was done (the kernel marks a thread exiting before it lets go of its table and
+    memory, so the read saw them whole). 0 when every thread is on its way out: what they hold goes with them."""
+    for round_ in range(ROUNDS):
+        if round_:
+            time.sleep(0.001 * round_)  # a group's exit marks every thread within a few milliseconds
+        raced = False
+        for tid in [pid, *_threads(proc, pid)]:
+            try:
+                task = proc if tid == pid else os.open(f"task/{tid}", _DIR, dir_fd=proc)
+            except (FileNotFoundError, ProcessLookupError):
+                raced = True  # gone since it was listed
+                continue
+            try:
+                found = _read_whole(task, directory, uid, per_file)
+            finally:
+                if task != proc:
+                    os.close(task)
+            if found == _GONE and task == proc:
+                return 0  # the group is gone (a leader is reaped last), and what it held with it
+            if found in (_RACED, _GONE):
+                raced = True
+            elif found is not None:
+                return found
+        if not raced:
+            return 0
+    raise Unreadable(0, f"its threads ended as their entries were read, {ROUNDS} times")
+
+
+_RACED, _GONE = -1, -2
+
+
+def _read_whole(task: int, directory: str, uid: int, per_file: int) -> int | None:
+    """What the thread's entries show, if it lived through the read; None if it was on its way out before,
+    _RACED if it set out during it, _GONE if it is no more."""
+    try:
+        if _exiting(_stat(task)):
+            return None
+        try:
+            total = _held(task, directory, uid, per_file)
+        except PermissionError as exc:
+            if _exiting(_stat(task)):
+                return _RACED  # its memory went, and with it the reader's access
+            raise Unreadable(exc.errno, f"its /proc entries are refused: {exc.strerror}") from None
+        return _RACED if _exiting(_stat(task)) else total
+    except (FileNotFoundError, ProcessLookupError):
+        return _GONE
+
+
+def _threads(proc: int, pid: str) -> list[str]:
+    """The group's other threads, should its leader be on its way out (else none: its entries suffice)."""
+    try:
+        if not _exiting(_stat(proc)):
+            return []
+        tasks = os.open("task", _DIR, dir_fd=proc)
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+    try:
+        return [tid for tid in os.listdir(tasks) if tid != pid]
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+    finally:
+        os.close(tasks)
 
 
 def _stat(proc: int) -> bytes:
