@@ -598,7 +598,7 @@ def test_a_killed_service_once_restarted_leaves_nothing_behind():
         long_run.result(timeout=30)
     # its zygote and runs die by parent-death signals, not by anything the dead service does
     assert wait_for(lambda: not processes_with_uid_in(first, last), timeout=10)
-    svc.log.close()
+    svc.stop()  # (dead already: its log closed and removed)
     again = serving(data=data, NODEJS_PATH="/nonexistent/node").start()
     try:
         assert "built in" not in again.output()  # the same tree, found finished: not built again
