@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from pydantic_settings.exceptions import SettingsError as _SourceError
 
 from handler.tenancy import TenancyPolicy
-from runtimes.config import RuntimeConfig
+from runtimes.config import RuntimeConfig, runtime_config_of
 from runtimes.settings import RuntimeSettings, describe_invalid
 
 # dify-sandbox's config.yaml keys (dotted paths) -> our setting names
@@ -220,7 +220,7 @@ class Settings(RuntimeSettings):
 
     def runtime_config(self, python_layer: str = "", nodejs_layer: str = "") -> RuntimeConfig:
         """The runtimes of this service: the layers in use, MAX_WORKERS children kept ready."""
-        return self.to_runtime_config(python_layer=python_layer, nodejs_layer=nodejs_layer, workers=self.MAX_WORKERS)
+        return runtime_config_of(self, python_layer=python_layer, nodejs_layer=nodejs_layer, workers=self.MAX_WORKERS)
 
 
 def load_settings(**overrides: Any) -> Settings:

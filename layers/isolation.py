@@ -62,6 +62,7 @@ from urllib.parse import urlsplit
 
 from runtimes import linux, tree
 from runtimes.jail import landlock, namespaces
+from runtimes.jail.sweep import stat_fields
 
 log = logging.getLogger("sandlot.layers")
 
@@ -480,7 +481,7 @@ def _children() -> list[int]:
                     stat = f.read()
             except OSError:
                 continue
-            if int(stat[stat.rindex(b")") + 2 :].split()[1]) == me:
+            if int(stat_fields(stat)[1]) == me:
                 found.append(int(entry))
     return found
 

@@ -27,7 +27,6 @@ from runtimes.config import (
     default_data_dir,
     default_python,
     proxy_environment,
-    runtime_config_of,
 )
 from runtimes.environment import IMAGE_ROOT, function_runtime_config
 
@@ -161,27 +160,6 @@ class RuntimeSettings(BaseSettings):
     def proxies(self) -> dict[str, str]:
         """The proxy variables handed to user code, in both spellings tools read."""
         return proxy_environment(self)
-
-    def to_runtime_config(
-        self,
-        *,
-        python_layer: str = "",
-        nodejs_layer: str = "",
-        workers: int = 4,
-        data_dir: str | None = None,
-        one_run_at_a_time: bool = False,
-    ) -> RuntimeConfig:
-        """The one mapping to what the runtimes read (runtimes/config.py's runtime_config_of, which a runtime
-        function's light reading of these settings maps through too); the caller says what the settings cannot
-        (layers in use, children kept ready, one run at a time)."""
-        return runtime_config_of(
-            self,
-            python_layer=python_layer,
-            nodejs_layer=nodejs_layer,
-            workers=workers,
-            data_dir=data_dir,
-            one_run_at_a_time=one_run_at_a_time,
-        )
 
 
 class FunctionEnvironment(RuntimeSettings):

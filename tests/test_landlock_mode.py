@@ -32,6 +32,7 @@ from test_hostile import _cmdline
 from runtimes import linux
 from runtimes.jail import landlock, landlock_mode, modes, seccomp_policy
 from runtimes.jail.protections import Protections, in_child
+from runtimes.jail.sweep import stat_fields
 from runtimes.tree import DEVICES
 
 NOBODY = unprivileged.NOBODY
@@ -543,5 +544,4 @@ def test_the_service_and_its_zygotes_are_not_dumpable_and_no_run_opens_a_ready_c
 
 def _parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat", "rb") as f:
-        line = f.read()
-    return int(line[line.rindex(b")") + 2 :].split()[1])
+        return int(stat_fields(f.read())[1])

@@ -211,9 +211,15 @@ def _wait_exiting(targets: list[tuple[int, int]], timeout: float = 2.0) -> None:
         delay = min(delay * 2, 0.005)
 
 
-def _task_inert(stat: bytes) -> bool:
-    """From /proc/<pid>/task/<tid>/stat: a zombie or dead task, or one in do_exit()."""
-    fields = stat[stat.rindex(b")") + 2 :].split()  # after "pid (comm) ": state is field 3, flags field 9
+def stat_fields(stat: bytes) -> list[bytes]:
+    """/proc/<pid>/stat's fields after "pid (comm) " (the name may hold spaces and parentheses): state first
+    (field 3), flags at 6 (field 9), start time at 19 (field 22)."""
+    return stat[stat.rindex(b")") + 2 :].split()
+
+
+def task_inert(stat: bytes) -> bool:
+    """From /proc/<pid>/stat or /proc/<pid>/task/<tid>/stat: a zombie or dead task, or one in do_exit()."""
+    fields = stat_fields(stat)
     return fields[0] in (b"Z", b"X", b"x") or bool(int(fields[6]) & PF_EXITING)
 
 
@@ -234,7 +240,7 @@ def _all_exiting(pid: int) -> bool:
             continue
         finally:
             os.close(fd)
-        if not _task_inert(stat):
+        if not task_inert(stat):
             return False
     return True
 

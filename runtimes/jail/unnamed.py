@@ -31,6 +31,8 @@ import stat
 import time
 from collections.abc import Iterator
 
+from runtimes.jail.sweep import stat_fields, task_inert
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _ASK = 0xFFFFFFFF  # setfsuid(-1): changes nothing, answers the current one
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -48,22 +50,7 @@ def start_time(pid: int) -> int:
 
 
 def _start_of(line: bytes) -> int:
-    return int(_fields(line)[19])
-
-
-def _fields(line: bytes) -> list[bytes]:
-    """/proc/<pid>/stat's fields after the command's name (which may hold spaces and parentheses): state first."""
-    return line[line.rindex(b")") + 2 :].split()
-
-
-PF_EXITING = 0x4
-
-
-def _exiting(line: bytes) -> bool:
-    """Whether the process is on its way out: its memory may be gone already, and with it (the kernel then
-    shows its /proc entries as root's) the reader's access, though it was dumpable."""
-    fields = _fields(line)
-    return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & PF_EXITING)
+    return int(stat_fields(line)[19])
 
 
 @contextlib.contextmanager
@@ -149,15 +136,15 @@ def _read_whole(task: int, directory: str, uid: int, per_file: int) -> int | Non
     """What the thread's entries show, if it lived through the read; None if it was on its way out before,
     _RACED if it set out during it, _GONE if it is no more."""
     try:
-        if _exiting(_stat(task)):
+        if task_inert(_stat(task)):
             return None
         try:
             total = _held(task, directory, uid, per_file)
         except PermissionError as exc:
-            if _exiting(_stat(task)):
+            if task_inert(_stat(task)):
                 return _RACED  # its memory went, and with it the reader's access
             raise Unreadable(exc.errno, f"its /proc entries are refused: {exc.strerror}") from None
-        return _RACED if _exiting(_stat(task)) else total
+        return _RACED if task_inert(_stat(task)) else total
     except (FileNotFoundError, ProcessLookupError):
         return _GONE
 
@@ -165,7 +152,7 @@ def _read_whole(task: int, directory: str, uid: int, per_file: int) -> int | Non
 def _threads(proc: int, pid: str) -> list[str]:
     """The group's other threads, should its leader be on its way out (else none: its entries suffice)."""
     try:
-        if not _exiting(_stat(proc)):
+        if not task_inert(_stat(proc)):
             return []
         tasks = os.open("task", _DIR, dir_fd=proc)
     except (FileNotFoundError, ProcessLookupError):
