@@ -551,13 +551,19 @@ def _untraceable():
         import pyseccomp
     except (ImportError, RuntimeError):
         return None
+    from runtimes.jail.seccomp_policy import all_but
+
     flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     for name in UNTRACEABLE:
         flt.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+    # no socket past the egress rules: MPTCP (262), SCTP, UDP-Lite... are not TCP or UDP to Landlock or nft
+    for mask, value in all_but(set(SOCKET_PROTOCOLS), 1 << 32):
+        flt.add_rule(pyseccomp.ERRNO(errno.EPERM), "socket", pyseccomp.Arg(2, pyseccomp.MASKED_EQ, mask, value))
     return flt
 
 
 UNTRACEABLE = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp")
+SOCKET_PROTOCOLS = (0, 6, 17)  # a type's default, TCP, UDP
 
 
 def main(plan: str) -> None:

@@ -290,3 +290,54 @@ def test_ipc_objects_cannot_be_made(service):
         "print('mq_open', libc.syscall(240, b'/q', 0o100 | 2, 0o600, None), ctypes.get_errno())\n"
     )
     assert run(service, code)["stdout"] == "shmget -1 1\nsemget -1 1\nmsgget -1 1\nmq_open -1 1\n"
+
+
+SOCKETS = """
+import ctypes, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(name, family, kind, protocol):
+    try:
+        socket.socket(family, kind, protocol).close()
+        print(name, 'opened')
+    except OSError as e:
+        print(name, e.errno)
+attempt('tcp', socket.AF_INET, socket.SOCK_STREAM, 0)
+attempt('tcp6', socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+attempt('udp', socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP)
+attempt('mptcp', socket.AF_INET, socket.SOCK_STREAM, 262)
+attempt('mptcp6', socket.AF_INET6, socket.SOCK_STREAM, 262)
+attempt('sctp', socket.AF_INET, socket.SOCK_STREAM, 132)
+attempt('udplite', socket.AF_INET, socket.SOCK_DGRAM, 136)
+attempt('udp-as-stream', socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_UDP)
+for family in (socket.AF_INET, socket.AF_INET6):
+    try:
+        socket.socketpair(family, socket.SOCK_STREAM)
+        print('pair', family, 'opened')
+    except OSError as e:
+        print('pair', family, e.errno)
+socket.socketpair()
+print('unix pair opened')
+params = ctypes.create_string_buffer(120)  # io_uring_setup (425 on x86_64 and aarch64): its socket operations
+print('io_uring', libc.syscall(425, 8, params), ctypes.get_errno())
+"""
+SOCKETS_REFUSED = (
+    "mptcp 1\nmptcp6 1\nsctp 1\nudplite 1\nudp-as-stream 1\npair 2 1\npair 10 1\nunix pair opened\nio_uring -1 1\n"
+)
+# what plain TCP and UDP give, by what runs asking for network get in this mode (the health detail's "network")
+SOCKETS_PLAIN = {
+    "filtered": "tcp opened\ntcp6 opened\nudp opened\n",
+    "unfiltered": "tcp opened\ntcp6 opened\nudp opened\n",
+    "proxy": "tcp opened\ntcp6 opened\nudp 1\n",  # TCP to the proxy's port only, no UDP
+    "none": "tcp 1\ntcp6 1\nudp 1\n",
+}
+
+
+def sockets_seen(service) -> str:
+    network = service.detail()["runtimes"]["python3"]["protections"]["network"]
+    return SOCKETS_PLAIN[network] + SOCKETS_REFUSED
+
+
+def test_no_socket_but_plain_tcp_udp_and_unix_pairs(service):
+    """A run with network opens TCP and UDP sockets only: no MPTCP, SCTP or UDP-Lite (Landlock's TCP rules and
+    proxy egress do not see them), no socketpair but unix, no io_uring to open sockets past the filter."""
+    assert run(service, SOCKETS, enable_network=True)["stdout"] == sockets_seen(service)

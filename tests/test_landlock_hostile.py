@@ -34,6 +34,7 @@ APPLICABLE = [
     "test_zygote_environment_is_clean",
     "test_service_survives_a_burst_of_hostile_runs",
     "test_ipc_objects_cannot_be_made",
+    "test_no_socket_but_plain_tcp_udp_and_unix_pairs",
 ]
 for _name in APPLICABLE:
     globals()[_name] = getattr(test_hostile, _name)

@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import test_hostile
 import unprivileged
 from conftest import needs_root
 from netns import (
@@ -205,6 +206,11 @@ def _reaches_the_outside_only(world, service, language):
     assert time.monotonic() - started < 15  # refused at once, not left to time out
     expected = {a: hits_before[a] + (1 if a == PUBLIC else 0) for a in world.canaries}
     assert wait_for(lambda: {a: c.hits for a, c in world.canaries.items()} == expected)
+
+
+def test_no_socket_but_plain_tcp_udp_and_unix_pairs(jailed):
+    """The seccomp filter's socket rule in each mode with namespaces: TCP and UDP only, never MPTCP and others."""
+    assert run(jailed, test_hostile.SOCKETS, enable_network=True)["stdout"] == test_hostile.sockets_seen(jailed)
 
 
 @pytest.mark.parametrize("language", LANGUAGES)

@@ -91,6 +91,9 @@ ATTEMPTS = {
     "UDP over IPv6": "import socket\nsocket.socket(socket.AF_INET6, socket.SOCK_DGRAM)",
     "a unix socket": "import socket\nsocket.socket(socket.AF_UNIX, socket.SOCK_STREAM)",
     "a TCP listener": "import socket\ns = socket.socket()\ns.bind(('127.0.0.1', 18713))\ns.listen()",
+    # MPTCP: a stream socket Landlock's TCP port rules do not see
+    "MPTCP to another port": f"import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 262)\n"
+    f"s.settimeout(5)\ns.connect(('127.0.0.1', {OTHER_PORT}))",
 }
 
 
@@ -240,7 +243,7 @@ def test_the_chroot_jail_without_net_admin_uses_the_proxy_too(container):
     assert protections["mode"] == "chroot" and protections["network"] == "proxy"
     out = _attempt(container, "import urllib.request\nprint(urllib.request.urlopen('http://example.invalid/c').read())")
     assert "via proxy: GET http://example.invalid/c" in out
-    for name in ("another TCP port", "UDP (DNS)", "a unix socket"):
+    for name in ("another TCP port", "UDP (DNS)", "a unix socket", "MPTCP to another port"):
         out = _attempt(container, ATTEMPTS[name])
         assert "reached" not in out and "PermissionError" in out, (name, out)
     for language in ("python3", "nodejs"):

@@ -63,6 +63,8 @@ AF_INET6 = 10
 SOCK_STREAM = 1
 SOCK_DGRAM = 2
 SOCK_TYPE_MASK = 0xF  # the rest of socket()'s type argument is SOCK_NONBLOCK and SOCK_CLOEXEC
+IPPROTO_TCP = 6
+IPPROTO_UDP = 17
 
 # What any interpreter needs to run code that computes, reads its tree and
 # writes to its pipes and its own /tmp.
@@ -273,7 +275,9 @@ def all_but(excluded: set[int], below: int) -> tuple[tuple[int, int], ...]:
 # With network: a client's calls. No bind, listen or accept: nothing reaches a run from outside.
 NETWORK_SYSCALLS = ("connect",)
 NETWORK_FAMILIES = (AF_INET, AF_INET6)
-NETWORK_TYPES = (SOCK_STREAM, SOCK_DGRAM)
+# socket()'s protocol for each type: 0 (the type's default) or the type's own. Never another: MPTCP (262) is a
+# SOCK_STREAM socket that Landlock's TCP port rules do not see, UDP-Lite (136) a SOCK_DGRAM one, SCTP (132) either
+NETWORK_TYPES = {SOCK_STREAM: (0, IPPROTO_TCP), SOCK_DGRAM: (0, IPPROTO_UDP)}
 
 # Calls that name a process: a run may only name itself (0), so that "no such process"
 # and "not permitted" cannot tell it which pids exist. (argument index of the pid)
@@ -565,13 +569,15 @@ def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) 
         _allow(flt, name)
     if network:
         for family in NETWORK_FAMILIES:
-            for kind in NETWORK_TYPES:
-                _allow(
-                    flt,
-                    "socket",
-                    pyseccomp.Arg(0, pyseccomp.EQ, family),
-                    pyseccomp.Arg(1, pyseccomp.MASKED_EQ, SOCK_TYPE_MASK, kind),
-                )
+            for kind, protocols in NETWORK_TYPES.items():
+                for protocol in protocols:
+                    _allow(
+                        flt,
+                        "socket",
+                        pyseccomp.Arg(0, pyseccomp.EQ, family),
+                        pyseccomp.Arg(1, pyseccomp.MASKED_EQ, SOCK_TYPE_MASK, kind),
+                        pyseccomp.Arg(2, pyseccomp.MASKED_EQ, 0xFFFFFFFF, protocol),
+                    )
         for name in NETWORK_SYSCALLS:
             _allow(flt, name)
     if allow_exec:
