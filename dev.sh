@@ -21,7 +21,7 @@ setup() {  # setup [test]: "test" also brings what only the tests need (a browse
     if [ "$(id -u)" = 0 ]; then
         command -v nft >/dev/null || missing+=(nftables)  # egress rules for runs with network
         # without root (a service started as another uid, as the tests do): the runs' way out of their
-        # network namespace (runtimes/jail/userspace_net.py)
+        # network namespace (runtimes/linux/pasta.py)
         command -v pasta >/dev/null || missing+=(passt)
     fi
     if [ ${#missing[@]} -gt 0 ]; then

@@ -1,5 +1,5 @@
 """What a child of a warm zygote costs before it runs a line: CPU and page copies, with the interpreter's
-at-fork hooks as they are and made cheap (runtimes/jail/forkhooks.py).
+at-fork hooks as they are and made cheap (runtimes/jail/zygote/forkhooks.py).
 
     python bench/fork_cost.py [--layer DIR] [--forks 300]
 
@@ -22,9 +22,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = r"""
 import gc, importlib, os, resource, sys, time
 sys.path[:0] = [{root!r}] + ([{layer!r}] if {layer!r} else [])
-from runtimes import linux
-from runtimes.jail import namespaces
-from runtimes.jail.forkhooks import ForkHooks
+from runtimes.linux import syscalls as linux
+from runtimes.linux import namespaces
+from runtimes.jail.zygote.forkhooks import ForkHooks
 from runtimes.python import runner
 if {layer!r}:
     for name in runner.layer_modules({layer!r}):

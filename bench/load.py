@@ -203,7 +203,7 @@ def leftovers(below: list[int], of_block: list[int], uid_ranges: list[list[int]]
 
 
 def block_claimed(first_uid: int, lock_dir: str = "/run/sandlot") -> bool:
-    """Whether a live instance holds the uid block starting at first_uid (runtimes/jail/uids.py)."""
+    """Whether a live instance holds the uid block starting at first_uid (runtimes/jail/service/uids.py)."""
     try:
         fd = os.open(os.path.join(lock_dir, f"uids-{first_uid}.lock"), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:

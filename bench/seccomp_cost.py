@@ -3,7 +3,7 @@ pid fence stacked on it, as a run has them. Not run by CI.
 
     python bench/seccomp_cost.py [--calls 200000] [--compare OTHER_CHECKOUT]
 
---compare loads another checkout's runtimes/jail/seccomp_policy.py too (e.g. a `git archive`
+--compare loads another checkout's runtimes/jail/policy/seccomp.py too (e.g. a `git archive`
 of main), so that two versions are measured side by side on the same machine and moment.
 Before this change the root jail loaded the allow-list alone and the reduced jail both;
 now every run has both. Each row: nanoseconds per call, Python's own call included (best of 7 rounds), for getppid and
@@ -26,8 +26,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from runtimes.jail import seccomp_policy  # noqa: E402
-from runtimes.linux import set_no_new_privs  # noqa: E402
+from runtimes.jail.policy import seccomp as seccomp_policy  # noqa: E402
+from runtimes.linux.syscalls import set_no_new_privs  # noqa: E402
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long

@@ -4,7 +4,7 @@
     python docs/gen_reference.py --check   exit 1, naming the pages, when either is out of date
 
 The settings come from the settings models themselves (handler/settings.py: the service's, which include the
-runtimes' of runtimes/settings.py; runtimes/environment.py: a Lambda runtime function's), each field with its
+runtimes' of runtimes/settings.py; runtimes/function/environment.py: a Lambda runtime function's), each field with its
 type, default, description and who reads it; the help from `sandlot`'s own argument parser.
 tests/test_docs.py fails when a page and what this renders differ.
 """
@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 
 from handler.settings import Settings  # noqa: E402
 from handler.settings_report import ordered_fields, plain  # noqa: E402
-from runtimes.environment import FunctionEnvironment  # noqa: E402
+from runtimes.function.environment import FunctionEnvironment  # noqa: E402
 from runtimes.settings import RuntimeSettings  # noqa: E402
 
 CONFIGURATION = ROOT / "docs" / "configuration.md"
@@ -144,8 +144,8 @@ def settings_reference() -> str:
     lines += [
         "### Settings of a Lambda runtime function",
         "",
-        "A runtime function's own, besides the runtimes' settings (`runtimes/environment.py`); `template.yaml` sets",
-        "its environment.",
+        "A runtime function's own, besides the runtimes' settings (`runtimes/function/environment.py`);",
+        "`template.yaml` sets its environment.",
         "",
     ]
     for name, info in function_own:

@@ -110,7 +110,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from handler import logs
     from handler.metrics import Metrics, start_separate_listener
-    from runtimes import linux
+    from runtimes.linux import syscalls
 
     overrides = {}
     if args.port is not None:
@@ -122,7 +122,7 @@ def serve(args: argparse.Namespace) -> int:
     if not settings.API_KEY:
         settings.API_KEY = secrets.token_urlsafe(32)
         print(f"sandlot: API_KEY is not set; this run's key is {settings.API_KEY}", file=sys.stderr, flush=True)
-    linux.set_dumpable(False)  # our /proc entries (environment, memory) belong to root from here on
+    syscalls.set_dumpable(False)  # our /proc entries (environment, memory) belong to root from here on
     layers = None
     refused: dict[str, str] = {}
     if settings.SANDLOT_BACKEND == "local":  # the lambda backend's layers are baked into the functions' images
@@ -247,10 +247,10 @@ def run_file(args: argparse.Namespace) -> int:
 def _run_locally(request: dict) -> dict:
     """The run through this machine's runtimes, in this process: the service's run path, jail and result."""
     from handler import run_path
-    from runtimes import linux
+    from runtimes.linux import syscalls
 
     settings = load_settings()
-    linux.set_dumpable(False)
+    syscalls.set_dumpable(False)
     with _captured_output() as machinery:  # layer builds and runtime logs stay out of the run's streams
         reply = asyncio.run(run_path.run(request, settings.ENABLE_NETWORK, lambda body: _invoke_once(settings, body)))
         if reply.body["code"] == -500:

@@ -6,7 +6,7 @@ serve` is pid 1, and every process whose parent dies becomes its child. When a
 zygote dies with runs still alive (killed, or out of memory), the kernel ends
 them (their parent-death signal) and hands them to pid 1; the service waits
 only for the processes it started, so they would stay zombies for the
-container's life. The sweep of a run's uid (runtimes/jail/sweep.py) also
+container's life. The sweep of a run's uid (runtimes/jail/service/sweep.py) also
 counts on orphans going to an init, never to the service.
 
 So `sandlot serve` as pid 1 forks first (`front`): the child goes on as the

@@ -206,8 +206,8 @@ class Settings(RuntimeSettings):
     @property
     def build_uid(self) -> int:
         """SANDLOT_BUILD_UID, else the uid below the run blocks, or where that is not mapped (a container with a
-        user namespace of its own) an id of the namespace's map that no user or group has (runtimes/idmap.py)."""
-        from runtimes.idmap import build_uid
+        user namespace of its own) an id of the namespace's map that no user or group has (runtimes/linux/idmap.py)."""
+        from runtimes.linux.idmap import build_uid
 
         return self.SANDLOT_BUILD_UID or build_uid(self.SANDLOT_UID_BASE)
 

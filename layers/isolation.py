@@ -33,7 +33,7 @@ metadata address, private range or address of the host) while it runs, with the
 package index or mirror, its file host and the configured proxies excepted
 (builds_egress). Without root, as the runs: the build's user namespace has a
 network namespace of its own holding the same rules (nft inside it, the host's
-addresses refused by name), out through pasta (runtimes/jail/userspace_net.py),
+addresses refused by name), out through pasta (runtimes/linux/pasta.py),
 the index, mirror and proxies excepted; pasta ends with the build. Where that
 cannot be had the build shares the host's network, and the log says so.
 
@@ -60,9 +60,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
-from runtimes import linux, tree
-from runtimes.jail import landlock, namespaces
-from runtimes.jail.sweep import stat_fields
+from runtimes.jail.service.sweep import stat_fields
+from runtimes.linux import landlock, namespaces, rootfs, syscalls
 
 log = logging.getLogger("sandlot.layers")
 
@@ -114,10 +113,10 @@ def run(
 
 @contextmanager
 def builds_egress(uid: int, reaches: tuple[str, ...]) -> Iterator[None]:
-    """As root, the build uid's sockets get the runs' egress rules (runtimes/jail/egress.py: no loopback, no
+    """As root, the build uid's sockets get the runs' egress rules (runtimes/linux/egress.py: no loopback, no
     metadata address, no private range, no address of the host) while the build runs, the package index,
     mirror and proxies excepted. Where nft cannot install them the log says so and the build goes on."""
-    from runtimes.jail.egress import EgressFilter
+    from runtimes.linux.egress import EgressFilter
 
     rules = EgressFilter(uid, uid, proxies=tuple(url for url in reaches if url))
     if not rules.install():
@@ -193,9 +192,9 @@ def _confined(
             _confining(sys.executable, _plain_plan(argv, workdir, env)), dict(os.environ), "/", on_output
         )
     interpreter = sys.executable
-    spec = tree.TreeSpec(tmp_replaced=False)  # the build's /tmp is mounted first, under the binds
-    spec.add(*readable, *BUILD_FILES, *tree.SYSTEM_FILES)
-    spec.add(*tree.shared_libraries([os.path.realpath(interpreter), *readable_elves(readable)]))
+    spec = rootfs.TreeSpec(tmp_replaced=False)  # the build's /tmp is mounted first, under the binds
+    spec.add(*readable, *BUILD_FILES, *rootfs.SYSTEM_FILES)
+    spec.add(*rootfs.shared_libraries([os.path.realpath(interpreter), *readable_elves(readable)]))
     plan = {
         "spec": spec.to_dict(),
         "workdir": workdir,
@@ -229,12 +228,12 @@ def _confined(
 
 
 def _namespace_network(reaches: tuple[str, ...]):
-    """Without root: the build's network namespace with the runs' rules (runtimes/jail/userspace_net.py), out
+    """Without root: the build's network namespace with the runs' rules (runtimes/linux/pasta.py), out
     through pasta, the index and proxies excepted; None where that cannot be had (the build then shares the
     host's network, and the log says so)."""
-    from runtimes.jail.egress import proxy_endpoints
-    from runtimes.jail.protections import platform_protections
-    from runtimes.jail.userspace_net import NamespaceNetwork
+    from runtimes.linux.egress import proxy_endpoints
+    from runtimes.linux.pasta import NamespaceNetwork
+    from runtimes.linux.protections import platform_protections
 
     record = platform_protections()
     pasta = shutil.which("pasta")
@@ -252,7 +251,7 @@ _pastas: list[subprocess.Popen] = []
 def _give_way_out(network, control: socket.socket) -> None:
     """The build's namespaces (sent by its first process) get pasta; the build goes on once pasta is ready.
     pasta ends with the build (stop_pasta, after the build) or with the service (its parent-death signal)."""
-    from runtimes.jail.userspace_net import _die_with_parent
+    from runtimes.linux.pasta import _die_with_parent
 
     control.settimeout(NETNS_TIMEOUT)
     try:
@@ -297,7 +296,7 @@ def _check_uid(uid: int) -> None:
 
 def _no_tree_here() -> str:
     """Why a build cannot have a tree (and PID namespace) of its own here ("" where it can)."""
-    from runtimes.jail.protections import platform_protections
+    from runtimes.linux.protections import platform_protections
 
     record = platform_protections()
     if record.mount_namespaces and record.pid_namespaces and (os.geteuid() == 0 or record.user_namespaces):
@@ -341,7 +340,7 @@ def readable_elves(paths: list[str]) -> list[str]:
     found = []
     for path in paths:
         if os.path.isdir(path) and path.rstrip("/").endswith("lib-dynload"):
-            found += tree.elf_files_under(path)
+            found += rootfs.elf_files_under(path)
         elif os.path.isfile(path) and os.access(path, os.X_OK):
             found.append(path)
     return found
@@ -394,13 +393,13 @@ def _run_and_echo(
 
 
 def _confine_and_exec(plan: dict) -> None:
-    linux.set_parent_death_signal(signal.SIGKILL)  # the service gone, the build goes too
+    syscalls.set_parent_death_signal(signal.SIGKILL)  # the service gone, the build goes too
     workdir, uid, gid = plan["workdir"], plan["uid"], plan["gid"]
     if not plan["root"]:  # no namespace to be had
         filter_ = _untraceable()
         if plan.get("reap"):
             # As root: every orphan of the build comes to this process, which outlives it, and is ended with it
-            linux.prctl(PR_SET_CHILD_SUBREAPER, 1)
+            syscalls.prctl(PR_SET_CHILD_SUBREAPER, 1)
             build = os.fork()
             if build:
                 status = _wait_for(build)
@@ -413,19 +412,19 @@ def _confine_and_exec(plan: dict) -> None:
     if plan["user_namespace"]:
         proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         netns = plan.get("netns_socket", -1) >= 0
-        linux.unshare(linux.CLONE_NEWUSER | linux.CLONE_NEWPID | (linux.CLONE_NEWNET if netns else 0))
+        syscalls.unshare(syscalls.CLONE_NEWUSER | syscalls.CLONE_NEWPID | (syscalls.CLONE_NEWNET if netns else 0))
         namespaces.map_own_ids(proc, uid, gid)
         if netns:
             _join_network(plan, proc)
         os.close(proc)
     else:
-        linux.unshare(linux.CLONE_NEWPID)
+        syscalls.unshare(syscalls.CLONE_NEWPID)
     first = os.fork()  # pid 1 of the build's namespace: when it exits, the kernel kills the rest
     if first:
         os._exit(_exit_code(_wait_for(first)))
-    linux.set_parent_death_signal(signal.SIGKILL)
+    syscalls.set_parent_death_signal(signal.SIGKILL)
     filter_ = _untraceable()
-    tree.build_and_enter(plan["spec"], plan["root"], writable=(workdir,), tmp_options="size=2g,mode=1777")
+    rootfs.build_and_enter(plan["spec"], plan["root"], writable=(workdir,), tmp_options="size=2g,mode=1777")
     _drop(uid, gid, in_user_namespace=plan["user_namespace"])
     _restrict((workdir, "/tmp"), filter_)
     build = os.fork()
@@ -441,7 +440,7 @@ def _confine_and_exec(plan: dict) -> None:
 def _join_network(plan: dict, proc: int) -> None:
     """In the build's new network namespace: the runs' egress rules, then pasta from the service (which needs
     the namespaces' fds: this process is not dumpable, its /proc/<pid>/ns closed to it)."""
-    from runtimes.jail import nftables
+    from runtimes.linux import nftables
 
     nftables.run(plan["netns_ruleset"])
     control = socket.socket(fileno=plan["netns_socket"])
@@ -520,8 +519,8 @@ def _drop(uid: int, gid: int, in_user_namespace: bool) -> None:
             os.setgroups([])
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
-    linux.set_parent_death_signal(signal.SIGKILL)
-    linux.set_no_new_privs()
+    syscalls.set_parent_death_signal(signal.SIGKILL)
+    syscalls.set_no_new_privs()
 
 
 def _restrict(writable: tuple[str, ...], filter_) -> None:
@@ -532,7 +531,7 @@ def _restrict(writable: tuple[str, ...], filter_) -> None:
     except OSError:
         abi = 0
     if abi:
-        devices = tuple(d for d in tree.DEVICES if os.path.exists(d))
+        devices = tuple(d for d in rootfs.DEVICES if os.path.exists(d))
         landlock.restrict(abi, tuple(p for p in writable if os.path.isdir(p)), devices)
     else:
         sys.stderr.write("sandlot: no Landlock here: the build's writes are bounded by its uid and tree alone\n")
@@ -551,7 +550,7 @@ def _untraceable():
         import pyseccomp
     except (ImportError, RuntimeError):
         return None
-    from runtimes.jail.seccomp_policy import all_but
+    from runtimes.jail.policy.seccomp import all_but
 
     flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     for name in UNTRACEABLE:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from layers import isolation
 from layers.store import LayerBuildError, what_went_wrong
-from runtimes import tree
+from runtimes.linux import rootfs
 
 DEFAULT_PACKAGE = Path(__file__).parent / "nodejs" / "package.json"
 DEFAULT_REGISTRY = "https://registry.npmjs.org/"
@@ -57,9 +57,9 @@ def build(
     reaches = isolation.reached([registry, *configured, *isolation.proxies(env)])
     result = isolation.run(argv, str(scratch), readable, env, build_uid, on_output, reaches=reaches)
     # npm runs on node three times a build, reading some 80 MB of the binary: in the chroot jail on a container's
-    # overlayfs runs exec the tree's copy of node (runtimes/trees.py), so those pages, charged to the container,
+    # overlayfs runs exec the tree's copy of node (jail/trees/store.py), so those pages, charged to the container,
     # would only be read again by the next build; elsewhere the ready children map what runs use of it, which stays
-    tree.forget_cached_pages(node)
+    rootfs.forget_cached_pages(node)
     if result.returncode != 0:
         raise LayerBuildError(f"npm failed with code {result.returncode}: {what_went_wrong(result.stdout)}")
     (scratch / "node_modules").mkdir(exist_ok=True)

@@ -11,7 +11,7 @@ Several instances may share a data directory: each holds a shared flock on every
 layer it uses, from the moment it starts building it (the scratch directory is
 locked before the build and renamed into place with the lock held), and a layer,
 finished or not, is removed only when an exclusive lock can be had, that is when
-no instance uses or builds it any more (runtimes/dirlock.py).
+no instance uses or builds it any more (runtimes/linux/dirlock.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from runtimes.dirlock import TRASH, lock_shared, remove_if_unlocked
+from runtimes.linux.dirlock import TRASH, lock_shared, remove_if_unlocked
 
 log = logging.getLogger("sandlot.layers")
 

@@ -59,7 +59,7 @@ class RuntimeConfig:
     extra_syscalls: tuple[int, ...] = ()
     jail: str = "auto"  # auto, or a mode's name: see runtimes/jail/modes.py
     # One run at a time and nothing of it left before the next (a Lambda instance, `sandlot run --local`):
-    # the serial schedule (runtimes/jail/serial.py); a platform without a uid or namespaces per run may
+    # the serial schedule (runtimes/jail/service/serial.py); a platform without a uid or namespaces per run may
     # serve then, and only then.
     one_run_at_a_time: bool = False
     uid_base: int = 1_500_000_000
@@ -68,10 +68,11 @@ class RuntimeConfig:
     zygote_max_age: float = 300.0  # seconds; 0: replaced by forks only
     run_env: dict[str, str] = field(default_factory=dict)  # proxies handed to user code
     egress_allow: tuple[str, ...] = ()  # networks runs may reach although private
-    pasta: str = "pasta"  # userns without root: the runs' way out (runtimes/jail/userspace_net.py); "": none
-    # runs asking for network where egress cannot be filtered: no-network | allow | refuse (jail/run_network.py)
+    pasta: str = "pasta"  # userns without root: the runs' way out (runtimes/linux/pasta.py); "": none
+    # runs asking for network where egress cannot be filtered: no-network | allow | refuse
+    # (jail/policy/network_access.py)
     unfiltered_egress: str = "no-network"
-    # where egress cannot be filtered and a proxy is configured: runs reach only its port (jail/proxy_egress.py)
+    # where egress cannot be filtered and a proxy is configured: runs reach only its port (jail/policy/proxy_egress.py)
     proxy_egress: str = "auto"
 
     def environment(self) -> dict[str, str]:
@@ -89,7 +90,7 @@ class RuntimeConfig:
 
 def proxy_environment(settings) -> dict[str, str]:
     """The proxy variables handed to user code, in both spellings tools read (settings: the runtimes' settings,
-    runtimes/settings.py's model or a runtime function's light reading of them, runtimes/environment.py)."""
+    runtimes/settings.py's model or a runtime function's light reading of them, runtimes/function/environment.py)."""
     found = {}
     for name, value in (("HTTP_PROXY", settings.HTTP_PROXY), ("HTTPS_PROXY", settings.HTTPS_PROXY)):
         if value:

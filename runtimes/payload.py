@@ -5,7 +5,7 @@ LambdaInvoker sends as a runtime function's payload and gets back, what a direct
 invoke of the API function carries. On the wire a result is dify-sandbox's dict
 (stdout, stderr, error, exit_code) plus duration, truncated and outcome; in code
 it is a RunResult, whose outcome is decided once, where the result is built (the
-jail, runtimes/jail/outcome.py), and only read everywhere else (metrics, logs,
+jail, runtimes/jail/service/outcome.py), and only read everywhere else (metrics, logs,
 the CLI). This module imports nothing of the jail, so the API function (a zip on
 Lambda, no libseccomp there) can use it.
 

@@ -1,7 +1,7 @@
 """The runtimes' settings: one definition for the service and the runtime functions.
 
 The HTTP service (handler/settings.py) and a Lambda runtime function
-(runtimes/environment.py, which reads them without this model on its cold path,
+(runtimes/function/environment.py, which reads them without this model on its cold path,
 FunctionEnvironment below being its declaration and its full check) run the
 same runtimes, so what the runtimes are told (limits, network, seccomp, jail
 mode, egress, zygote life) is declared once here, with dify-sandbox's names
@@ -28,7 +28,7 @@ from runtimes.config import (
     default_python,
     proxy_environment,
 )
-from runtimes.environment import IMAGE_ROOT, function_runtime_config
+from runtimes.function.environment import IMAGE_ROOT, function_runtime_config
 
 
 def describe_invalid(exc: ValidationError) -> str:
@@ -136,7 +136,7 @@ class RuntimeSettings(BaseSettings):
     @classmethod
     def _syscalls_stay_closed(cls, value: list[int]) -> list[int]:
         if value:  # imported only then: pyseccomp loads libseccomp
-            from runtimes.jail.seccomp_policy import check_extra_syscalls
+            from runtimes.jail.policy.seccomp import check_extra_syscalls
 
             check_extra_syscalls(value)
         return value
@@ -148,7 +148,7 @@ class RuntimeSettings(BaseSettings):
     @model_validator(mode="after")
     def _data_dir_outlives_runs(self) -> RuntimeSettings:
         if self.keeps_layers() and self.SANDLOT_DATA_DIR:
-            from runtimes.tree import under_tmp
+            from runtimes.linux.rootfs import under_tmp
 
             if under_tmp(self.SANDLOT_DATA_DIR):
                 raise ValueError(
@@ -165,7 +165,7 @@ class RuntimeSettings(BaseSettings):
 class FunctionEnvironment(RuntimeSettings):
     """A runtime function's settings (its environment: template.yaml sets it), the declaration and the full check.
 
-    What a function's init reads is runtimes/environment.py's light reading of the same names (no pydantic on
+    What a function's init reads is runtimes/function/environment.py's light reading of the same names (no pydantic on
     the cold path); it hands every value it cannot vouch for to this model, whose error is the operator's."""
 
     SANDLOT_DATA_DIR: str = ""  # "" = a directory of its own under the temp dir (the only writable place)

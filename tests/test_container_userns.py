@@ -6,7 +6,7 @@ ids (root, and 65,535 more far from the host's), and in it tests/outer_filter.py
 of its own, as a container runtime does. SANDLOT_UID_BASE (1.5e9) and the uid below it are not
 mapped there: setresuid and chown refuse them with EINVAL, and the service used to exit at start with a
 traceback from the layer build's `os.chown(workdir, uid, uid)`. The uid block and the build uid now come
-from the namespace's own map (runtimes/jail/uids.py).
+from the namespace's own map (runtimes/jail/service/uids.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 from conftest import needs_root
 from service import Service, standin
 
-from runtimes.jail import uids
+from runtimes.jail.service import uids
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAP = "0:0:1,1:100001:65535"  # 65,536 ids, as `--uidmap 0:100000:65536` gives, root kept for the host's files

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from layers.store import LayerStore
-from runtimes import dirlock
+from runtimes.linux import dirlock
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """What the zygote prepares once so that each child does less: the at-fork hooks made cheap
-(runtimes/jail/forkhooks.py), the fixed part of the Landlock domain (landlock.Prepared), and the
+(runtimes/jail/zygote/forkhooks.py), the fixed part of the Landlock domain (landlock.Prepared), and the
 exit of a run that started no thread. Each must leave a run exactly as it was."""
 
 import os
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from runtimes.jail import landlock
+from runtimes.linux import landlock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,7 +29,7 @@ def test_the_hooks_are_cheap_in_the_zygote_and_the_modules_own_again_in_each_chi
     done = python(
         """
         import logging, os, threading
-        from runtimes.jail.forkhooks import ForkHooks
+        from runtimes.jail.zygote.forkhooks import ForkHooks
         def codes():
             return threading._after_fork.__code__, logging._after_at_fork_child_reinit_locks.__code__
         own = codes()
@@ -60,7 +60,7 @@ def test_nothing_is_swapped_while_another_thread_lives():
     done = python(
         """
         import threading, time
-        from runtimes.jail.forkhooks import ForkHooks
+        from runtimes.jail.zygote.forkhooks import ForkHooks
         own = threading._after_fork.__code__
         stop = threading.Event()
         threading.Thread(target=stop.wait).start()
@@ -88,8 +88,8 @@ def test_a_prepared_domain_allows_what_restrict_allows_in_every_child(abi, tmp_p
     done = python(
         f"""
         import os
-        from runtimes import linux
-        from runtimes.jail import landlock
+        from runtimes.linux import syscalls as linux
+        from runtimes.linux import landlock
         prepared = landlock.Prepared({abi}, ("/dev/null",))
         for _ in range(3):
             pid = os.fork()
@@ -138,8 +138,8 @@ def test_the_unshare_way_gives_each_child_namespaces_of_its_own_and_the_zygote_k
     done = python(
         """
         import os, socket
-        from runtimes import linux
-        from runtimes.jail.namespaces import Forker
+        from runtimes.linux import syscalls as linux
+        from runtimes.linux.namespaces import Forker
         forker = Forker(linux.CLONE_NEWPID | linux.CLONE_NEWNS | linux.CLONE_NEWUTS | linux.CLONE_NEWIPC)
         print(forker._own_pid_namespace >= 0)  # the unshare way, not the raw clone
         own = {kind: os.stat(f"/proc/self/ns/{kind}").st_ino for kind in ("pid", "mnt", "uts", "ipc")}
@@ -172,7 +172,7 @@ def _collapse_probe() -> subprocess.CompletedProcess:
     return python(
         """
         import mmap, os
-        from runtimes.jail import warmheap
+        from runtimes.jail.zygote import warmheap
         maps = warmheap.Maps()
         area = mmap.mmap(-1, 8 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         area.write(bytes(range(256)) * (len(area) // 256))
@@ -211,7 +211,7 @@ def test_the_zygote_reports_its_huge_pages_and_runs_are_unchanged(service):
 def test_the_pages_malloc_only_holds_freed_memory_in_go_back_to_the_kernel():
     done = python(
         """
-        from runtimes import linux
+        from runtimes.linux import syscalls as linux
         def rss():
             return int(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("RssAnon")))
         chunks = [bytearray(1000) for _ in range(40000)]  # malloc's heap (too big for the interpreter's own)

@@ -245,7 +245,7 @@ def test_runs_get_different_uids(service):
 
 @needs_root
 def test_zygote_environment_is_clean(service):
-    zygotes = [p for p in descendants(service.process.pid) if b"runtimes.jail.zygote" in _cmdline(p)]
+    zygotes = [p for p in descendants(service.process.pid) if b"runtimes.jail.zygote.loop" in _cmdline(p)]
     assert zygotes
     for pid in zygotes:
         with open(f"/proc/{pid}/environ", "rb") as f:

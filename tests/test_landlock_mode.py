@@ -1,4 +1,5 @@
-"""The `landlock` jail: runs share the service's uid, each in a Landlock domain of its own (jail/landlock_mode.py).
+"""The `landlock` jail: runs share the service's uid, each in a Landlock domain of its own
+(jail/policy/landlock_mode.py).
 
 Two levels. The domain itself, in a forked process of the service's uid (nobody) confined as a child of that
 mode is: every reach of issue 30's list (the data dir and its keys, a layer's build directory, another run's
@@ -29,11 +30,13 @@ from service import OUTER_FILTER, Service, descendants
 from test_container import HELD_UNNAMED
 from test_hostile import _cmdline
 
-from runtimes import linux
-from runtimes.jail import landlock, landlock_mode, modes, seccomp_policy
-from runtimes.jail.protections import Protections, in_child
-from runtimes.jail.sweep import stat_fields
-from runtimes.tree import DEVICES
+from runtimes.jail import modes
+from runtimes.jail.policy import landlock_mode
+from runtimes.jail.policy import seccomp as seccomp_policy
+from runtimes.jail.service.sweep import stat_fields
+from runtimes.linux import landlock, syscalls
+from runtimes.linux.protections import Protections, in_child
+from runtimes.linux.rootfs import DEVICES
 
 NOBODY = unprivileged.NOBODY
 KERNEL_ABI = 0
@@ -203,7 +206,7 @@ def _confined_attempt(places: dict, name: str, abi: int, landlock_rules: bool, s
         os.setgroups([])
         os.setresgid(NOBODY, NOBODY, NOBODY)
         os.setresuid(NOBODY, NOBODY, NOBODY)
-        linux.set_no_new_privs()
+        syscalls.set_no_new_privs()
         if landlock_rules:
             landlock.Prepared(abi, DEVICES, readable).restrict(writable)
         if seccomp_rules:
@@ -277,7 +280,7 @@ def test_a_run_still_uses_its_own_directory_and_the_layer(places):
         os.setgroups([])
         os.setresgid(NOBODY, NOBODY, NOBODY)
         os.setresuid(NOBODY, NOBODY, NOBODY)
-        linux.set_no_new_privs()
+        syscalls.set_no_new_privs()
         landlock.Prepared(KERNEL_ABI, DEVICES, (os.path.dirname(places["layer"]),)).restrict(
             (os.path.dirname(places["own_run"]),)
         )
@@ -524,7 +527,9 @@ def test_the_service_and_its_zygotes_are_not_dumpable_and_no_run_opens_a_ready_c
     descriptor table for files held after their names went, unnamed.py): what closes it to a run is its
     Landlock domain (and the run's, which has no /proc at all), asserted here from a run."""
     processes = [pod.process.pid, *descendants(pod.process.pid)]
-    zygotes = [pid for pid in processes if b"runtimes.jail.zygote" in _cmdline(pid) and _parent(pid) == pod.process.pid]
+    zygotes = [
+        pid for pid in processes if b"runtimes.jail.zygote.loop" in _cmdline(pid) and _parent(pid) == pod.process.pid
+    ]
     children = [pid for pid in processes if _parent(pid) in zygotes]
     assert len(zygotes) >= 2 and len(children) >= 2, [_cmdline(pid) for pid in processes]
     for pid in [pod.process.pid, *zygotes]:

@@ -159,7 +159,7 @@ def test_a_failed_layer_build_is_counted(narrow):
 )
 def test_the_outcome_is_decided_where_the_result_is_built(ended, outcome):
     """The jail's own accounting first (timeout, cap, SIGSYS), then what only the interpreter can say."""
-    from runtimes.jail.outcome import Outcome
+    from runtimes.jail.service.outcome import Outcome
 
     fields = {"stdout": b"", "stderr": b"", "signaled": False, "timed_out": False, "truncated": False, **ended}
     result = Outcome(duration=0.01, **fields).to_result()

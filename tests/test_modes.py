@@ -13,7 +13,7 @@ import unprivileged
 from service import wait_for
 
 from runtimes.jail import modes
-from runtimes.jail.protections import Protections
+from runtimes.linux.protections import Protections
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -170,7 +170,7 @@ WITH_TUN = dataclasses.replace(NOBODY, netns_egress=True)
 )
 def test_network_without_root_is_served_only_where_pasta_can_work(record, pasta, refused):
     """Runs with network without root: served through pasta, or refused with the reason, never unfiltered."""
-    from runtimes.jail.userspace_net import plan
+    from runtimes.linux.pasta import plan
 
     network = plan(record, pasta, (), ())
     assert network.in_force is (not refused)

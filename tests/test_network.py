@@ -8,7 +8,7 @@ jail's doing, not a missing route.
 
 Modes: root's full jail and `SANDLOT_JAIL=reduced` as root (nft on the host, by the runs' uids),
 and the whole service as an unprivileged uid (each zygote's own network namespace, egress through
-pasta, nft inside it: runtimes/jail/userspace_net.py).
+pasta, nft inside it: runtimes/linux/pasta.py).
 """
 
 import os
@@ -555,7 +555,7 @@ def _is_python_zygote(pid: int, service_pid: int) -> bool:
             argv = f.read()
     except OSError:
         return False
-    return b"runtimes.jail.zygote" in argv and b"runtimes.python.runner" in argv
+    return b"runtimes.jail.zygote.loop" in argv and b"runtimes.python.runner" in argv
 
 
 NO_NETWORK_SAYS = {

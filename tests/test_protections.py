@@ -11,7 +11,7 @@ from conftest import needs_root
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-PROBE = "import json; from runtimes.jail.protections import probe; print(json.dumps(probe().to_dict()))"
+PROBE = "import json; from runtimes.linux.protections import probe; print(json.dumps(probe().to_dict()))"
 
 
 def probe_under(*restrictions: str) -> dict:
@@ -28,7 +28,7 @@ def probe_under(*restrictions: str) -> dict:
 
 
 def test_the_machine_itself_offers_seccomp_and_limits():
-    from runtimes.jail.protections import probe
+    from runtimes.linux.protections import probe
 
     record = probe()
     assert record.seccomp and record.no_new_privs and record.rlimits and record.pdeathsig, record.errors
@@ -65,7 +65,7 @@ def test_an_unprivileged_uid_cannot_change_identity_or_chroot(uid, tmp_path):
         pytest.skip("needs /usr/bin/python3.11 for an unprivileged interpreter")
     code = (
         f"import sys; sys.path.insert(0, {unprivileged.source()!r}); "
-        "import json; from runtimes.jail import protections as p; "
+        "import json; from runtimes.linux import protections as p; "
         "p._PROBES.pop('seccomp'); "  # pyseccomp lives in a venv this uid cannot read
         "r = {n: p.in_child(f) for n, f in p._PROBES.items()}; print(json.dumps(r))"
     )
@@ -86,7 +86,7 @@ def test_an_unprivileged_uid_cannot_change_identity_or_chroot(uid, tmp_path):
 
 @needs_root
 def test_root_on_a_host_can_install_egress_rules_and_make_device_nodes():
-    from runtimes.jail.protections import probe
+    from runtimes.linux.protections import probe
 
     record = probe()
     assert record.mknod, record.errors.get("mknod")

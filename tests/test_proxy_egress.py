@@ -1,4 +1,5 @@
-"""Runs with network through the operator's proxy where egress cannot be filtered (runtimes/jail/proxy_egress.py).
+"""Runs with network through the operator's proxy where egress cannot be filtered
+(runtimes/jail/policy/proxy_egress.py).
 
 A proxy stand-in on loopback (port 18711 of this room's range) and another TCP service beside it (18712). The
 service runs as nobody under the restricted pod's stand-in (the landlock jail: no rule can filter its runs'
@@ -21,8 +22,8 @@ import unprivileged
 from service import DOCKER_DEFAULT, Service, standin
 from test_landlock_mode import KERNEL_ABI, RESTRICTED_POD
 
-from runtimes import tree
-from runtimes.jail import proxy_egress
+from runtimes.jail.policy import proxy_egress
+from runtimes.linux import rootfs
 
 PROXY_PORT = 18711
 OTHER_PORT = 18712
@@ -249,6 +250,6 @@ def test_the_chroot_jail_without_net_admin_uses_the_proxy_too(container):
     for language in ("python3", "nodejs"):
         envelope = container.run(OWN_ADDRESS[language], language=language, enable_network=True)
         assert envelope["data"]["stdout"] == OWN_ADDRESS_REFUSED[language], envelope
-    assert _attempt(container, RESOLV_CONF) == f"{tree.NO_RESOLVER!r}\nreached\n"  # the tree's own, no resolver
+    assert _attempt(container, RESOLV_CONF) == f"{rootfs.NO_RESOLVER!r}\nreached\n"  # the tree's own, no resolver
     envelope = container.run(NODE_THROUGH_PROXY, language="nodejs", enable_network=True)
     assert "via proxy: GET http://example.invalid/n" in envelope["data"]["stdout"], envelope

@@ -1,5 +1,5 @@
 """Runs asking for network where egress cannot be filtered: none unless the operator says otherwise, and
-socket calls that say why (SANDLOT_UNFILTERED_EGRESS, runtimes/jail/run_network.py).
+socket calls that say why (SANDLOT_UNFILTERED_EGRESS, runtimes/jail/network_access.py).
 
 The messages are checked here without the filter (it is what refuses the calls; the runner's hook and the
 wrapper's patches only word the refusal), so nothing here reaches for the network: each call fails before
@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from runtimes.jail import run_network
+from runtimes.jail.policy import network_access
 from runtimes.nodejs.runtime import WRAPPER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,27 +25,27 @@ WHY = "egress rules by uid need CAP_NET_ADMIN"
 
 
 def test_where_egress_can_be_filtered_the_setting_changes_nothing():
-    for setting in run_network.CHOICES:
-        assert run_network.decide(True, "", setting).kind == run_network.FILTERED
+    for setting in network_access.CHOICES:
+        assert network_access.decide(True, "", setting).kind == network_access.FILTERED
 
 
 def test_otherwise_runs_get_no_network_unless_the_operator_chooses():
-    none = run_network.decide(False, WHY, "no-network")
+    none = network_access.decide(False, WHY, "no-network")
     assert none.kind == "none" and WHY in none.message and "SANDLOT_UNFILTERED_EGRESS" in none.message
     assert none.health() == {"network": "none", "network_reason": WHY}
-    allowed = run_network.decide(False, WHY, "allow")
+    allowed = network_access.decide(False, WHY, "allow")
     assert allowed.kind == "unfiltered" and allowed.message == ""
     assert "loopback" in allowed.log_line and "allow" in allowed.log_line  # the start-up log warns
-    refused = run_network.decide(False, WHY, "refuse")
+    refused = network_access.decide(False, WHY, "refuse")
     assert refused.kind == "refused" and refused.message.startswith("runs with network are refused: ")
     with pytest.raises(ValueError, match="SANDLOT_UNFILTERED_EGRESS='open'"):
-        run_network.decide(False, WHY, "open")
+        network_access.decide(False, WHY, "open")
 
 
 def test_the_chroot_modes_reason_comes_from_the_record():
-    assert run_network.chroot_reason(True, "") == ""
-    assert "NET_ADMIN" in run_network.chroot_reason(False, "OSError: nft refused: Operation not permitted")
-    assert "libnftables" in run_network.chroot_reason(False, "OSError: libnftables.so.1 is not installed")
+    assert network_access.chroot_reason(True, "") == ""
+    assert "NET_ADMIN" in network_access.chroot_reason(False, "OSError: nft refused: Operation not permitted")
+    assert "libnftables" in network_access.chroot_reason(False, "OSError: libnftables.so.1 is not installed")
 
 
 PYTHON_RUN = """
@@ -77,7 +77,7 @@ socket.create_connection(("192.0.2.1", 80))
 
 
 def test_a_python_run_is_told_why_its_socket_calls_fail():
-    message = run_network.decide(False, WHY, "no-network").message
+    message = network_access.decide(False, WHY, "no-network").message
     code = PYTHON_RUN.format(root=ROOT, message=message, code=USER_CODE)
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
     lines = out.stdout.splitlines()
@@ -106,7 +106,7 @@ def test_a_node_run_is_told_why_its_network_calls_fail():
     node = shutil.which("node")
     if node is None:
         pytest.skip("no node here")
-    message = run_network.decide(False, WHY, "no-network").message
+    message = network_access.decide(False, WHY, "no-network").message
     request = json.dumps({"code": NODE_CODE, "network_refused": message}).encode()
     out = subprocess.run(
         [node, WRAPPER],

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from runtimes.jail import schedule
+from runtimes.jail.service import schedule
 
 
 class FakeChild:

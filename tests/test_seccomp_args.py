@@ -13,9 +13,9 @@ import struct
 
 import pytest
 
-from runtimes.jail import seccomp_policy
-from runtimes.jail.protections import in_child
-from runtimes.linux import set_no_new_privs
+from runtimes.jail.policy import seccomp
+from runtimes.linux.protections import in_child
+from runtimes.linux.syscalls import set_no_new_privs
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
@@ -53,11 +53,11 @@ def syscall(name: str, *args) -> str:
 
 def in_filter(network: bool, probe) -> dict:
     """probe() run in a child under the run's filters (allow-list and pid fence); its answers."""
-    program = seccomp_policy.compile_program(seccomp_policy.build(network))
+    program = seccomp.compile_program(seccomp.build(network))
 
     def confined() -> dict:
         set_no_new_privs()
-        seccomp_policy.fence_program(os.getpid()).load()
+        seccomp.fence_program(os.getpid()).load()
         program.load()
         return probe()
 
@@ -293,10 +293,8 @@ def test_a_lock_taken_under_the_filter_is_not_held():
 
 @pytest.mark.parametrize("pid", [1, 2, 300, 32767, 65536, 4194304])
 def test_the_fence_copied_for_a_pid_is_the_fence_built_for_it(pid):
-    built = seccomp_policy.clock_prefix(pid) + bytes(
-        seccomp_policy.compile_program(seccomp_policy.fence_for(pid))._buffer
-    )
-    assert bytes(seccomp_policy.fence_program(pid)._buffer) == built
+    built = seccomp.clock_prefix(pid) + bytes(seccomp.compile_program(seccomp.fence_for(pid))._buffer)
+    assert bytes(seccomp.fence_program(pid)._buffer) == built
 
 
 # ---- the page cache and machine-wide counters (issue 19) ----------------------------------
@@ -378,7 +376,7 @@ def test_no_call_evicts_or_probes_the_shared_page_cache_nor_reads_machine_counte
 def test_the_calls_that_evict_or_probe_cannot_be_reopened_by_allowed_syscalls():
     for number in (27, 28, 99, 221, 327, 328):
         with pytest.raises(ValueError, match="may not be allowed"):
-            seccomp_policy.check_extra_syscalls([number])
+            seccomp.check_extra_syscalls([number])
 
 
 def test_times_answers_enosys():

@@ -1,6 +1,7 @@
 """Configuration: dify-sandbox's names, env over conf/config.yaml over defaults, bad values stop start-up."""
 
 import ast
+import importlib
 import os
 import subprocess
 import sys
@@ -107,7 +108,7 @@ def test_the_service_and_a_runtime_function_tell_the_runtimes_the_same(monkeypat
     """One declaration of the runtimes' settings, one mapping: nothing drifts between the two places."""
     from dataclasses import asdict
 
-    from runtimes.environment import function_environment
+    from runtimes.function.environment import function_environment
 
     monkeypatch.setenv("SANDLOT_CONFIG", "/nonexistent.yaml")
     for name, value in RUNTIME_ENVIRONMENT.items():
@@ -125,7 +126,7 @@ def test_the_service_and_a_runtime_function_tell_the_runtimes_the_same(monkeypat
 
 @pytest.mark.parametrize("value", ["auto", "full", "userns", "reduced", "chroot", "single", "paper"])
 def test_both_accept_the_same_jail_modes(monkeypatch, value):
-    from runtimes.environment import ConfigError, function_environment
+    from runtimes.function.environment import ConfigError, function_environment
 
     monkeypatch.setenv("SANDLOT_CONFIG", "/nonexistent.yaml")
     monkeypatch.setenv("SANDLOT_JAIL", value)
@@ -147,7 +148,7 @@ def test_the_jail_modes_the_settings_accept_are_the_ones_the_jail_knows():
 
 
 def test_layers_may_not_live_under_tmp_but_a_functions_scratch_does(monkeypatch):
-    from runtimes.environment import function_environment
+    from runtimes.function.environment import function_environment
 
     monkeypatch.setenv("SANDLOT_CONFIG", "/nonexistent.yaml")
     monkeypatch.setenv("SANDLOT_DATA_DIR", "/tmp/layers-here")
@@ -158,7 +159,7 @@ def test_layers_may_not_live_under_tmp_but_a_functions_scratch_does(monkeypatch)
 
 
 def test_a_functions_bad_syscall_list_is_refused_as_the_services_is():
-    from runtimes.environment import ConfigError, function_environment
+    from runtimes.function.environment import ConfigError, function_environment
 
     with pytest.raises(ConfigError, match="ALLOWED_SYSCALLS"):
         function_environment({"ALLOWED_SYSCALLS": "57"})
@@ -257,13 +258,13 @@ def test_proxies_are_handed_to_user_code():
 
 
 def test_a_functions_light_reading_declares_what_the_model_declares():
-    """runtimes/environment.py reads a function's settings without pydantic (its cold path): the same names,
+    """runtimes/function/environment.py reads a function's settings without pydantic (its cold path): the same names,
     defaults, bounds and choices as the model, FunctionEnvironment."""
     import typing
 
     import annotated_types
 
-    from runtimes.environment import FIELDS
+    from runtimes.function.environment import FIELDS
     from runtimes.settings import FunctionEnvironment
 
     assert set(FIELDS) == set(FunctionEnvironment.model_fields)
@@ -296,12 +297,12 @@ SPELLINGS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("name", sorted(__import__("runtimes.environment").environment.FIELDS))
+@pytest.mark.parametrize("name", sorted(importlib.import_module("runtimes.function.environment").FIELDS))
 def test_a_functions_light_reading_reads_each_value_as_the_model_does(name):
     """Every value is either read as the model reads it, or handed to the model: same value, same error."""
     from pydantic import ValidationError
 
-    from runtimes.environment import ConfigError, FunctionSettings, function_environment
+    from runtimes.function.environment import ConfigError, FunctionSettings, function_environment
     from runtimes.settings import FunctionEnvironment
 
     for spelling in SPELLINGS:
@@ -327,7 +328,7 @@ def test_a_functions_init_reads_its_settings_without_pydantic():
     that path about 40 ms); a bad value is still the model's error."""
     script = (
         "import sys\n"
-        "from runtimes.environment import function_environment\n"
+        "from runtimes.function.environment import function_environment\n"
         "s = function_environment({'SANDLOT_REQUIRE_SECCOMP': 'true', 'SANDLOT_MAX_TIMEOUT': '60',"
         " 'SANDLOT_MAX_MEMORY_LIMIT_MB': '2048', 'ENABLE_NETWORK': 'false', 'SANDLOT_DATA_DIR': '/var/tmp/x'})\n"
         "c = s.runtime_config()\n"
@@ -345,7 +346,7 @@ def pydantic_imported_by(script: str) -> list[str]:
 
 
 def test_a_functions_bad_value_is_the_models_clear_error():
-    from runtimes.environment import ConfigError, function_environment
+    from runtimes.function.environment import ConfigError, function_environment
 
     with pytest.raises(ConfigError, match=r"^invalid setting: SANDLOT_MAX_TIMEOUT: Input should be greater than 0"):
         function_environment({"SANDLOT_MAX_TIMEOUT": "0"})

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from runtimes import tempdirs
+from runtimes.linux import tempdirs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,7 +44,7 @@ def test_a_directory_someone_holds_a_lock_on_is_kept(tmp_path):
 
 
 def test_a_process_that_exits_removes_what_it_made(tmp_path):
-    code = f"from runtimes import tempdirs; print(tempdirs.make('data', {str(tmp_path)!r}))"
+    code = f"from runtimes.linux import tempdirs; print(tempdirs.make('data', {str(tmp_path)!r}))"
     made = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert made.stdout.strip().startswith(str(tmp_path))
     assert list(tmp_path.iterdir()) == []

@@ -2,7 +2,7 @@
 
 Each case forks a process that becomes a run's uid in a directory of its own, with the
 RLIMIT_FSIZE a chroot-mode child gets, and does its worst there while the service's watcher
-(runtimes/jail/tmpcap.py) looks on; over a cap the watcher's callback kills it, as the runtime does.
+(runtimes/jail/tmp/caps.py) looks on; over a cap the watcher's callback kills it, as the runtime does.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import types
 
 import pytest
 
-from runtimes import dirlock, linux, trees
-from runtimes.jail import tmpcap
+from runtimes.jail.tmp import caps as tmpcap
+from runtimes.jail.trees import store
+from runtimes.linux import dirlock, syscalls
 
 MIB = 1024 * 1024
 RUN_UID = 1_499_999_001 if os.geteuid() == 0 else os.getuid()
@@ -35,7 +36,7 @@ def run_dir():
     os.mkdir(path, 0o700)
     os.chown(path, RUN_UID, RUN_UID)
     yield path
-    trees.remove_tree(parent)  # shutil.rmtree recurses: the deepest cases would defeat it
+    store.remove_tree(parent)  # shutil.rmtree recurses: the deepest cases would defeat it
 
 
 def hostile(path: str, code: str, file_limit: int, dumpable: bool = False) -> tuple[int, int]:
@@ -48,7 +49,7 @@ def hostile(path: str, code: str, file_limit: int, dumpable: bool = False) -> tu
                 os.setgroups([])
                 os.setresgid(RUN_UID, RUN_UID, RUN_UID)
                 os.setresuid(RUN_UID, RUN_UID, RUN_UID)
-            linux.set_dumpable(dumpable)
+            syscalls.set_dumpable(dumpable)
             os.chdir(path)
             resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # as the interpreters do: EFBIG, not death
@@ -467,15 +468,15 @@ def test_a_run_directory_being_removed_is_not_taken_for_a_dead_instances(tmp_pat
             f.write("secret")
     taken: list[list[str]] = []
     started: list[str] = []
-    real_remove_tree = trees.remove_tree
+    real_remove_tree = store.remove_tree
 
     def remove_tree(target: str) -> None:
         if not started:  # the other instance clears stale directories just as this removal starts
             started.append(target)
-            taken.append(trees.clear_stale_run_tmps(tree_root))
+            taken.append(store.clear_stale_run_tmps(tree_root))
         real_remove_tree(target)
 
-    monkeypatch.setattr(trees, "remove_tree", remove_tree)
+    monkeypatch.setattr(store, "remove_tree", remove_tree)
     asyncio.run(directories.remove(types.SimpleNamespace(pid=1, tmpdir=path)))
     assert taken == [[]]
     assert os.listdir(os.path.dirname(path)) == []  # the cell stays, for the uid's next run
@@ -912,7 +913,7 @@ def test_a_run_that_ends_with_its_threads_holding_files_is_not_ended(run_dir, at
 def test_a_run_reaped_while_its_entries_are_read_holds_nothing(run_dir):
     """A scan may open a run's /proc/<pid> just before the run ends and is reaped: every read then answers
     ESRCH, which is its end (what it held went with it), never "could not be checked"."""
-    from runtimes.jail import unnamed
+    from runtimes.jail.tmp import held as unnamed
 
     pid, pidfd = hostile(run_dir, "time.sleep(0.2)", 8 * MIB, dumpable=True)
     started = unnamed.start_time(pid)

@@ -18,8 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import needs_root
 
-from runtimes import dirlock, tree, trees
 from runtimes.config import RuntimeConfig
+from runtimes.jail.trees import store as trees
+from runtimes.linux import dirlock, rootfs
 from runtimes.nodejs.runtime import NodeRuntime
 from runtimes.python.runtime import PythonRuntime
 
@@ -55,9 +56,9 @@ def listing(root: str) -> dict[str, tuple]:
 PIVOT_LISTING = """
 import json, os, sys
 sys.path.insert(0, {source!r})
-from runtimes import tree
+from runtimes.linux import rootfs
 spec, root = json.loads({spec!r}), {root!r}
-tree.build_and_enter(spec, root)
+rootfs.build_and_enter(spec, root)
 sys.path.insert(0, {source!r})
 found = {{}}
 for dirpath, dirnames, filenames in os.walk("/"):
@@ -100,8 +101,8 @@ def test_the_materialized_tree_holds_exactly_what_the_pivot_tree_shows(language,
     spec = specs[language]
     root = os.path.join(place, "tree")
     os.mkdir(root)
-    tree.materialize(spec, root)
-    cell = tree.make_cell(root, RUN_UID)  # what a run's root is: its uid's cell, with a /tmp of its run's own
+    rootfs.materialize(spec, root)
+    cell = rootfs.make_cell(root, RUN_UID)  # what a run's root is: its uid's cell, with a /tmp of its run's own
     os.mkdir(cell + "/tmp")
     shown = listing(cell)
     assert shown == pivot_listing(spec, place)
@@ -130,7 +131,7 @@ def test_only_root_files_nobody_else_may_write_are_hard_linked(place):
         os.chown(foreign, RUN_UID, RUN_UID)
     root = os.path.join(place, "tree")
     os.mkdir(root)
-    done = tree.materialize({"binds": [source], "hidden": [], "devices": [], "placed": {}}, root)
+    done = rootfs.materialize({"binds": [source], "hidden": [], "devices": [], "placed": {}}, root)
     linked = {name for name in [*modes, "build_uid_owned"] if _same_inode(source, root, name)}
     if os.geteuid() == 0:
         assert linked == {"plain", "script"}
@@ -157,7 +158,7 @@ def test_across_filesystems_files_are_copied_with_their_times(place):
         with open(source, "w") as f:
             f.write("x = 1\n" * 1000)
         os.utime(source, ns=(1_000_000_000, 1_700_000_000_123_456_789))
-        done = tree.materialize({"binds": [source], "hidden": [], "devices": [], "placed": {}}, root)
+        done = rootfs.materialize({"binds": [source], "hidden": [], "devices": [], "placed": {}}, root)
         assert done.linked == 0 and done.copied == 1 and done.copied_bytes == 6000
         copy = os.stat(root + source)
         assert copy.st_mtime_ns == 1_700_000_000_123_456_789 and copy.st_size == 6000
@@ -167,11 +168,11 @@ def test_across_filesystems_files_are_copied_with_their_times(place):
 
 @needs_root
 def test_device_nodes_or_safe_stand_ins(place):
-    spec = {"binds": [], "hidden": [], "devices": list(tree.DEVICES), "placed": {}}
+    spec = {"binds": [], "hidden": [], "devices": list(rootfs.DEVICES), "placed": {}}
     real = os.path.join(place, "real")
     os.mkdir(real)
-    tree.materialize(spec, real, device_nodes=True)
-    for path in tree.DEVICES:
+    rootfs.materialize(spec, real, device_nodes=True)
+    for path in rootfs.DEVICES:
         info = os.stat(real + path)
         assert stat.S_ISCHR(info.st_mode) and info.st_rdev == os.stat(path).st_rdev
         assert stat.S_IMODE(info.st_mode) == 0o666
@@ -179,7 +180,7 @@ def test_device_nodes_or_safe_stand_ins(place):
         assert len(f.read(16)) == 16
     stand_in = os.path.join(place, "stand-in")
     os.mkdir(stand_in)
-    assert tree.materialize(spec, stand_in, device_nodes=False).devices == "stand-ins"
+    assert rootfs.materialize(spec, stand_in, device_nodes=False).devices == "stand-ins"
     null = os.stat(stand_in + "/dev/null")
     assert stat.S_ISREG(null.st_mode) and null.st_size == 0 and stat.S_IMODE(null.st_mode) == 0o444
     assert null.st_uid == 0
@@ -284,7 +285,7 @@ def _store_spec(place: str) -> tuple[dict, str]:
 def test_a_tree_is_built_once_reused_after_a_restart_and_rebuilt_when_a_source_changes(place, monkeypatch):
     spec, module = _store_spec(place)
     built = []
-    materialize = tree.materialize
+    materialize = rootfs.materialize
 
     def watched(spec, scratch, device_nodes=True, uncache=False):
         built.append(scratch)
@@ -293,7 +294,7 @@ def test_a_tree_is_built_once_reused_after_a_restart_and_rebuilt_when_a_source_c
         assert not os.path.exists(final), "a tree is visible under its name only once it is complete"
         return done
 
-    monkeypatch.setattr(tree, "materialize", watched)
+    monkeypatch.setattr(rootfs, "materialize", watched)
     first = trees.TreeStore(os.path.join(place, "trees"))
     path = first.ensure(spec)
     assert first.ensure(spec) == path and len(built) == 1  # a second zygote on the same tree
@@ -361,7 +362,7 @@ def test_in_the_image_trees_go_on_its_own_filesystem_not_the_data_volume(tmp_pat
     """The service image makes /var/cache/sandlot: where the data dir is another filesystem (a volume), the
     trees go there, their system files hard links instead of 160 MB of copies on the volume; anywhere else
     (no such directory, or the same filesystem) <data dir>/trees as before."""
-    from runtimes import trees as trees_module
+    from runtimes.jail.trees import store as trees_module
 
     data = str(tmp_path / "data")
     os.makedirs(data)
@@ -436,9 +437,9 @@ def resident_pages(path: str) -> int:
 def test_a_tree_built_by_copying_leaves_no_page_cache_of_what_it_read(place, uncache):
     """A container is charged for the page cache its processes fill: a tree copied onto another filesystem (or
     copied up by overlayfs to be linked) read every byte of hundreds of MB of files that runs mostly never
-    read. Built with uncache (TreeStore sets it there: tree.fills_cache), neither the sources' pages it read nor
+    read. Built with uncache (TreeStore sets it there: rootfs.fills_cache), neither the sources' pages it read nor
     the copies' are left (here: a source on the data directory's filesystem, the tree on /dev/shm's tmpfs)."""
-    if tree.fills_cache("/dev/shm", place) is False:
+    if rootfs.fills_cache("/dev/shm", place) is False:
         pytest.skip("/dev/shm is on the same filesystem as /var/tmp here")
     source = os.path.join(place, "src")
     os.mkdir(source)
@@ -452,7 +453,7 @@ def test_a_tree_built_by_copying_leaves_no_page_cache_of_what_it_read(place, unc
     assert resident_pages(big) > 0
     root = tempfile.mkdtemp(prefix="sandlot-tree-", dir="/dev/shm")
     try:
-        tree.materialize({"binds": [source], "hidden": [], "devices": [], "placed": {}}, root, uncache=uncache)
+        rootfs.materialize({"binds": [source], "hidden": [], "devices": [], "placed": {}}, root, uncache=uncache)
         with open(root + big, "rb") as f:
             assert f.read(16)  # the copy is whole
         left = resident_pages(big)
@@ -469,9 +470,9 @@ def test_each_run_of_a_cell_gets_device_nodes_of_its_own(place):
     spec["devices"] = ["/dev/null", "/dev/zero"]
     root = os.path.join(place, "tree")
     os.mkdir(root)
-    tree.materialize(spec, root)
+    rootfs.materialize(spec, root)
     trees.make_run_tmp(root, RUN_UID)
-    cell = root + tree.cell(RUN_UID)
+    cell = root + rootfs.cell(RUN_UID)
     held = os.open(cell + "/dev/null", os.O_RDONLY)  # the node a run had: its number cannot be given again
     try:
         time.sleep(0.05)

@@ -2,7 +2,7 @@
 
 A run is forked by the lean one when its code imports only what that zygote holds, and by the
 preloaded one otherwise (runtimes/python/imports.py reads the code); the pool keeps each kind of
-zygote, rotates it and replaces it on its own (runtimes/jail/pool.py)."""
+zygote, rotates it and replaces it on its own (runtimes/jail/service/pool.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from runtimes.jail.pool import MAIN, ChildPool
+from runtimes.jail.service.pool import MAIN, ChildPool
 from runtimes.payload import Unavailable
 from runtimes.python.imports import imported_modules
 

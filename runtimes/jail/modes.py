@@ -18,7 +18,7 @@ filtered), never the mode's name. Adding a mode adds a row here.
 - `chroot`: root without namespaces (a container on default privileges: no
   SYS_ADMIN, Docker's seccomp profile refusing unshare, mount and clone with
   CLONE_NEW*). A uid per run from the instance's block; the zygote chroots once
-  into the tree materialized as a real directory (runtimes/trees.py); a /tmp
+  into the tree materialized as a real directory (runtimes/jail/trees/store.py); a /tmp
   directory of the run's own in it, capped by RLIMIT_FSIZE and the service's
   watcher (tmpcap.py); every process of a run ended through pidfds and a sweep
   of its uid before the uid goes back; nft egress by uid where NET_ADMIN is
@@ -47,8 +47,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from runtimes import linux
-from runtimes.jail.protections import Protections
+from runtimes.linux import syscalls
+from runtimes.linux.protections import Protections
 
 # tree: what a run sees as /
 PIVOT = "pivot"  # a mount namespace, the tree bind-mounted read-only, pivot_root into it
@@ -136,9 +136,9 @@ class Mode:
         """The namespaces a child is forked into besides its PID namespace (zygote._fork)."""
         flags = 0
         if self.tree == PIVOT:
-            flags |= linux.CLONE_NEWNS | linux.CLONE_NEWIPC | linux.CLONE_NEWUTS
+            flags |= syscalls.CLONE_NEWNS | syscalls.CLONE_NEWIPC | syscalls.CLONE_NEWUTS
         if self.identity == USER_NAMESPACE:
-            flags |= linux.CLONE_NEWUSER
+            flags |= syscalls.CLONE_NEWUSER
         return flags
 
 

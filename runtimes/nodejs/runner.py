@@ -21,7 +21,7 @@ import resource
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from runtimes.jail import seccomp_policy
+from runtimes.jail.policy import seccomp as seccomp_policy
 from runtimes.nodejs import snapshot
 
 MIB = 1024 * 1024

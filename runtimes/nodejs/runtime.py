@@ -11,11 +11,12 @@ import stat
 import subprocess
 from typing import TYPE_CHECKING
 
-from runtimes import tree
-from runtimes.jail import modes, protocol, run_network
-from runtimes.jail.pool import MAIN
-from runtimes.jail.runtime import JailedRuntime
-from runtimes.jail.supervisor import Zygote
+from runtimes.jail import modes, protocol
+from runtimes.jail.policy import network_access
+from runtimes.jail.service.pool import MAIN
+from runtimes.jail.service.runtime import JailedRuntime
+from runtimes.jail.service.supervisor import Zygote
+from runtimes.linux import rootfs
 from runtimes.nodejs import snapshot
 
 if TYPE_CHECKING:
@@ -136,14 +137,14 @@ class NodeRuntime(JailedRuntime):
     def interpreter(self) -> str:
         return self.config.python_path  # the zygote is Python; its children exec node
 
-    def tree(self) -> tree.TreeSpec:
-        spec = tree.TreeSpec()
+    def tree(self) -> rootfs.TreeSpec:
+        spec = rootfs.TreeSpec()
         spec.add(self.node)
         spec.place(WRAPPER_IN_TREE, WRAPPER)
         if self.config.nodejs_layer:
-            spec.place(tree.LAYER_IN_TREE, self.config.nodejs_layer)  # a fixed path: the data dir stays out of view
-        spec.add(*tree.shared_libraries([self.node]))
-        tree.run_system_files(spec, self.run_hostname(), self.run_nameservers())
+            spec.place(rootfs.LAYER_IN_TREE, self.config.nodejs_layer)  # a fixed path: the data dir stays out of view
+        spec.add(*rootfs.shared_libraries([self.node]))
+        rootfs.run_system_files(spec, self.run_hostname(), self.run_nameservers())
         return spec
 
     def runner_config(self, kind: str = MAIN) -> dict:
@@ -175,7 +176,7 @@ class NodeRuntime(JailedRuntime):
     def ready_targets(self) -> dict[tuple, int]:
         # Dify asks for network on every run: most ready nodes are of that kind (where runs get network)
         memory = ("memory_mb", self.config.default_memory_mb)
-        if self.run_network.kind in (run_network.NONE, run_network.REFUSED):
+        if self.run_network.kind in (network_access.NONE, network_access.REFUSED):
             return {(memory, ("network", False)): self.config.workers}
         return {(memory, ("network", True)): self.config.workers, (memory, ("network", False)): 1}
 

@@ -51,8 +51,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtimes.dirlock import remove_if_unlocked
 from runtimes.jail import protocol
+from runtimes.linux.dirlock import remove_if_unlocked
 
 log = logging.getLogger("sandlot.nodejs")
 

@@ -92,7 +92,7 @@ function main(args) {
   process.on('exit', exitNow);
 }
 
-// A run that asked for network where it gets none (runtimes/jail/run_network.py): its connections,
+// A run that asked for network where it gets none (runtimes/jail/policy/network_access.py): its connections,
 // datagrams and name lookups fail with an EPERM error saying why, as a refused connection would fail
 // (an 'error' event, a rejected promise, a callback's error), instead of the filter's bare EPERM. Only
 // the message: the filter loaded for a run without network is what refuses them.

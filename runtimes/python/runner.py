@@ -38,7 +38,9 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from runtimes.jail import child, protocol, seccomp_policy
+from runtimes.jail import protocol
+from runtimes.jail.policy import seccomp as seccomp_policy
+from runtimes.jail.zygote import confine
 
 MIB = 1024 * 1024
 SETUP_FAILED = 125
@@ -180,7 +182,7 @@ def run(state: State, address_space: int, variant: Mapping) -> None:
     _rehearse()
     (size,) = _HEADER.unpack(_read_exact(0, _HEADER.size))
     request = json.loads(_read_exact(0, size))
-    child.limit_run(address_space + request["memory_limit_mb"] * MIB, int(request["timeout"]) + 1)
+    confine.limit_run(address_space + request["memory_limit_mb"] * MIB, int(request["timeout"]) + 1)
     answer_memory_size(request["memory_limit_mb"] * MIB)
     if state.filters:
         state.filters[bool(request["enable_network"])].load()
@@ -219,7 +221,7 @@ def network_refused(event, args):
 
 
 def refuse_network(message: str) -> None:
-    """A run that asked for network where it gets none (runtimes/jail/run_network.py): its socket calls fail
+    """A run that asked for network where it gets none (runtimes/jail/policy/network_access.py): its socket calls fail
     with a PermissionError saying why, instead of the filter's bare "Operation not permitted". Only the
     message: the filter loaded for a run without network is what refuses them (ctypes and all)."""
     scope = {"events": NETWORK_EVENTS, "unix": AF_UNIX, "refusal": PermissionError, "eperm": 1, "message": message}

@@ -9,10 +9,10 @@ import os
 import subprocess
 from typing import TYPE_CHECKING
 
-from runtimes import tree
 from runtimes.jail import protocol
-from runtimes.jail.pool import KIND, MAIN
-from runtimes.jail.runtime import JailedRuntime
+from runtimes.jail.service.pool import KIND, MAIN
+from runtimes.jail.service.runtime import JailedRuntime
+from runtimes.linux import rootfs
 from runtimes.python.imports import imported_modules
 
 if TYPE_CHECKING:
@@ -118,18 +118,18 @@ class PythonRuntime(JailedRuntime):
     def interpreter(self) -> str:
         return self.config.python_path
 
-    def tree(self) -> tree.TreeSpec:
+    def tree(self) -> rootfs.TreeSpec:
         python = os.path.realpath(self.config.python_path)
         paths = interpreter_paths(python)
-        spec = tree.TreeSpec()
+        spec = rootfs.TreeSpec()
         spec.add(python, paths["stdlib"], paths["platstdlib"])
         layer = self.config.python_layer
-        elf = [python, *tree.elf_files_under(paths["dynload"])]
+        elf = [python, *rootfs.elf_files_under(paths["dynload"])]
         if layer:
-            spec.place(tree.LAYER_IN_TREE, layer)  # at a fixed path: the data dir's stays out of view
-            elf += tree.elf_files_under(layer)
-        spec.add(*tree.outside(tree.shared_libraries(elf, cache_dir=self.config.data_dir), layer))
-        tree.run_system_files(spec, self.run_hostname(), self.run_nameservers())
+            spec.place(rootfs.LAYER_IN_TREE, layer)  # at a fixed path: the data dir's stays out of view
+            elf += rootfs.elf_files_under(layer)
+        spec.add(*rootfs.outside(rootfs.shared_libraries(elf, cache_dir=self.config.data_dir), layer))
+        rootfs.run_system_files(spec, self.run_hostname(), self.run_nameservers())
         for site in {paths["purelib"], paths["platlib"]}:  # the interpreter's own packages stay out
             if os.path.isdir(site):
                 spec.hidden.append(site)

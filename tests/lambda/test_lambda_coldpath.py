@@ -16,7 +16,7 @@ import pytest
 from functions import FAKE_CREDENTIALS, REPO
 from simulated import SIM_UID, SYSTEM_PYTHON, lay_out_image, start_simulated
 
-from runtimes.credentials import CREDENTIALS, ENTRYPOINT_PREFIX
+from runtimes.function.credentials import CREDENTIALS, ENTRYPOINT_PREFIX
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 
@@ -130,7 +130,7 @@ def test_a_runtime_functions_probe_starts_as_its_interpreter_starts(image):
     imported (awslambdaric's imports run beside it too); the record is the one its init reads."""
     python = os.path.join(image, "venv", "bin", "python")
     show = (
-        "import json, sys; from runtimes import early; started = early._started; early.record(); "
+        "import json, sys; from runtimes.function import early; started = early._started; early.record(); "
         "print(json.dumps([started, early.probe_seconds == early.probe_seconds, 'awslambdaric' in sys.modules]))"
     )
     env = {"PATH": "/usr/bin:/bin", "AWS_LAMBDA_RUNTIME_API": "127.0.0.1:9"}
@@ -145,8 +145,8 @@ def test_a_runtime_functions_probe_starts_as_its_interpreter_starts(image):
 def test_the_early_probe_records_what_the_process_would_have_probed():
     script = (
         "import json\n"
-        "from runtimes import early\n"
-        "from runtimes.jail import protections\n"
+        "from runtimes.function import early\n"
+        "from runtimes.linux import protections\n"
         "early._start_probe()\n"
         "early.record()\n"
         "forked = protections.platform_protections().to_dict()\n"

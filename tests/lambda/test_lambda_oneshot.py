@@ -1,7 +1,7 @@
 """What a one-shot run leaves is found and removed: the sweep of a uid's processes and of the writable places.
 
-These are the pieces the serial schedule (runtimes/jail/serial.py) runs after every run that shares the
-runtime's uid (runtimes/jail/sweep.py, runtimes/jail/scratch.py); the
+These are the pieces the serial schedule (runtimes/jail/service/serial.py) runs after every run that shares the
+runtime's uid (runtimes/jail/service/sweep.py, runtimes/jail/tmp/scratch.py); the
 runtime functions' tests (test_lambda_runtime.py, test_lambda_simulated.py) show them at work end to end.
 """
 
@@ -17,9 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 from service import IS_ROOT  # noqa: E402
 from simulated import SYSTEM_PYTHON, live_processes_of  # noqa: E402
 
-from runtimes.jail import sweep  # noqa: E402
-from runtimes.jail.scratch import Scratch  # noqa: E402
-from runtimes.jail.sweep import kill_range, kill_strays, strays_of  # noqa: E402
+from runtimes.jail.service import sweep  # noqa: E402
+from runtimes.jail.service.sweep import kill_range, kill_strays, strays_of  # noqa: E402
+from runtimes.jail.tmp.scratch import Scratch  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not IS_ROOT, reason="needs root: plays the run's uid and another uid")
 

@@ -1,0 +1,370 @@
+"""Trees materialized as directories, for the chroot mode: built once, off the request path, then reused.
+
+Where nothing can be mounted (a container on default privileges), a run's read-only
+root is a real directory that the zygote chroots into (rootfs.materialize). Building one
+costs a walk and a hard link per file (a copy where a link is not allowed or not
+possible), so it is built once per tree spec, before any zygote needs it, and kept:
+
+- `<data dir>/trees/<key>`: the key hashes the spec (the layer's path among it), how
+  devices are made, and every source file's type, size, mode, owner and mtime. A
+  restart reuses a finished tree; a changed interpreter, certificate bundle or layer
+  gives another key, so a stale tree is never served.
+- Built as `<key>.build-<ns>` and renamed into place when complete: a tree is never
+  seen half-built, by this instance or another.
+- The data directory, not /tmp: the layers live there, and hard links need the same
+  filesystem; it survives restarts (a restart need not build again); runs never see it.
+  Except in the service image (the Dockerfile makes IMAGE_TREES): there the system files
+  (the interpreters, their libraries: some 160 MB against a few MB of layer) are most of a
+  tree, and the data dir is a volume; the trees go on the image's own filesystem instead,
+  nothing of them on the volume. There (overlayfs: a link copies a lower file up, every
+  byte read and written) and on any other filesystem than the sources' every file is a
+  copy, and the page cache the build filled is dropped (TreeStore.uncache): the container
+  is charged for what runs read back, not for 160 MB of copying (a copy-up's pages of the
+  lower file could not be: the path names the copy from then on).
+- Held like layers (runtimes/linux/dirlock.py): a shared flock per instance that uses a tree;
+  a tree is removed only when no instance holds it (collect()).
+- Each run has a literal /tmp of its own: a run of uid chroots (from its zygote's tree)
+  into the uid's cell, `cells/<uid>` (rootfs.make_cell: the tree's directories made again,
+  its files hard links, made at the uid's first run and kept), whose `tmp` is 0700 and
+  the uid's, made fresh for each run (runtimes/jail/tmp/caps.py caps its size and file
+  count). The instance that made it holds a lock on it while its run lives; one that no
+  live instance holds was left by a killed instance, and goes when a zygote next starts
+  on the tree (clear_stale_run_tmps), or when the uid is next given out.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import shutil
+import stat
+import sys
+import threading
+import time
+
+from runtimes.linux import rootfs
+from runtimes.linux.dirlock import TRASH, lock_shared, remove_if_unlocked
+
+log = logging.getLogger("sandlot.trees")
+
+STALE_BUILD_SECONDS = 3600.0  # a half-built tree untouched this long, and unlocked, was left by a dead build
+
+
+IMAGE_TREES = "/var/cache/sandlot"  # made by the service image's Dockerfile, on the image's own filesystem
+
+
+def trees_dir(data_dir: str) -> str:
+    """Where the trees go: IMAGE_TREES/trees where the image made that directory (root's, writable) and the
+    data dir is another filesystem (a volume), else <data dir>/trees."""
+    try:
+        image = os.stat(IMAGE_TREES)
+        data = os.stat(data_dir)
+    except OSError:
+        return os.path.join(data_dir, "trees")
+    if stat.S_ISDIR(image.st_mode) and os.access(IMAGE_TREES, os.W_OK) and image.st_dev != data.st_dev:
+        return os.path.join(IMAGE_TREES, "trees")
+    return os.path.join(data_dir, "trees")
+
+
+class TreeUnusable(RuntimeError):
+    """Trees cannot be materialized here (e.g. a noexec filesystem): the chroot mode cannot serve."""
+
+
+def fingerprint(spec: dict, device_nodes: bool) -> str:
+    """The key of the tree a spec gives: the spec, and the type, size, mode, owner and mtime of every file
+    it would hold (a walk of stats, no reads)."""
+    digest = hashlib.sha256(
+        json.dumps({"format": rootfs.TREE_FORMAT, "spec": spec, "devices": device_nodes}, sort_keys=True).encode()
+    )
+    hidden = {os.path.realpath(path) for path in spec["hidden"]}
+    sources = [*spec["binds"], *spec.get("placed", {}).values(), *spec["devices"]]
+    for path in sources:
+        for name, info in _stats(os.path.realpath(path), hidden):
+            digest.update(
+                f"{name}\0{info.st_mode}\0{info.st_size}\0{info.st_uid}\0{info.st_mtime_ns}\0{info.st_rdev}\n".encode()
+            )
+    return digest.hexdigest()[:24]
+
+
+def _stats(path: str, hidden: set[str]):
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        yield path, os.stat_result((0,) * 10)
+        return
+    yield path, info
+    if not stat.S_ISDIR(info.st_mode) or path in hidden:
+        return
+    pending = [path]
+    while pending:
+        directory = pending.pop()
+        with os.scandir(directory) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                entry_info = entry.stat(follow_symlinks=False)
+                yield entry.path, entry_info
+                if stat.S_ISDIR(entry_info.st_mode) and entry.path not in hidden:
+                    pending.append(entry.path)
+
+
+def devices_work(directory: str) -> str:
+    """ "" if a device node made in directory can be opened here (CAP_MKNOD, no nodev, a device cgroup that
+    lets null through), else why not."""
+    # a name of this call's own: each runtime of a service opens its store at once, from threads of one process
+    path = os.path.join(directory, f".sandlot-null-{os.getpid()}-{threading.get_ident()}")
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o600, os.stat("/dev/null").st_rdev)
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        os.close(fd)
+        return ""
+    except OSError as exc:
+        return f"a device node cannot be {'opened' if os.path.lexists(path) else 'made'} in {directory}: {exc}"
+    finally:
+        if os.path.lexists(path):
+            os.unlink(path)
+
+
+class TreeStore:
+    """The materialized trees of one instance, under root (`<data dir>/trees`)."""
+
+    def __init__(self, root: str):
+        self.root = root
+        os.makedirs(root, mode=0o755, exist_ok=True)
+        os.chmod(root, 0o755)
+        if os.statvfs(root).f_flag & os.ST_NOEXEC:
+            raise TreeUnusable(
+                f"{root} is on a noexec filesystem: the interpreters and native libraries of a tree must run "
+                "from it (SANDLOT_DATA_DIR)"
+            )
+        self.no_devices = devices_work(root)  # why stand-ins are used for /dev ("" when real nodes are made)
+        # a container's own filesystem (overlayfs), or another one than the interpreter's: a build reads and
+        # writes whole files, whose pages, charged to the container, are dropped (rootfs.materialize)
+        self.uncache = rootfs.fills_cache(root, sys.executable)
+        if self.no_devices:
+            log.warning("trees get stand-ins for /dev (a read-only empty null, no zero or random): %s", self.no_devices)
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[int, int]] = {}  # tree path -> (directory fd holding our shared lock, users)
+
+    @property
+    def device_nodes(self) -> bool:
+        return not self.no_devices
+
+    def ensure(self, spec: dict) -> str:
+        """A finished tree for spec, built now if there is none; held until release() (once per ensure())."""
+        key = fingerprint(spec, self.device_nodes)
+        path = os.path.join(self.root, key)
+        with self._lock:
+            if path in self._held:
+                fd, users = self._held[path]
+                self._held[path] = (fd, users + 1)
+                return path
+            while True:
+                try:
+                    fd = lock_shared(path)
+                    break
+                except FileNotFoundError:  # none yet, or another instance was removing it (Gone)
+                    self._build(spec, path)
+            self._held[path] = (fd, 1)
+        return path
+
+    def _build(self, spec: dict, path: str) -> None:
+        scratch = f"{path}.build-{time.time_ns()}"
+        os.mkdir(scratch, 0o700)  # nobody looks in while it is built; materialize() opens it up at the end
+        held = lock_shared(scratch)  # another instance's collect() leaves it alone
+        try:
+            started = time.monotonic()
+            done = rootfs.materialize(spec, scratch, self.device_nodes, uncache=self.uncache)
+            os.sync()  # a tree that a power cut left with empty copies must never be found finished
+            if self.uncache:
+                rootfs.drop_cache(scratch)  # written back now: clean pages, which runs read back as they need
+            try:
+                os.rename(scratch, path)
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                shutil.rmtree(scratch, ignore_errors=True)  # another instance finished the same tree first
+                return
+            log.info(
+                "tree %s built in %.2f s: %d files linked, %d copied (%d bytes), devices: %s",
+                path,
+                time.monotonic() - started,
+                done.linked,
+                done.copied,
+                done.copied_bytes,
+                done.devices,
+            )
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        finally:
+            os.close(held)
+
+    def release(self, path: str) -> None:
+        """One user of path (a zygote) is gone; when none is left the tree is removed unless another instance
+        holds it."""
+        with self._lock:
+            if path not in self._held:
+                return
+            fd, users = self._held[path]
+            if users > 1:
+                self._held[path] = (fd, users - 1)
+                return
+            del self._held[path]
+            os.close(fd)
+        if remove_if_unlocked(path, remove=_remove_quietly):
+            log.info("removed unused tree %s", path)
+
+    def collect(self) -> None:
+        """Remove every tree, finished or left half-built by a dead build, that no instance holds."""
+        for name in os.listdir(self.root):
+            path = os.path.join(self.root, name)
+            if path in self._held:
+                continue
+            building = ".build-" in name and TRASH not in name
+            if building and time.time() - _mtime(path) < STALE_BUILD_SECONDS:
+                continue
+            if remove_if_unlocked(path, remove=_remove_quietly):
+                log.info("removed unused tree %s", path)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd, _users in self._held.values():
+                os.close(fd)
+            self._held.clear()
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        remove_tree(path)
+    except OSError as exc:
+        log.warning("could not remove %s: %s", path, exc)
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+# ---- each run's own /tmp in a tree ------------------------------------------------------------------------
+
+
+# One cell made at a time: the children spawned at a start each need one, and made side by side (threads, one
+# GIL) every one of them, the first run's among them, would be ready only when the last is.
+_making_cells = threading.Lock()
+
+
+def make_cells(tree_root: str, uids: list[int]) -> None:
+    """The cells of the uids the next runs will have, made ahead (while their zygote starts, beside it)."""
+    for uid in uids:
+        if not os.path.isdir(tree_root + rootfs.cell(uid)):
+            with _making_cells:
+                rootfs.make_cell(tree_root, uid)
+
+
+def run_tmp(tree_root: str, uid: int) -> str:
+    """The host path of the /tmp of uid's run in that tree: its cell's (rootfs.make_cell), seen as /tmp."""
+    return tree_root + rootfs.cell(uid) + "/tmp"
+
+
+def make_run_tmp(tree_root: str, uid: int) -> str:
+    """A fresh, empty /tmp for uid's next run, in its cell (made now if the uid has none yet): 0700, the
+    uid's own. What a run of this uid left there (a killed instance's) goes first, without following
+    anything planted in it."""
+    make_cells(tree_root, [uid])
+    path = run_tmp(tree_root, uid)
+    remove_run_tmp(tree_root, uid)
+    rootfs.renew_devices(tree_root + rootfs.cell(uid))
+    os.mkdir(path, 0o700)
+    os.chown(path, uid, uid)
+    return path
+
+
+def clear_stale_run_tmps(tree_root: str, own: range = range(0)) -> list[str]:
+    """Remove the runs' /tmp directories in the tree's cells that no live instance holds a lock on
+    (RunDirectories holds one on each of its own while its run lives), and cells a dead instance left
+    half-made: what killed instances left. Their uids' processes are gone (parent-death signals; a
+    restarted instance sweeps its block). The names removed (a uid, or a half-made cell's name).
+
+    own: the uids of the caller's block, left alone: their directories are its own runs' (a dead holder's
+    go when the uid is next given out, make_run_tmp), made and removed at any moment, and one removed and
+    made again under the same name just as it is looked at must not be taken for a dead one's."""
+    parent = tree_root + rootfs.CELLS
+    removed = []
+    for name in os.listdir(parent):
+        path = os.path.join(parent, name)
+        if ".build-" in name or TRASH in name:  # a half-made cell, or what an earlier clearing failed to remove
+            if remove_if_unlocked(path, remove=_remove_quietly):
+                removed.append(name)
+        elif name.isdigit() and int(name) in own:
+            continue
+        # a /tmp is renamed out of its cell before it is removed: were that to fail, the uid's next run, whose
+        # root the cell is, would find it there
+        elif os.path.isdir(os.path.join(path, "tmp")) and remove_if_unlocked(
+            os.path.join(path, "tmp"), remove=_remove_quietly, trash_dir=parent
+        ):
+            removed.append(name)
+    return removed
+
+
+def remove_run_tmp(tree_root: str, uid: int) -> None:
+    """Remove uid's /tmp directory and what is in it (no process of the uid may be left: sweep first)."""
+    path = run_tmp(tree_root, uid)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        remove_tree(path)
+    else:
+        os.unlink(path)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def remove_tree(path: str) -> None:
+    """Remove a directory and everything in it, however deep (a run may nest directories past any
+    recursion limit and PATH_MAX; shutil.rmtree recurses), never following a symlink: every directory
+    found is first moved up to the top, so no path is ever longer than two names and two descriptors
+    are open at most. Nothing may write there meanwhile (the run's processes are gone)."""
+    top = os.open(path, _DIR_FLAGS)
+    try:
+        hoisted = 0
+        queue = [""]  # directories directly under the top still to empty ("" is the top itself)
+        while queue:
+            name = queue.pop()
+            try:
+                fd = os.open(name, _DIR_FLAGS, dir_fd=top) if name else os.dup(top)
+            except FileNotFoundError:
+                continue
+            try:
+                with os.scandir(fd) as entries:
+                    names = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+                for child, is_dir in names:
+                    if not is_dir:
+                        os.unlink(child, dir_fd=fd)
+                        continue
+                    if not name:
+                        queue.append(child)  # already at the top
+                        continue
+                    while True:  # a fresh name at the top (onto an empty directory would do too: it goes)
+                        hoisted += 1
+                        target = f".sandlot-rm-{hoisted}"
+                        try:
+                            os.rename(child, target, src_dir_fd=fd, dst_dir_fd=top)
+                            break
+                        except OSError as exc:
+                            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                                raise
+                    queue.append(target)
+            finally:
+                os.close(fd)
+            if name:
+                os.rmdir(name, dir_fd=top)
+    finally:
+        os.close(top)
+    os.rmdir(path)
