@@ -22,8 +22,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from runtimes.config import RuntimeConfig  # noqa: E402
-from runtimes.jail.trees import store  # noqa: E402
-from runtimes.linux import rootfs  # noqa: E402
+from runtimes.jail.trees import materialized, store  # noqa: E402
 from runtimes.nodejs.runtime import NodeRuntime  # noqa: E402
 from runtimes.python.runtime import PythonRuntime  # noqa: E402
 
@@ -47,7 +46,7 @@ def measure(name: str, spec: dict, parent: str) -> None:
     root = tempfile.mkdtemp(prefix="sandlot-bench-tree-", dir=parent)
     try:
         started = time.monotonic()
-        done = rootfs.materialize(spec, root)
+        done = materialized.materialize(spec, root)
         built = time.monotonic() - started
         started = time.monotonic()
         store.fingerprint(spec, True)

@@ -60,8 +60,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
-from runtimes.jail.service.sweep import stat_fields
 from runtimes.linux import landlock, namespaces, rootfs, syscalls
+from runtimes.linux.procfs import stat_fields
 
 log = logging.getLogger("sandlot.layers")
 
@@ -550,7 +550,7 @@ def _untraceable():
         import pyseccomp
     except (ImportError, RuntimeError):
         return None
-    from runtimes.jail.policy.seccomp import all_but
+    from runtimes.linux.seccomp import all_but
 
     flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     for name in UNTRACEABLE:

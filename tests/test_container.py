@@ -39,7 +39,8 @@ from conftest import needs_root
 from outer_filter import DOCKER_DEFAULT_CAPS
 from service import DOCKER_DEFAULT, IS_ROOT, Service, output, processes_with_uid_in, standin, together, wait_for
 
-from runtimes.linux import egress, rootfs
+from runtimes.jail.policy import tree_files
+from runtimes.linux import egress
 
 NO_SECCOMP = [*DOCKER_DEFAULT, "--eperm", "seccomp,prctl:22"]
 
@@ -523,7 +524,7 @@ READ_RESOLV_CONF = "print(repr(open('/etc/resolv.conf').read()))"
 
 def host_nameservers() -> str:
     """What a run with filtered egress is to read: the host's nameserver lines, nothing else of its file."""
-    return rootfs.run_resolv_conf(egress.resolvers())
+    return tree_files.run_resolv_conf(egress.resolvers())
 
 
 @needs_root
@@ -531,7 +532,7 @@ def host_nameservers() -> str:
 def test_without_net_admin_a_runs_resolv_conf_names_no_resolver(container, network):
     """No network to resolve with: the tree's resolv.conf says so, and holds nothing of the host's."""
     said = output(container, READ_RESOLV_CONF, enable_network=network)
-    assert said == f"{rootfs.NO_RESOLVER!r}\n"
+    assert said == f"{tree_files.NO_RESOLVER!r}\n"
     assert said.count("nameserver") == 0
 
 

@@ -21,7 +21,7 @@ import pytest
 import unprivileged
 from service import DOCKER_DEFAULT, IS_ROOT, Service, output, require_namespaces, standin, together
 
-from runtimes.linux.rootfs import run_hosts
+from runtimes.jail.policy.tree_files import run_hosts
 
 
 def _auto() -> Service:

@@ -33,8 +33,8 @@ from test_hostile import _cmdline
 from runtimes.jail import modes
 from runtimes.jail.policy import landlock_mode
 from runtimes.jail.policy import seccomp as seccomp_policy
-from runtimes.jail.service.sweep import stat_fields
 from runtimes.linux import landlock, syscalls
+from runtimes.linux.procfs import stat_fields
 from runtimes.linux.protections import Protections, in_child
 from runtimes.linux.rootfs import DEVICES
 

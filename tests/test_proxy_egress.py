@@ -22,8 +22,7 @@ import unprivileged
 from service import DOCKER_DEFAULT, Service, standin
 from test_landlock_mode import KERNEL_ABI, RESTRICTED_POD
 
-from runtimes.jail.policy import proxy_egress
-from runtimes.linux import rootfs
+from runtimes.jail.policy import proxy_egress, tree_files
 
 PROXY_PORT = 18711
 OTHER_PORT = 18712
@@ -250,6 +249,6 @@ def test_the_chroot_jail_without_net_admin_uses_the_proxy_too(container):
     for language in ("python3", "nodejs"):
         envelope = container.run(OWN_ADDRESS[language], language=language, enable_network=True)
         assert envelope["data"]["stdout"] == OWN_ADDRESS_REFUSED[language], envelope
-    assert _attempt(container, RESOLV_CONF) == f"{rootfs.NO_RESOLVER!r}\nreached\n"  # the tree's own, no resolver
+    assert _attempt(container, RESOLV_CONF) == f"{tree_files.NO_RESOLVER!r}\nreached\n"  # the tree's own, no resolver
     envelope = container.run(NODE_THROUGH_PROXY, language="nodejs", enable_network=True)
     assert "via proxy: GET http://example.invalid/n" in envelope["data"]["stdout"], envelope

@@ -14,6 +14,7 @@ import struct
 import pytest
 
 from runtimes.jail.policy import seccomp
+from runtimes.linux import seccomp as engine
 from runtimes.linux.protections import in_child
 from runtimes.linux.syscalls import set_no_new_privs
 
@@ -53,7 +54,7 @@ def syscall(name: str, *args) -> str:
 
 def in_filter(network: bool, probe) -> dict:
     """probe() run in a child under the run's filters (allow-list and pid fence); its answers."""
-    program = seccomp.compile_program(seccomp.build(network))
+    program = engine.compile_program(seccomp.build(network))
 
     def confined() -> dict:
         set_no_new_privs()
@@ -293,7 +294,7 @@ def test_a_lock_taken_under_the_filter_is_not_held():
 
 @pytest.mark.parametrize("pid", [1, 2, 300, 32767, 65536, 4194304])
 def test_the_fence_copied_for_a_pid_is_the_fence_built_for_it(pid):
-    built = seccomp.clock_prefix(pid) + bytes(seccomp.compile_program(seccomp.fence_for(pid))._buffer)
+    built = seccomp.clock_prefix(pid) + bytes(engine.compile_program(seccomp.fence_for(pid))._buffer)
     assert bytes(seccomp.fence_program(pid)._buffer) == built
 
 

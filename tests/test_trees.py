@@ -19,6 +19,8 @@ import pytest
 from conftest import needs_root
 
 from runtimes.config import RuntimeConfig
+from runtimes.jail.policy import tree_files
+from runtimes.jail.trees import materialized
 from runtimes.jail.trees import store as trees
 from runtimes.linux import dirlock, rootfs
 from runtimes.nodejs.runtime import NodeRuntime
@@ -101,8 +103,8 @@ def test_the_materialized_tree_holds_exactly_what_the_pivot_tree_shows(language,
     spec = specs[language]
     root = os.path.join(place, "tree")
     os.mkdir(root)
-    rootfs.materialize(spec, root)
-    cell = rootfs.make_cell(root, RUN_UID)  # what a run's root is: its uid's cell, with a /tmp of its run's own
+    materialized.materialize(spec, root)
+    cell = materialized.make_cell(root, RUN_UID)  # what a run's root is: its uid's cell, with a /tmp of its run's own
     os.mkdir(cell + "/tmp")
     shown = listing(cell)
     assert shown == pivot_listing(spec, place)
@@ -131,7 +133,7 @@ def test_only_root_files_nobody_else_may_write_are_hard_linked(place):
         os.chown(foreign, RUN_UID, RUN_UID)
     root = os.path.join(place, "tree")
     os.mkdir(root)
-    done = rootfs.materialize({"binds": [source], "hidden": [], "devices": [], "placed": {}}, root)
+    done = materialized.materialize({"binds": [source], "hidden": [], "devices": [], "placed": {}}, root)
     linked = {name for name in [*modes, "build_uid_owned"] if _same_inode(source, root, name)}
     if os.geteuid() == 0:
         assert linked == {"plain", "script"}
@@ -158,7 +160,7 @@ def test_across_filesystems_files_are_copied_with_their_times(place):
         with open(source, "w") as f:
             f.write("x = 1\n" * 1000)
         os.utime(source, ns=(1_000_000_000, 1_700_000_000_123_456_789))
-        done = rootfs.materialize({"binds": [source], "hidden": [], "devices": [], "placed": {}}, root)
+        done = materialized.materialize({"binds": [source], "hidden": [], "devices": [], "placed": {}}, root)
         assert done.linked == 0 and done.copied == 1 and done.copied_bytes == 6000
         copy = os.stat(root + source)
         assert copy.st_mtime_ns == 1_700_000_000_123_456_789 and copy.st_size == 6000
@@ -171,7 +173,7 @@ def test_device_nodes_or_safe_stand_ins(place):
     spec = {"binds": [], "hidden": [], "devices": list(rootfs.DEVICES), "placed": {}}
     real = os.path.join(place, "real")
     os.mkdir(real)
-    rootfs.materialize(spec, real, device_nodes=True)
+    materialized.materialize(spec, real, device_nodes=True)
     for path in rootfs.DEVICES:
         info = os.stat(real + path)
         assert stat.S_ISCHR(info.st_mode) and info.st_rdev == os.stat(path).st_rdev
@@ -180,7 +182,7 @@ def test_device_nodes_or_safe_stand_ins(place):
         assert len(f.read(16)) == 16
     stand_in = os.path.join(place, "stand-in")
     os.mkdir(stand_in)
-    assert rootfs.materialize(spec, stand_in, device_nodes=False).devices == "stand-ins"
+    assert materialized.materialize(spec, stand_in, device_nodes=False).devices == "stand-ins"
     null = os.stat(stand_in + "/dev/null")
     assert stat.S_ISREG(null.st_mode) and null.st_size == 0 and stat.S_IMODE(null.st_mode) == 0o444
     assert null.st_uid == 0
@@ -285,7 +287,7 @@ def _store_spec(place: str) -> tuple[dict, str]:
 def test_a_tree_is_built_once_reused_after_a_restart_and_rebuilt_when_a_source_changes(place, monkeypatch):
     spec, module = _store_spec(place)
     built = []
-    materialize = rootfs.materialize
+    materialize = materialized.materialize
 
     def watched(spec, scratch, device_nodes=True, uncache=False):
         built.append(scratch)
@@ -294,7 +296,7 @@ def test_a_tree_is_built_once_reused_after_a_restart_and_rebuilt_when_a_source_c
         assert not os.path.exists(final), "a tree is visible under its name only once it is complete"
         return done
 
-    monkeypatch.setattr(rootfs, "materialize", watched)
+    monkeypatch.setattr(materialized, "materialize", watched)
     first = trees.TreeStore(os.path.join(place, "trees"))
     path = first.ensure(spec)
     assert first.ensure(spec) == path and len(built) == 1  # a second zygote on the same tree
@@ -437,9 +439,9 @@ def resident_pages(path: str) -> int:
 def test_a_tree_built_by_copying_leaves_no_page_cache_of_what_it_read(place, uncache):
     """A container is charged for the page cache its processes fill: a tree copied onto another filesystem (or
     copied up by overlayfs to be linked) read every byte of hundreds of MB of files that runs mostly never
-    read. Built with uncache (TreeStore sets it there: rootfs.fills_cache), neither the sources' pages it read nor
+    read. Built with uncache (TreeStore sets it there: materialized.fills_cache), neither the sources' pages it read nor
     the copies' are left (here: a source on the data directory's filesystem, the tree on /dev/shm's tmpfs)."""
-    if rootfs.fills_cache("/dev/shm", place) is False:
+    if materialized.fills_cache("/dev/shm", place) is False:
         pytest.skip("/dev/shm is on the same filesystem as /var/tmp here")
     source = os.path.join(place, "src")
     os.mkdir(source)
@@ -453,7 +455,7 @@ def test_a_tree_built_by_copying_leaves_no_page_cache_of_what_it_read(place, unc
     assert resident_pages(big) > 0
     root = tempfile.mkdtemp(prefix="sandlot-tree-", dir="/dev/shm")
     try:
-        rootfs.materialize({"binds": [source], "hidden": [], "devices": [], "placed": {}}, root, uncache=uncache)
+        materialized.materialize({"binds": [source], "hidden": [], "devices": [], "placed": {}}, root, uncache=uncache)
         with open(root + big, "rb") as f:
             assert f.read(16)  # the copy is whole
         left = resident_pages(big)
@@ -470,9 +472,9 @@ def test_each_run_of_a_cell_gets_device_nodes_of_its_own(place):
     spec["devices"] = ["/dev/null", "/dev/zero"]
     root = os.path.join(place, "tree")
     os.mkdir(root)
-    rootfs.materialize(spec, root)
+    materialized.materialize(spec, root)
     trees.make_run_tmp(root, RUN_UID)
-    cell = root + rootfs.cell(RUN_UID)
+    cell = root + tree_files.cell(RUN_UID)
     held = os.open(cell + "/dev/null", os.O_RDONLY)  # the node a run had: its number cannot be given again
     try:
         time.sleep(0.05)

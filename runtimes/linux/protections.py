@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from runtimes.jail.service import uids
 from runtimes.linux import landlock, namespaces, nftables, syscalls
+from runtimes.linux.idmap import IdMap
 
 # Places a run or the service might write to; the record says which are writable here.
 WRITABLE_CANDIDATES = ("/", "/etc", "/usr", "/var/tmp", "/tmp", "/dev/shm")
@@ -168,7 +168,7 @@ def probe_uid() -> int:
     """An id other than ours that this user namespace maps for uids and gids (a container's own map may lack
     65534): the ids the runs would get come from the same map (jail/service/uids.py). Found in the parent, before any
     probe child is forked (the user database's locks may be held by another thread at a fork)."""
-    ids = uids.IdMap.here()
+    ids = IdMap.here()
     for uid in (PROBE_UID, PROBE_UID - 1):
         if uid != os.geteuid() and ids.covers(uid, uid + 1):
             return uid

@@ -12,7 +12,7 @@ import subprocess
 from typing import TYPE_CHECKING
 
 from runtimes.jail import modes, protocol
-from runtimes.jail.policy import network_access
+from runtimes.jail.policy import network_access, tree_files
 from runtimes.jail.service.pool import MAIN
 from runtimes.jail.service.runtime import JailedRuntime
 from runtimes.jail.service.supervisor import Zygote
@@ -142,9 +142,9 @@ class NodeRuntime(JailedRuntime):
         spec.add(self.node)
         spec.place(WRAPPER_IN_TREE, WRAPPER)
         if self.config.nodejs_layer:
-            spec.place(rootfs.LAYER_IN_TREE, self.config.nodejs_layer)  # a fixed path: the data dir stays out of view
+            spec.place(tree_files.LAYER_IN_TREE, self.config.nodejs_layer)  # fixed: no data dir in view
         spec.add(*rootfs.shared_libraries([self.node]))
-        rootfs.run_system_files(spec, self.run_hostname(), self.run_nameservers())
+        tree_files.run_system_files(spec, self.run_hostname(), self.run_nameservers())
         return spec
 
     def runner_config(self, kind: str = MAIN) -> dict:

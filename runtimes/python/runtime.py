@@ -10,6 +10,7 @@ import subprocess
 from typing import TYPE_CHECKING
 
 from runtimes.jail import protocol
+from runtimes.jail.policy import tree_files
 from runtimes.jail.service.pool import KIND, MAIN
 from runtimes.jail.service.runtime import JailedRuntime
 from runtimes.linux import rootfs
@@ -126,10 +127,10 @@ class PythonRuntime(JailedRuntime):
         layer = self.config.python_layer
         elf = [python, *rootfs.elf_files_under(paths["dynload"])]
         if layer:
-            spec.place(rootfs.LAYER_IN_TREE, layer)  # at a fixed path: the data dir's stays out of view
+            spec.place(tree_files.LAYER_IN_TREE, layer)  # at a fixed path: the data dir's stays out of view
             elf += rootfs.elf_files_under(layer)
         spec.add(*rootfs.outside(rootfs.shared_libraries(elf, cache_dir=self.config.data_dir), layer))
-        rootfs.run_system_files(spec, self.run_hostname(), self.run_nameservers())
+        tree_files.run_system_files(spec, self.run_hostname(), self.run_nameservers())
         for site in {paths["purelib"], paths["platlib"]}:  # the interpreter's own packages stay out
             if os.path.isdir(site):
                 spec.hidden.append(site)

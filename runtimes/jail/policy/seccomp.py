@@ -46,13 +46,12 @@ raises OSError).
 from __future__ import annotations
 
 import errno
-import os
 import struct
-import sys
 
 import pyseccomp
 
-from runtimes.linux.syscalls import SeccompProgram, set_no_new_privs
+from runtimes.linux import seccomp as engine
+from runtimes.linux.syscalls import SeccompProgram
 
 CLONE_THREAD = 0x00010000
 CLONE_FILES = 0x00000400
@@ -254,24 +253,6 @@ SOCKET_BUFFER_OPTIONS = (7, 8, 32, 33)  # SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, 
 SOCKET_OPTIONS_BELOW = 128  # Linux's socket-level options are numbered below this
 
 
-def all_but(excluded: set[int], below: int) -> tuple[tuple[int, int], ...]:
-    """(mask, value) pairs that together match every value from 0 to below (a power of two) but the excluded
-    ones: aligned blocks, each tested on an argument's low 32 bits, all of them (the kernel reads an int
-    argument's low 32 bits whatever the upper ones say, so a test of all 64 would let a caller past a rule
-    with bits the kernel never reads, and a test of fewer would let values past `below` through)."""
-    pairs = []
-
-    def cover(low: int, size: int) -> None:
-        if not any(low <= value < low + size for value in excluded):
-            pairs.append((0xFFFFFFFF & ~(size - 1), low))
-        elif size > 1:
-            cover(low, size // 2)
-            cover(low + size // 2, size // 2)
-
-    cover(0, below)
-    return tuple(pairs)
-
-
 # With network: a client's calls. No bind, listen or accept: nothing reaches a run from outside.
 NETWORK_SYSCALLS = ("connect",)
 NETWORK_FAMILIES = (AF_INET, AF_INET6)
@@ -471,37 +452,17 @@ NEVER_ALLOWED = frozenset(
 )
 
 
-def syscall_name(number: int) -> str:
-    """The name libseccomp gives a system call number on this machine."""
-    name = pyseccomp.resolve_syscall(pyseccomp.system_arch(), number)
-    return name.decode() if isinstance(name, bytes) else str(name)
-
-
 def check_extra_syscalls(numbers: list[int]) -> None:
     """Refuse an operator's ALLOWED_SYSCALLS that would reopen what must stay closed."""
     for number in numbers:
         try:
-            name = syscall_name(number)
+            name = engine.syscall_name(number)
         except Exception as exc:  # libseccomp does not know it
             raise ValueError(f"ALLOWED_SYSCALLS: {number} is not a system call on this machine") from exc
         if name in NEVER_ALLOWED:
             raise ValueError(
                 f"ALLOWED_SYSCALLS: {number} ({name}) may not be allowed: it would reopen what the jail closes"
             )
-
-
-def _allow(flt: pyseccomp.SyscallFilter, name: str, *args: pyseccomp.Arg) -> None:
-    try:
-        flt.add_rule(pyseccomp.ALLOW, name, *args)
-    except (ValueError, OSError):
-        pass  # not a system call on this architecture (e.g. "open" on arm64)
-
-
-def _refuse(flt: pyseccomp.SyscallFilter, error: int, name: str) -> None:
-    try:
-        flt.add_rule(pyseccomp.ERRNO(error), name)
-    except (ValueError, OSError):
-        pass  # not a system call on this architecture (e.g. "times" on some)
 
 
 def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) -> pyseccomp.SyscallFilter:
@@ -513,25 +474,25 @@ def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) 
     except OSError:
         pass  # libseccomp older than 2.5
     for name in BASE_SYSCALLS:
-        _allow(flt, name)
+        engine.allow(flt, name)
     for number in extra:
         flt.add_rule(pyseccomp.ALLOW, number)
     # threads share one descriptor table (pthread_create's flags), which the service reads for files a run holds
     # after their names went (unnamed.py): no thread of a table of its own, by clone or by close_range
     thread = CLONE_THREAD | CLONE_FILES
-    _allow(flt, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, thread, thread))
-    _allow(flt, "close_range", pyseccomp.Arg(2, pyseccomp.MASKED_EQ, CLOSE_RANGE_UNSHARE, 0))
+    engine.allow(flt, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, thread, thread))
+    engine.allow(flt, "close_range", pyseccomp.Arg(2, pyseccomp.MASKED_EQ, CLOSE_RANGE_UNSHARE, 0))
     flt.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
-    _refuse(flt, errno.ENOSYS, "times")  # as on a kernel without it: callers must handle that
-    _allow(flt, "socketpair", pyseccomp.Arg(0, pyseccomp.EQ, AF_UNIX))
+    engine.refuse(flt, errno.ENOSYS, "times")  # as on a kernel without it: callers must handle that
+    engine.allow(flt, "socketpair", pyseccomp.Arg(0, pyseccomp.EQ, AF_UNIX))
     for name, index in SELF_ONLY.items():
-        _allow(flt, name, pyseccomp.Arg(index, pyseccomp.EQ, 0))
+        engine.allow(flt, name, pyseccomp.Arg(index, pyseccomp.EQ, 0))
     for command in FCNTL_ALLOWED:
-        _allow(flt, "fcntl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, command))
+        engine.allow(flt, "fcntl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, command))
     for command in FCNTL_LOCKS:
         flt.add_rule(pyseccomp.ERRNO(0), "fcntl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, command))
-    _allow(flt, "fallocate", pyseccomp.Arg(FALLOCATE_MODE_ARG, pyseccomp.MASKED_EQ, 0xFFFFFFFF, 0))
-    for mask, value in all_but({0}, 1 << 32):  # every other mode, on the int's 32 bits the kernel reads
+    engine.allow(flt, "fallocate", pyseccomp.Arg(FALLOCATE_MODE_ARG, pyseccomp.MASKED_EQ, 0xFFFFFFFF, 0))
+    for mask, value in engine.all_but({0}, 1 << 32):  # every other mode, on the int's 32 bits the kernel reads
         flt.add_rule(
             pyseccomp.ERRNO(errno.EOPNOTSUPP),
             "fallocate",
@@ -539,26 +500,26 @@ def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) 
         )
     pipe_size = pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, F_SETPIPE_SZ)
     for mask, value in ((0xFFFF0000, 0), (0xFFFFFFFF, PIPE_DEFAULT_BYTES)):  # the kernel reads an unsigned int
-        _allow(flt, "fcntl", pipe_size, pyseccomp.Arg(2, pyseccomp.MASKED_EQ, mask, value))
+        engine.allow(flt, "fcntl", pipe_size, pyseccomp.Arg(2, pyseccomp.MASKED_EQ, mask, value))
     flt.add_rule(pyseccomp.ERRNO(0), "flock")
     for level in SOCKET_OPTION_LEVELS:
-        _allow(flt, "setsockopt", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, level))
+        engine.allow(flt, "setsockopt", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, level))
     socket_level = pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, SOL_SOCKET)
-    for mask, value in all_but(set(SOCKET_BUFFER_OPTIONS), SOCKET_OPTIONS_BELOW):
-        _allow(flt, "setsockopt", socket_level, pyseccomp.Arg(2, pyseccomp.MASKED_EQ, mask, value))
+    for mask, value in engine.all_but(set(SOCKET_BUFFER_OPTIONS), SOCKET_OPTIONS_BELOW):
+        engine.allow(flt, "setsockopt", socket_level, pyseccomp.Arg(2, pyseccomp.MASKED_EQ, mask, value))
     for option in SOCKET_BUFFER_OPTIONS:
         flt.add_rule(
             pyseccomp.ERRNO(0), "setsockopt", socket_level, pyseccomp.Arg(2, pyseccomp.MASKED_EQ, 0xFFFFFFFF, option)
         )
     for mask, value in IOCTL_ALLOWED_TYPES:
-        _allow(flt, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, mask, value))
+        engine.allow(flt, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, mask, value))
     for mask, value in MADVISE_ALLOWED:
-        _allow(flt, "madvise", pyseccomp.Arg(2, pyseccomp.MASKED_EQ, mask, value))
+        engine.allow(flt, "madvise", pyseccomp.Arg(2, pyseccomp.MASKED_EQ, mask, value))
     for mask, value in FADVISE_ALLOWED:
-        _allow(flt, "fadvise64", pyseccomp.Arg(3, pyseccomp.MASKED_EQ, mask, value))
+        engine.allow(flt, "fadvise64", pyseccomp.Arg(3, pyseccomp.MASKED_EQ, mask, value))
     # RWF_NOWAIT answers as on a file that cannot do it: callers must handle that anyway
     for name in ("preadv2", "pwritev2"):
-        _allow(flt, name, pyseccomp.Arg(RWF_FLAGS_ARG, pyseccomp.MASKED_EQ, RWF_NOWAIT, 0))
+        engine.allow(flt, name, pyseccomp.Arg(RWF_FLAGS_ARG, pyseccomp.MASKED_EQ, RWF_NOWAIT, 0))
         flt.add_rule(
             pyseccomp.ERRNO(errno.EOPNOTSUPP),
             name,
@@ -566,12 +527,12 @@ def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) 
         )
     # kill, tgkill and tkill: allowed here, narrowed to the run's own pid by fence_for
     for name in ("kill", "tgkill", "tkill"):
-        _allow(flt, name)
+        engine.allow(flt, name)
     if network:
         for family in NETWORK_FAMILIES:
             for kind, protocols in NETWORK_TYPES.items():
                 for protocol in protocols:
-                    _allow(
+                    engine.allow(
                         flt,
                         "socket",
                         pyseccomp.Arg(0, pyseccomp.EQ, family),
@@ -579,9 +540,9 @@ def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) 
                         pyseccomp.Arg(2, pyseccomp.MASKED_EQ, 0xFFFFFFFF, protocol),
                     )
         for name in NETWORK_SYSCALLS:
-            _allow(flt, name)
+            engine.allow(flt, name)
     if allow_exec:
-        _allow(flt, "execve")
+        engine.allow(flt, "execve")
     return flt
 
 
@@ -615,8 +576,8 @@ def fence_program(pid: int) -> SeccompProgram:
     pid with the placeholder replaced, a copy instead of a build in every child (a build costs
     about a millisecond more). The zygote compiles the template in programs()."""
     if not _fence_template:
-        bpf = _export(fence_for(_FENCE_PLACEHOLDER))
-        insns = struct.iter_unpack(_BPF_INSN, bpf)
+        bpf = engine.export(fence_for(_FENCE_PLACEHOLDER))
+        insns = struct.iter_unpack(engine.INSN, bpf)
         offsets = [i * 8 + 4 for i, (_code, _jt, _jf, k) in enumerate(insns) if k == _FENCE_PLACEHOLDER]
         _fence_template.extend((bpf, offsets, _clock_calls()))
     bpf, offsets, clock_calls = _fence_template
@@ -635,9 +596,6 @@ def fence_program(pid: int) -> SeccompProgram:
 CLOCK_CALLS = ("clock_gettime", "clock_getres", "clock_nanosleep", "timer_create")
 SYSTEM_CLOCKS = 12  # CLOCK_REALTIME (0) to CLOCK_TAI (11)
 CPU_CLOCK_TYPES = (0, 1, 2, 4, 5, 6)  # a process's and a thread's PROF, VIRT, SCHED; not 3 or 7 (CLOCKFD)
-_SECCOMP_DATA_ARCH, _SECCOMP_DATA_NR, _SECCOMP_DATA_ARG0 = 4, 0, 16
-_BPF_LD_ABS, _BPF_JEQ, _BPF_JGT, _BPF_JGE, _BPF_SUB, _BPF_RET = 0x20, 0x15, 0x25, 0x35, 0x14, 0x06
-_RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 
 
 def _clock_calls() -> tuple[int, tuple[int, ...]]:
@@ -666,83 +624,37 @@ def clock_prefix(pid: int, calls: tuple[int, tuple[int, ...]] | None = None) -> 
     own = (~pid << 3) & 0xFFFFFFFF  # the process's PROF clock; the others follow it
     refuse, allow = "refuse", "allow"
     code: list[tuple] = [
-        (_BPF_LD_ABS, 0, 0, _SECCOMP_DATA_ARCH),
-        (_BPF_JEQ, 0, "next", arch),
-        (_BPF_LD_ABS, 0, 0, _SECCOMP_DATA_NR),
+        (engine.LD_ABS, 0, 0, engine.DATA_ARCH),
+        (engine.JEQ, 0, "next", arch),
+        (engine.LD_ABS, 0, 0, engine.DATA_NR),
     ]
     for i, number in enumerate(numbers):
-        code.append((_BPF_JEQ, "check", "next" if i == len(numbers) - 1 else 0, number))
-    low = _SECCOMP_DATA_ARG0 if _LITTLE_ENDIAN else _SECCOMP_DATA_ARG0 + 4  # the int the kernel reads
+        code.append((engine.JEQ, "check", "next" if i == len(numbers) - 1 else 0, number))
+    low = engine.DATA_ARG0 if engine.LITTLE_ENDIAN else engine.DATA_ARG0 + 4  # the int the kernel reads
     code += [
         ("check",),
-        (_BPF_LD_ABS, 0, 0, low),
-        (_BPF_JGT, 0, allow, SYSTEM_CLOCKS - 1),
-        (_BPF_JGE, "self", 0, 0xFFFFFFF8),  # pid 0: -8 to -1
-        (_BPF_SUB, 0, 0, own),  # its own pid: own + type, with type in CPU_CLOCK_TYPES
-        (_BPF_JGT, refuse, 0, max(CPU_CLOCK_TYPES)),
-        (_BPF_JEQ, refuse, allow, 3),
+        (engine.LD_ABS, 0, 0, low),
+        (engine.JGT, 0, allow, SYSTEM_CLOCKS - 1),
+        (engine.JGE, "self", 0, 0xFFFFFFF8),  # pid 0: -8 to -1
+        (engine.SUB, 0, 0, own),  # its own pid: own + type, with type in CPU_CLOCK_TYPES
+        (engine.JGT, refuse, 0, max(CPU_CLOCK_TYPES)),
+        (engine.JEQ, refuse, allow, 3),
         ("self",),
-        (_BPF_JEQ, refuse, 0, 0xFFFFFFFB),
-        (_BPF_JEQ, refuse, allow, 0xFFFFFFFF),
+        (engine.JEQ, refuse, 0, 0xFFFFFFFB),
+        (engine.JEQ, refuse, allow, 0xFFFFFFFF),
         ("allow",),
-        (_BPF_RET, 0, 0, _RET_ALLOW),
+        (engine.RET, 0, 0, engine.RET_ALLOW),
         ("refuse",),
-        (_BPF_RET, 0, 0, _RET_ERRNO | errno.EINVAL),
+        (engine.RET, 0, 0, engine.RET_ERRNO | errno.EINVAL),
         ("next",),
     ]
-    labels, index = {}, 0
-    for item in code:
-        if len(item) == 1:
-            labels[item[0]] = index
-        else:
-            index += 1
-    program, index = [], 0
-    for item in code:
-        if len(item) == 1:
-            continue
-        op, jt, jf, k = item
-        index += 1
-        jt = labels[jt] - index if isinstance(jt, str) else jt
-        jf = labels[jf] - index if isinstance(jf, str) else jf
-        program.append(struct.pack(_BPF_INSN, op, jt, jf, k & 0xFFFFFFFF))
-    return b"".join(program)
-
-
-_LITTLE_ENDIAN = sys.byteorder == "little"
-_BPF_INSN = "HBBI"  # struct sock_filter: code, jt, jf, k
-
-
-def _export(flt: pyseccomp.SyscallFilter) -> bytes:
-    fd = os.memfd_create("sandlot-seccomp", os.MFD_CLOEXEC)
-    try:
-        with os.fdopen(os.dup(fd), "wb") as sink:
-            flt.export_bpf(sink)
-        size = os.lseek(fd, 0, os.SEEK_END)
-        return os.pread(fd, size, 0)
-    finally:
-        os.close(fd)
-
-
-def compile_program(flt: pyseccomp.SyscallFilter) -> SeccompProgram:
-    """libseccomp's BPF for the filter, ready to load in a child with one call."""
-    return SeccompProgram(_export(flt))
+    return engine.assemble(code)
 
 
 def programs(extra: tuple[int, ...] = (), allow_exec: bool = False) -> dict[bool, SeccompProgram]:
     """The compiled filters of a runtime, by network flag (and the fence's template, for its children)."""
     fence_program(_FENCE_PLACEHOLDER)
-    return {network: compile_program(build(network, extra, allow_exec)) for network in (False, True)}
-
-
-def probe(program: SeccompProgram) -> str | None:
-    """Load the filter in a throwaway child: some platforms refuse seccomp(), some kill the caller. None if it loads."""
-    from runtimes.linux.protections import in_child
-
-    def load() -> None:
-        set_no_new_privs()
-        program.load()
-
-    return in_child(load)[1] or None
+    return {network: engine.compile_program(build(network, extra, allow_exec)) for network in (False, True)}
 
 
 def prepared(config: dict, allow_exec: bool = False) -> tuple[dict[bool, SeccompProgram], str | None]:
@@ -755,7 +667,7 @@ def prepared(config: dict, allow_exec: bool = False) -> tuple[dict[bool, Seccomp
     if not config.get("seccomp", True):
         return {}, "refused by the platform (the protections record)"
     filters = programs(tuple(config.get("extra_syscalls", ())), allow_exec=allow_exec)
-    error = probe(filters[False])
+    error = engine.probe(filters[False])
     return (filters if error is None else {}), error
 
 

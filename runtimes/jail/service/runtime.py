@@ -29,6 +29,7 @@ from runtimes.config import MIB, RuntimeConfig
 from runtimes.jail import modes
 from runtimes.jail.policy import landlock_mode, network_access, proxy_egress
 from runtimes.jail.policy.proxy_egress import ProxyEgress
+from runtimes.jail.policy.tree_files import LAYER_IN_TREE, RUN_HOSTNAME
 from runtimes.jail.service import sweep
 from runtimes.jail.service.execution import execute
 from runtimes.jail.service.pool import MAIN, ChildPool
@@ -46,7 +47,7 @@ from runtimes.linux.pasta import REFUSED as REFUSED_PREFIX
 from runtimes.linux.pasta import NamespaceNetwork
 from runtimes.linux.pasta import plan as plan_network
 from runtimes.linux.protections import Protections, platform_protections
-from runtimes.linux.rootfs import LAYER_IN_TREE, RUN_HOSTNAME, TreeSpec
+from runtimes.linux.rootfs import TreeSpec
 from runtimes.payload import RequestFields, RunResult, Unavailable
 
 if TYPE_CHECKING:

@@ -22,8 +22,9 @@ import select
 import signal
 import time
 
+from runtimes.linux.procfs import task_inert
+
 SWEEP_ROUNDS = 200
-PF_EXITING = 0x4  # include/linux/sched.h: the task is in do_exit()
 
 
 class StrayProcesses(RuntimeError):
@@ -209,18 +210,6 @@ def _wait_exiting(targets: list[tuple[int, int]], timeout: float = 2.0) -> None:
         time.sleep(delay)
         waited += delay
         delay = min(delay * 2, 0.005)
-
-
-def stat_fields(stat: bytes) -> list[bytes]:
-    """/proc/<pid>/stat's fields after "pid (comm) " (the name may hold spaces and parentheses): state first
-    (field 3), flags at 6 (field 9), start time at 19 (field 22)."""
-    return stat[stat.rindex(b")") + 2 :].split()
-
-
-def task_inert(stat: bytes) -> bool:
-    """From /proc/<pid>/stat or /proc/<pid>/task/<tid>/stat: a zombie or dead task, or one in do_exit()."""
-    fields = stat_fields(stat)
-    return fields[0] in (b"Z", b"X", b"x") or bool(int(fields[6]) & PF_EXITING)
 
 
 def _all_exiting(pid: int) -> bool:

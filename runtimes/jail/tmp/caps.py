@@ -63,9 +63,10 @@ from dataclasses import dataclass, field
 from inotify_simple import INotify
 from inotify_simple import flags as ev
 
+from runtimes.jail.policy import tree_files
 from runtimes.jail.tmp import held as unnamed
 from runtimes.jail.trees import store
-from runtimes.linux import dirlock, rootfs
+from runtimes.linux import dirlock
 
 log = logging.getLogger("sandlot.jail")
 
@@ -573,7 +574,7 @@ class RunDirectories:
 
     def needs_cell(self, tree_root: str, uid: int) -> bool:
         """Whether make() would make uid's cell first (store.make_cells)."""
-        return not os.path.isdir(tree_root + rootfs.cell(uid))
+        return not os.path.isdir(tree_root + tree_files.cell(uid))
 
     def watch(self, child) -> None:
         """Cap the child's directory until remove(); over a cap the child is killed, its run ending with the

@@ -31,7 +31,7 @@ import stat
 import time
 from collections.abc import Iterator
 
-from runtimes.jail.service.sweep import stat_fields, task_inert
+from runtimes.linux.procfs import stat_fields, task_inert
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _ASK = 0xFFFFFFFF  # setfsuid(-1): changes nothing, answers the current one

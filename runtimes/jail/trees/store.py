@@ -1,7 +1,7 @@
 """Trees materialized as directories, for the chroot mode: built once, off the request path, then reused.
 
 Where nothing can be mounted (a container on default privileges), a run's read-only
-root is a real directory that the zygote chroots into (rootfs.materialize). Building one
+root is a real directory that the zygote chroots into (materialized.materialize). Building one
 costs a walk and a hard link per file (a copy where a link is not allowed or not
 possible), so it is built once per tree spec, before any zygote needs it, and kept:
 
@@ -24,7 +24,7 @@ possible), so it is built once per tree spec, before any zygote needs it, and ke
 - Held like layers (runtimes/linux/dirlock.py): a shared flock per instance that uses a tree;
   a tree is removed only when no instance holds it (collect()).
 - Each run has a literal /tmp of its own: a run of uid chroots (from its zygote's tree)
-  into the uid's cell, `cells/<uid>` (rootfs.make_cell: the tree's directories made again,
+  into the uid's cell, `cells/<uid>` (materialized.make_cell: the tree's directories made again,
   its files hard links, made at the uid's first run and kept), whose `tmp` is 0700 and
   the uid's, made fresh for each run (runtimes/jail/tmp/caps.py caps its size and file
   count). The instance that made it holds a lock on it while its run lives; one that no
@@ -45,7 +45,8 @@ import sys
 import threading
 import time
 
-from runtimes.linux import rootfs
+from runtimes.jail.policy import tree_files
+from runtimes.jail.trees import materialized
 from runtimes.linux.dirlock import TRASH, lock_shared, remove_if_unlocked
 
 log = logging.getLogger("sandlot.trees")
@@ -77,7 +78,7 @@ def fingerprint(spec: dict, device_nodes: bool) -> str:
     """The key of the tree a spec gives: the spec, and the type, size, mode, owner and mtime of every file
     it would hold (a walk of stats, no reads)."""
     digest = hashlib.sha256(
-        json.dumps({"format": rootfs.TREE_FORMAT, "spec": spec, "devices": device_nodes}, sort_keys=True).encode()
+        json.dumps({"format": materialized.TREE_FORMAT, "spec": spec, "devices": device_nodes}, sort_keys=True).encode()
     )
     hidden = {os.path.realpath(path) for path in spec["hidden"]}
     sources = [*spec["binds"], *spec.get("placed", {}).values(), *spec["devices"]]
@@ -140,8 +141,8 @@ class TreeStore:
             )
         self.no_devices = devices_work(root)  # why stand-ins are used for /dev ("" when real nodes are made)
         # a container's own filesystem (overlayfs), or another one than the interpreter's: a build reads and
-        # writes whole files, whose pages, charged to the container, are dropped (rootfs.materialize)
-        self.uncache = rootfs.fills_cache(root, sys.executable)
+        # writes whole files, whose pages, charged to the container, are dropped (materialized.materialize)
+        self.uncache = materialized.fills_cache(root, sys.executable)
         if self.no_devices:
             log.warning("trees get stand-ins for /dev (a read-only empty null, no zero or random): %s", self.no_devices)
         self._lock = threading.Lock()
@@ -175,10 +176,10 @@ class TreeStore:
         held = lock_shared(scratch)  # another instance's collect() leaves it alone
         try:
             started = time.monotonic()
-            done = rootfs.materialize(spec, scratch, self.device_nodes, uncache=self.uncache)
+            done = materialized.materialize(spec, scratch, self.device_nodes, uncache=self.uncache)
             os.sync()  # a tree that a power cut left with empty copies must never be found finished
             if self.uncache:
-                rootfs.drop_cache(scratch)  # written back now: clean pages, which runs read back as they need
+                materialized.drop_cache(scratch)  # written back now: clean pages, which runs read back as they need
             try:
                 os.rename(scratch, path)
             except OSError as exc:
@@ -260,14 +261,14 @@ _making_cells = threading.Lock()
 def make_cells(tree_root: str, uids: list[int]) -> None:
     """The cells of the uids the next runs will have, made ahead (while their zygote starts, beside it)."""
     for uid in uids:
-        if not os.path.isdir(tree_root + rootfs.cell(uid)):
+        if not os.path.isdir(tree_root + tree_files.cell(uid)):
             with _making_cells:
-                rootfs.make_cell(tree_root, uid)
+                materialized.make_cell(tree_root, uid)
 
 
 def run_tmp(tree_root: str, uid: int) -> str:
-    """The host path of the /tmp of uid's run in that tree: its cell's (rootfs.make_cell), seen as /tmp."""
-    return tree_root + rootfs.cell(uid) + "/tmp"
+    """The host path of the /tmp of uid's run in that tree: its cell's (materialized.make_cell), seen as /tmp."""
+    return tree_root + tree_files.cell(uid) + "/tmp"
 
 
 def make_run_tmp(tree_root: str, uid: int) -> str:
@@ -277,7 +278,7 @@ def make_run_tmp(tree_root: str, uid: int) -> str:
     make_cells(tree_root, [uid])
     path = run_tmp(tree_root, uid)
     remove_run_tmp(tree_root, uid)
-    rootfs.renew_devices(tree_root + rootfs.cell(uid))
+    materialized.renew_devices(tree_root + tree_files.cell(uid))
     os.mkdir(path, 0o700)
     os.chown(path, uid, uid)
     return path
@@ -292,7 +293,7 @@ def clear_stale_run_tmps(tree_root: str, own: range = range(0)) -> list[str]:
     own: the uids of the caller's block, left alone: their directories are its own runs' (a dead holder's
     go when the uid is next given out, make_run_tmp), made and removed at any moment, and one removed and
     made again under the same name just as it is looked at must not be taken for a dead one's."""
-    parent = tree_root + rootfs.CELLS
+    parent = tree_root + tree_files.CELLS
     removed = []
     for name in os.listdir(parent):
         path = os.path.join(parent, name)

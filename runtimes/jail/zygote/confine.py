@@ -44,8 +44,8 @@ from dataclasses import dataclass
 
 from runtimes.jail.modes import CHROOT, PIVOT, SHARED, TMPFS, USER_NAMESPACE, Mode
 from runtimes.jail.policy import seccomp as seccomp_policy
+from runtimes.jail.policy.tree_files import RUN_HOSTNAME, cell
 from runtimes.linux import landlock, namespaces, syscalls
-from runtimes.linux.rootfs import RUN_HOSTNAME, cell
 
 
 @dataclass(frozen=True)
