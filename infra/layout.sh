@@ -31,12 +31,12 @@ project() {
     rm -rf "$source"
 }
 
-# A Lambda runtime process drops the role's credentials as its interpreter starts (runtimes/function/credentials.py's
+# A Lambda runtime process drops the role's credentials as its interpreter starts (runtimes/function/early.py's
 # early hook), before anything is imported: a .pth file of the venv, which `site` runs
 early_hook() {
     local site
     site=$("$PREFIX/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-    "$PREFIX/venv/bin/python" -c 'import runtimes.function.credentials as c, sys; sys.stdout.write(c.EARLY_HOOK)' \
+    "$PREFIX/venv/bin/python" -c 'import runtimes.function.early as c, sys; sys.stdout.write(c.EARLY_HOOK)' \
         >"$site/sandlot-early.pth"
 }
 

@@ -171,7 +171,7 @@ def test_a_functions_first_run_imports_no_pydantic():
     it cost that cold path about 70 ms of CPU."""
     script = (
         "import sys\n"
-        "import runtimes.function.runtime, runtimes.python.runtime, runtimes.nodejs.runtime\n"
+        "import runtimes.function.runtime_function, runtimes.python.runtime, runtimes.nodejs.runtime\n"
         "from runtimes.jail.service.outcome import Outcome\n"
         "from runtimes.payload import fit_result, read_request\n"
         "request = read_request({'language': 'python3', 'code': 'print(1)', 'enable_network': True}, True)\n"

@@ -143,18 +143,22 @@ def test_the_unshare_way_gives_each_child_namespaces_of_its_own_and_the_zygote_k
         forker = Forker(linux.CLONE_NEWPID | linux.CLONE_NEWNS | linux.CLONE_NEWUTS | linux.CLONE_NEWIPC)
         print(forker._own_pid_namespace >= 0)  # the unshare way, not the raw clone
         own = {kind: os.stat(f"/proc/self/ns/{kind}").st_ino for kind in ("pid", "mnt", "uts", "ipc")}
-        seen = []
+        # the three children live together while their PID namespaces are compared: a namespace freed by a
+        # child reaped before the next one's is made may give its inode number to that next one
+        hold, release = os.pipe()
+        seen, children = [], []
         for n in range(3):
-            hold, release = os.pipe()
             pid = forker.fork()
             if pid == 0:
-                os.read(hold, 1)  # alive until the zygote has looked at its PID namespace
+                os.read(hold, 1)  # alive until the zygote has looked at every child's PID namespace
                 forker.child()
                 socket.sethostname(f"child{n}")
                 mine = [os.stat(f"/proc/self/ns/{kind}").st_ino for kind in ("mnt", "uts", "ipc")]
                 os._exit(0 if os.getpid() == 1 and not set(mine) & set(own.values()) else 1)
+            children.append(pid)
             seen.append(os.readlink(f"/proc/{pid}/ns/pid"))
-            os.write(release, b"x")
+        os.write(release, b"xxx")
+        for pid in children:
             print(os.waitpid(pid, 0)[1], end=" ")
         print(len(set(seen)), socket.gethostname() != "child2")
         # the zygote's next plain child is in the zygote's own PID namespace again

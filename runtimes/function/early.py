@@ -1,6 +1,6 @@
 """The first steps of a runtime function's init, before its heavy imports (the standard library and the probe).
 
-1. The role's credentials out of the process (credentials.py): a no-op where the image's early hook
+1. The role's credentials out of the process (`drop_credentials`, below): a no-op where the image's early hook
    (infra/layout.sh's `sandlot-early.pth`) already did it, before awslambdaric was even imported.
 2. The platform probe (linux/protections.py) starts while the process is still small and single-threaded
    (in the image, as the interpreter starts, from the same early hook, before awslambdaric is imported):
@@ -9,16 +9,76 @@
    credentials, namespaces, filters and limits, so its record is the one this process would have probed;
    `record()` reads it and makes it this process's record (the one platform_protections() returns, which
    the runtime's start and the function read). If the child gives no record, this process probes itself.
+
+## The role's credentials
+
+Lambda puts them in the runtime client's environment, and /proc/<pid>/environ of
+a same-uid process keeps the original block even after unsetenv. So the process
+re-executes itself, the very same command, without them: the new image's
+environment block never held them. A runtime function needs none (its role has
+nothing beyond its logs, which go to stdout). Standard library only, so that it
+runs first and cheaply, before the heavy imports of init.
+
+In the image they never reach it: the Dockerfiles' ENTRYPOINT is env(1), which
+drops them and execs the interpreter (ENTRYPOINT_PREFIX), so that the function's
+process starts one interpreter, as a bare function's does (a re-exec cost a
+second bare start, about 7 ms). Should a Lambda runtime process of the image's
+venv be started any other way, infra/layout.sh's `.pth` file (EARLY_HOOK) calls
+`early_hook()` while the interpreter starts, before awslambdaric is imported,
+and the re-exec happens there, the replaced process having done nothing but
+start. (Wiping the
+credentials in place instead would leave copies: the environment block that
+/proc/<pid>/environ reads, and the interpreter's own copies in its heap, which a
+same-uid process may read through /proc/<pid>/mem where the platform allows it.)
+
+Standard library only, its imports inside the functions that need them: every interpreter of the image's venv
+imports this module (EARLY_HOOK).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import threading
+import sys
 import time
 
-from runtimes.function.credentials import drop_credentials
+CREDENTIALS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+)
+
+
+# The image's ENTRYPOINT before the interpreter (runtimes/*/Dockerfile; tests/lambda keep them equal)
+ENTRYPOINT_PREFIX = ("/usr/bin/env", *(arg for name in CREDENTIALS for arg in ("-u", name)))
+
+
+def drop_credentials() -> None:
+    """Re-exec this very command without the credentials in its environment (no-op once they are gone)."""
+    if not any(name in os.environ for name in CREDENTIALS):
+        return
+    env = {k: v for k, v in os.environ.items() if k not in CREDENTIALS}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+EARLY_HOOK = "import runtimes.function.early as _sandlot; _sandlot.early_hook()\n"  # a .pth line: site runs it
+
+
+def early_hook() -> None:
+    """Called by the image's .pth file as any interpreter of its venv starts: a Lambda runtime process (one the
+    Runtime API is handed to) drops the credentials there and then; any other is left alone. A runtime
+    function's process then starts its platform probe (below) in a forked child, so that it runs
+    beside awslambdaric's imports too, not only beside the function's own."""
+    if "AWS_LAMBDA_RUNTIME_API" in os.environ:
+        drop_credentials()
+        if any(arg.startswith("runtimes.") and arg.endswith(".lambda_function.handler") for arg in sys.orig_argv):
+            _start_probe()
+
 
 probe_seconds = float("nan")  # from the probe's start to its record being read (nan: not probed here)
 _probe: tuple[int, int, float] | None = None  # (pid, read end, started)
@@ -33,10 +93,14 @@ def first_steps() -> None:
 def _start_probe() -> None:
     global _probe, _started
     if _started:
-        return  # once per process: the image's early hook may have started it already (credentials.early_hook)
+        return  # once per process: the image's early hook may have started it already (early_hook)
+    import threading
+
     if threading.active_count() > 1:
         return  # forking now could copy another thread's held locks: probed in process, later
     _started = True
+    import json
+
     from runtimes.linux import protections
 
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
@@ -60,6 +124,8 @@ def record() -> None:
     if _probe is None:
         return
     (pid, read_end, started), _probe = _probe, None
+    import json
+
     from runtimes.linux import protections
 
     chunks = []

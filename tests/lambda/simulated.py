@@ -23,7 +23,7 @@ import tempfile
 from emulation import FunctionInstance
 from functions import FAKE_CREDENTIALS, HANDLERS, REPO
 
-from runtimes.function.credentials import ENTRYPOINT_PREFIX
+from runtimes.function.early import ENTRYPOINT_PREFIX
 
 SYSTEM_PYTHON = "/usr/bin/python3.11"
 SIM_UID = 61051  # a uid of its own, so that sweeping it touches no one else's processes

@@ -16,7 +16,7 @@ import pytest
 from functions import FAKE_CREDENTIALS, REPO
 from simulated import SIM_UID, SYSTEM_PYTHON, lay_out_image, start_simulated
 
-from runtimes.function.credentials import CREDENTIALS, ENTRYPOINT_PREFIX
+from runtimes.function.early import CREDENTIALS, ENTRYPOINT_PREFIX
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 

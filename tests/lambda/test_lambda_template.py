@@ -10,7 +10,7 @@ import pytest
 import yaml
 from functions import HANDLERS, REPO
 
-from runtimes.function.credentials import ENTRYPOINT_PREFIX
+from runtimes.function.early import ENTRYPOINT_PREFIX
 
 sys.path.insert(0, os.path.join(REPO, "infra"))
 

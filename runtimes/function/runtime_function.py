@@ -3,7 +3,7 @@
     python -m awslambdaric runtimes.<language>.lambda_function.handler
 
 Module import is Lambda's init phase. The role's credentials are gone before it
-begins (runtimes/function/credentials.py: in the image, the ENTRYPOINT's env(1) drops them
+begins (runtimes/function/early.py: in the image, the ENTRYPOINT's env(1) drops them
 before the interpreter starts; a process started otherwise re-executes itself
 from the venv's .pth hook), and the platform probe runs in a forked child beside
 the imports, from that hook as the interpreter starts (runtimes/function/early.py). The
@@ -59,7 +59,7 @@ from collections.abc import Callable
 
 from runtimes.config import RuntimeConfig
 from runtimes.function import early
-from runtimes.function.credentials import drop_credentials
+from runtimes.function.early import drop_credentials
 from runtimes.function.environment import ConfigError, function_environment
 from runtimes.jail.service.runtime import JailedRuntime
 from runtimes.jail.service.sweep import StrayProcesses
