@@ -21,7 +21,8 @@ from handler.metrics import Metrics, metered, metrics_routes
 from handler.middleware import ObservabilityMiddleware
 from handler.openapi import openapi_routes
 from handler.settings import Settings
-from runtimes.payload import LANGUAGES, RunRequest, RunResult
+from runtimes.languages import DEFAULT, is_known
+from runtimes.payload import RunRequest, RunResult
 
 log = logging.getLogger("sandlot.api")
 
@@ -167,12 +168,12 @@ class SandboxAPI:
         return reply.response()
 
     def _language(self, value: object) -> str | None:
-        return value if value in LANGUAGES else None
+        return value if is_known(value) else None
 
     async def dependencies(self, request: Request):
         if not self.authorized(request):
             return envelope.unauthorized()
-        language = self._language(request.query_params.get("language", "python3"))
+        language = self._language(request.query_params.get("language", DEFAULT.wire_name))
         if language is None:
             return envelope.bad_request(envelope.UNSUPPORTED_LANGUAGE)
         if not isinstance(self.invoker, LayerAdmin):
@@ -191,13 +192,13 @@ class SandboxAPI:
             return envelope.bad_request("malformed JSON body")
         except RecursionError:
             return envelope.bad_request(TOO_DEEP)
-        language = self._language(data.get("language", "python3")) if isinstance(data, dict) else None
+        language = self._language(data.get("language", DEFAULT.wire_name)) if isinstance(data, dict) else None
         return await self._rebuild(language, self._nothing)
 
     async def refresh_dependencies(self, request: Request):
         if not self.authorized(request):
             return envelope.unauthorized()
-        language = self._language(request.query_params.get("language", "python3"))
+        language = self._language(request.query_params.get("language", DEFAULT.wire_name))
         return await self._rebuild(language, lambda: self.dependencies_of(language))
 
     async def _rebuild(self, language: str | None, answer):

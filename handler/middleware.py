@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from handler.logs import RequestContext, current_request, request_id_from, trace_id_from
 from handler.metrics import Metrics
+from runtimes.languages import is_known
 
 log = logging.getLogger("sandlot.access")
 
@@ -36,7 +37,7 @@ def _language_of(body: list[bytes]) -> str:
     except (ValueError, RecursionError):  # a body nested too deeply was refused for that very reason
         return "unknown"
     language = data.get("language") if isinstance(data, dict) else None
-    return language if language in ("python3", "nodejs") else "unknown"
+    return language if is_known(language) else "unknown"
 
 
 class ObservabilityMiddleware:

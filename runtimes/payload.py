@@ -28,10 +28,10 @@ from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from runtimes.languages import WIRE_NAMES
+
 if TYPE_CHECKING:
     from runtimes.run_models import RunRequest
-
-LANGUAGES = ("python3", "nodejs")
 
 NETWORK_DISABLED = "network is disabled, please enable it in the configuration"
 UNSUPPORTED_LANGUAGE = "unsupported language"
@@ -137,7 +137,7 @@ _REQUEST_TYPES = {"language": str, "code": str, "preload": str, "enable_network"
 def read_request(data: object, network_allowed: bool) -> RequestFields | RunRequest:
     """parse_request's rules without pydantic for a request that plainly keeps them (RunRequest's fields, each
     of its exact type, bounds kept); any other is parse_request's: its InvalidRequest, or its request."""
-    if isinstance(data, dict) and data.keys() <= _REQUEST_FIELDS and data.get("language") in LANGUAGES:
+    if isinstance(data, dict) and data.keys() <= _REQUEST_FIELDS and data.get("language") in WIRE_NAMES:
         plain = all(type(data[name]) is kind for name, kind in _REQUEST_TYPES.items() if name in data)
         timeout, memory = data.get("timeout"), data.get("memory_limit_mb")
         plain = plain and bool(data.get("code")) and (memory is None or (type(memory) is int and memory > 0))
@@ -166,7 +166,7 @@ def parse_request(data: object, network_allowed: bool, model: type[RunRequest] |
     model = model or RunRequest
     if not isinstance(data, dict):
         raise InvalidRequest("the body must be a JSON object")
-    if "language" in data and data["language"] not in LANGUAGES:
+    if "language" in data and data["language"] not in WIRE_NAMES:
         raise InvalidRequest(UNSUPPORTED_LANGUAGE)
     try:
         request = model.model_validate(data)
