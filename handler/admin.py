@@ -41,7 +41,7 @@ from starlette.routing import Route
 
 from handler import run_path
 from handler.admission import ClientGone, Refused
-from handler.app import _until_disconnected
+from handler.bodies import BodyTooLarge, read_body, until_disconnected
 from handler.packages_api import PackageError, Packages
 from runtimes.languages import DEFAULT, LANGUAGES, WIRE_NAMES
 from runtimes.payload import RunRequest
@@ -171,12 +171,10 @@ class AdminPage:
     async def form(self, request: Request) -> dict[str, str]:
         if "application/x-www-form-urlencoded" not in request.headers.get("content-type", ""):
             raise FormError("expected a form (application/x-www-form-urlencoded)")
-        body = b""
         try:
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > MAX_FORM:
-                    raise FormError(f"form too large (limit {MAX_FORM} bytes)")
+            body = await read_body(request, MAX_FORM)
+        except BodyTooLarge:
+            raise FormError(f"form too large (limit {MAX_FORM} bytes)") from None
         except ClientDisconnect:
             raise FormError("client disconnected") from None
         try:
@@ -329,7 +327,7 @@ class AdminPage:
         api = self.api
 
         async def invoke(run_request: RunRequest) -> dict:
-            async with api.admission.worker(lambda: _until_disconnected(request)):
+            async with api.admission.worker(lambda: until_disconnected(request)):
                 return await api.invoker.invoke(run_request)
 
         try:

@@ -24,7 +24,6 @@ instead (rebuild the image and deploy).
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 from typing import TYPE_CHECKING
 
@@ -33,6 +32,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from handler import envelope
+from handler.bodies import MALFORMED, BodyTooLarge, MalformedJSON, parse_json, read_body
 from handler.invoker import LayerAdmin
 from layers.builds import Build
 from layers.specs import PackageRefused, SpecError
@@ -226,18 +226,16 @@ class PackagesAPI:
             return exc.response()
 
     async def _body(self, request: Request) -> dict:
-        raw = b""
         try:
-            async for chunk in request.stream():
-                raw += chunk
-                if len(raw) > MAX_BODY:
-                    raise PackageError(400, f"request body too large (limit {MAX_BODY} bytes)")
+            raw = await read_body(request, MAX_BODY)
+        except BodyTooLarge as exc:
+            raise PackageError(400, str(exc)) from None
         except ClientDisconnect:
             raise PackageError(400, "client disconnected") from None
         try:
-            data = json.loads(raw or b"{}")
-        except (ValueError, RecursionError):
-            raise PackageError(400, "malformed JSON body") from None
+            data = parse_json(raw or b"{}")
+        except MalformedJSON:
+            raise PackageError(400, MALFORMED) from None  # nested too deeply too: this route says no more
         if not isinstance(data, dict):
             raise PackageError(400, "the body must be a JSON object")
         return data
