@@ -119,8 +119,3 @@ def by_wire_name(name: str) -> Language:
 def by_extension(suffix: str) -> Language | None:
     """The language of a file with this suffix (".py"), if any."""
     return next((language for language in LANGUAGES if suffix in language.extensions), None)
-
-
-def by_packages(kind: str) -> tuple[Language, ...]:
-    """The languages whose added packages have this syntax ("pip", "npm")."""
-    return tuple(language for language in LANGUAGES if language.packages == kind)
