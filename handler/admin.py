@@ -41,9 +41,10 @@ from starlette.routing import Route
 
 from handler import run_path
 from handler.admission import ClientGone, Refused
-from handler.app import _until_disconnected
+from handler.bodies import BodyTooLarge, read_body, until_disconnected
 from handler.packages_api import PackageError, Packages
-from runtimes.payload import LANGUAGES, RunRequest
+from runtimes.languages import DEFAULT, LANGUAGES, WIRE_NAMES
+from runtimes.payload import RunRequest
 
 HERE = Path(__file__).parent
 COOKIE = "sandlot_admin"
@@ -61,7 +62,7 @@ HEADERS = {
     "Referrer-Policy": "same-origin",  # not no-referrer: that makes browsers send `Origin: null` on our own forms
     "Cache-Control": "no-store",
 }
-TRY_EXAMPLES = {"python3": "import sys\nprint(sys.version)", "nodejs": "console.log(process.version)"}
+TRY_EXAMPLES = {language.wire_name: language.example for language in LANGUAGES}
 
 
 class FormError(Exception):
@@ -170,12 +171,10 @@ class AdminPage:
     async def form(self, request: Request) -> dict[str, str]:
         if "application/x-www-form-urlencoded" not in request.headers.get("content-type", ""):
             raise FormError("expected a form (application/x-www-form-urlencoded)")
-        body = b""
         try:
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > MAX_FORM:
-                    raise FormError(f"form too large (limit {MAX_FORM} bytes)")
+            body = await read_body(request, MAX_FORM)
+        except BodyTooLarge:
+            raise FormError(f"form too large (limit {MAX_FORM} bytes)") from None
         except ClientDisconnect:
             raise FormError("client disconnected") from None
         try:
@@ -226,7 +225,7 @@ class AdminPage:
             runtimes = invoker.status()
         except Exception as exc:  # noqa: BLE001 - the page must show, whatever a runtime says
             runtimes = {"error": {"ready": False, "error": str(exc)}}
-        languages = [language for language in LANGUAGES if language in runtimes] or list(LANGUAGES)
+        languages = [language for language in WIRE_NAMES if language in runtimes] or list(WIRE_NAMES)
         listings, builds = {}, {}
         for language in languages:
             listings[language] = await self.packages.listing(language)
@@ -246,9 +245,9 @@ class AdminPage:
             "runs": run_counts(self.metrics),
             "outcomes": ("ok", "error", "timeout", "forbidden_syscall", "output_limit", "memory_limit", "refused"),
             "enable_network": self.settings.ENABLE_NETWORK,
-            "try_language": "python3",
-            "try_code": TRY_EXAMPLES["python3"],
-            "add_language": "python3",
+            "try_language": DEFAULT.wire_name,
+            "try_code": DEFAULT.example,
+            "add_language": DEFAULT.wire_name,
             "add_spec": "",
             **extra,
         }
@@ -323,12 +322,12 @@ class AdminPage:
         if isinstance(checked, Response):
             return checked
         nonce, fields = checked
-        language, code = fields.get("language", "python3"), fields.get("code", "")
+        language, code = fields.get("language", DEFAULT.wire_name), fields.get("code", "")
         data = {"language": language, "code": code, "enable_network": fields.get("network") == "on"}
         api = self.api
 
         async def invoke(run_request: RunRequest) -> dict:
-            async with api.admission.worker(lambda: _until_disconnected(request)):
+            async with api.admission.worker(lambda: until_disconnected(request)):
                 return await api.invoker.invoke(run_request)
 
         try:

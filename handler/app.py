@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 from contextlib import asynccontextmanager
 
@@ -16,38 +15,16 @@ from starlette.routing import Route
 
 from handler import envelope, run_path
 from handler.admission import Admission, ClientGone, Refused
+from handler.bodies import BodyTooLarge, MalformedJSON, parse_json, read_body, until_disconnected
 from handler.invoker import Invoker, LayerAdmin, LayerBuildError, Unavailable
 from handler.metrics import Metrics, metered, metrics_routes
 from handler.middleware import ObservabilityMiddleware
 from handler.openapi import openapi_routes
 from handler.settings import Settings
-from runtimes.payload import LANGUAGES, RunRequest, RunResult
+from runtimes.languages import DEFAULT, is_known
+from runtimes.payload import RunRequest, RunResult
 
 log = logging.getLogger("sandlot.api")
-
-TOO_DEEP = "malformed JSON body: nested too deeply"
-
-
-class BodyTooLarge(Exception):
-    pass
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge()
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge()
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _until_disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 class SandboxAPI:
@@ -143,20 +120,18 @@ class SandboxAPI:
 
     async def _run(self, request: Request):
         try:
-            raw = await _read_body(request, self.settings.SANDLOT_MAX_BODY_BYTES)
-        except BodyTooLarge:
-            return envelope.bad_request(f"request body too large (limit {self.settings.SANDLOT_MAX_BODY_BYTES} bytes)")
+            raw = await read_body(request, self.settings.SANDLOT_MAX_BODY_BYTES)
+        except BodyTooLarge as exc:
+            return envelope.bad_request(str(exc))
         except ClientDisconnect:
             return envelope.bad_request("client disconnected")
         try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            return envelope.bad_request("malformed JSON body")
-        except RecursionError:
-            return envelope.bad_request(TOO_DEEP)
+            data = parse_json(raw)
+        except MalformedJSON as exc:
+            return envelope.bad_request(str(exc))
 
         async def invoke(run_request: RunRequest) -> RunResult:
-            async with self.admission.worker(lambda: _until_disconnected(request)):
+            async with self.admission.worker(lambda: until_disconnected(request)):
                 return await self.invoker.invoke(run_request)
 
         try:
@@ -167,12 +142,12 @@ class SandboxAPI:
         return reply.response()
 
     def _language(self, value: object) -> str | None:
-        return value if value in LANGUAGES else None
+        return value if is_known(value) else None
 
     async def dependencies(self, request: Request):
         if not self.authorized(request):
             return envelope.unauthorized()
-        language = self._language(request.query_params.get("language", "python3"))
+        language = self._language(request.query_params.get("language", DEFAULT.wire_name))
         if language is None:
             return envelope.bad_request(envelope.UNSUPPORTED_LANGUAGE)
         if not isinstance(self.invoker, LayerAdmin):
@@ -186,18 +161,16 @@ class SandboxAPI:
         if not self.authorized(request):
             return envelope.unauthorized()
         try:
-            data = json.loads(await request.body() or b"{}")
-        except ValueError:
-            return envelope.bad_request("malformed JSON body")
-        except RecursionError:
-            return envelope.bad_request(TOO_DEEP)
-        language = self._language(data.get("language", "python3")) if isinstance(data, dict) else None
+            data = parse_json(await request.body() or b"{}")
+        except MalformedJSON as exc:
+            return envelope.bad_request(str(exc))
+        language = self._language(data.get("language", DEFAULT.wire_name)) if isinstance(data, dict) else None
         return await self._rebuild(language, self._nothing)
 
     async def refresh_dependencies(self, request: Request):
         if not self.authorized(request):
             return envelope.unauthorized()
-        language = self._language(request.query_params.get("language", "python3"))
+        language = self._language(request.query_params.get("language", DEFAULT.wire_name))
         return await self._rebuild(language, lambda: self.dependencies_of(language))
 
     async def _rebuild(self, language: str | None, answer):

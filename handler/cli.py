@@ -13,68 +13,29 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from handler.settings import Settings, SettingsError, load_settings, parse_metrics_setting
-from layers import nodejs as node_layer
-from layers import python as python_layer
-from layers.manager import Layer, LayerManager
-from layers.store import LayerBuildError, LayerStore
+from layers.manager import LayerManager
+from layers.store import LayerBuildError
+from runtimes.languages import DEFAULT, LANGUAGES, WIRE_NAMES, by_wire_name
 from runtimes.payload import RunOutcome, RunResult
 
 
 def layer_manager(settings: Settings) -> LayerManager:
-    """The Python and Node.js layer stores, as the settings describe them: the base files, and the packages
-    an operator asked for on top of them (kept in the data dir, layers/packages.py)."""
-    from layers.packages import RequestedPackages
-
-    data = Path(settings.SANDLOT_DATA_DIR) / "layers"
-    kept = Path(settings.SANDLOT_DATA_DIR) / "packages"
-    python = os.path.realpath(settings.PYTHON_PATH)
-    node = os.path.realpath(settings.NODEJS_PATH)
-    requirements = lambda: python_layer.requirements_file(settings.SANDLOT_PYTHON_REQUIREMENTS)  # noqa: E731
-    packages = lambda: node_layer.package_files(settings.SANDLOT_NODEJS_PACKAGE)  # noqa: E731
-    python_requested = RequestedPackages("python3", kept / "python3.json")
-    node_requested = RequestedPackages("nodejs", kept / "nodejs.json")
-    python_store = LayerStore(
-        data / "python",
-        sources=lambda: [requirements()],
-        build=lambda scratch, requested, output: python_layer.build(
-            requirements(),
-            scratch,
-            settings.build_uid,
-            settings.PIP_MIRROR_URL,
-            settings.SANDLOT_PIP_FIND_LINKS,
-            requested=requested,
-            on_output=output,
-        ),
-        salt=python,
-        requested=python_requested.render,
-    )
-    node_store = LayerStore(
-        data / "nodejs",
-        sources=packages,
-        build=lambda scratch, requested, output: node_layer.build(
-            packages(), scratch, node, settings.build_uid, requested=requested, on_output=output
-        ),
-        salt=node,
-        requested=node_requested.render,
-    )
-    layers = {
-        "python3": Layer(
-            python_store,
-            python_layer.installed,
-            packages=python_requested,
-            base_names=lambda: python_layer.base_names(requirements()),
-            base_file=lambda: str(requirements()),
-        )
-    }
-    if os.access(node, os.X_OK):
-        layers["nodejs"] = Layer(
-            node_store,
-            node_layer.installed,
-            packages=node_requested,
-            base_names=lambda: node_layer.base_names(packages()[0]),
-            base_file=lambda: str(packages()[0]),
-        )
+    """Each language's layer store, as the settings describe it: the base files, and the packages an operator
+    asked for on top of them (kept in the data dir, layers/packages.py). A language's own layer module says how
+    (runtimes/<language>/layer.py); one that cannot be served here (no node) has none."""
+    data = Path(settings.SANDLOT_DATA_DIR)
+    layers = {}
+    for language in LANGUAGES:
+        layer = language.layer_module().managed_layer(settings, data)
+        if layer is not None:
+            layers[language.wire_name] = layer
     return LayerManager(layers)
+
+
+def _runtime_config(settings: Settings, layers: LayerManager):
+    """The runtimes' config, with each language's layer in use."""
+    in_use = {language.config_layer: layers.current(language.wire_name) for language in LANGUAGES}
+    return settings.runtime_config(**in_use)
 
 
 def build_app(settings: Settings, layers: LayerManager | None, refused: dict[str, str] | None = None):
@@ -88,11 +49,9 @@ def build_app(settings: Settings, layers: LayerManager | None, refused: dict[str
         return create_app(settings, LambdaInvoker.from_settings(settings))
     from handler.local_invoker import LocalInvoker
     from layers.packages import PackageManager
-    from runtimes.nodejs.runtime import NodeRuntime
-    from runtimes.python.runtime import PythonRuntime
 
-    config = settings.runtime_config(python_layer=layers.current("python3"), nodejs_layer=layers.current("nodejs"))
-    runtimes = {"python3": PythonRuntime(config), "nodejs": NodeRuntime(config)}
+    config = _runtime_config(settings, layers)
+    runtimes = {language.wire_name: language.runtime_class()(config) for language in LANGUAGES}
     for language, why in (refused or {}).items():
         runtimes[language].refused = why
     invoker = LocalInvoker(runtimes, layers, settings.PYTHON_DEPS_UPDATE_INTERVAL)
@@ -162,7 +121,7 @@ def build_layers(args: argparse.Namespace) -> int:
 
 # ---- sandlot run ---------------------------------------------------------------------------------------------------
 
-EXTENSIONS = {".py": "python3", ".js": "nodejs", ".mjs": "nodejs", ".cjs": "nodejs"}
+EXTENSIONS = {suffix: language.wire_name for language in LANGUAGES for suffix in language.extensions}
 SANDBOX_FAILED = 125  # the sandbox, not the code, failed (docker run's convention)
 TIMED_OUT = 124  # timeout(1)'s convention
 
@@ -179,7 +138,7 @@ def _api_key() -> str:
 def _run_request(args: argparse.Namespace) -> dict:
     language = args.language or EXTENSIONS.get(Path(args.file).suffix.lower())
     if language is None:
-        raise SettingsError(f"cannot tell the language of {args.file!r}: give --language python3|nodejs")
+        raise SettingsError(f"cannot tell the language of {args.file!r}: give --language {'|'.join(WIRE_NAMES)}")
     try:
         code = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
     except OSError as exc:
@@ -282,12 +241,9 @@ async def _invoke_once(settings: Settings, request) -> RunResult:
 
 
 def _runtime(settings: Settings, layers: LayerManager, language: str):
-    from runtimes.nodejs.runtime import NodeRuntime
-    from runtimes.python.runtime import PythonRuntime
-
-    config = settings.runtime_config(python_layer=layers.current("python3"), nodejs_layer=layers.current("nodejs"))
+    config = _runtime_config(settings, layers)
     config.one_run_at_a_time = True  # the serial schedule: one run, and nothing of it left when this returns
-    return {"python3": PythonRuntime, "nodejs": NodeRuntime}[language](config)
+    return by_wire_name(language).runtime_class()(config)
 
 
 @contextmanager
@@ -313,7 +269,7 @@ def _captured_output():
 def _add_run(commands) -> None:
     cmd = commands.add_parser("run", help="run a file in the sandbox; its output as it was, its exit code")
     cmd.add_argument("file", help="the code (`-`: read it from stdin)")
-    cmd.add_argument("--language", choices=["python3", "nodejs"], help="default: from the file's extension")
+    cmd.add_argument("--language", choices=list(WIRE_NAMES), help="default: from the file's extension")
     cmd.add_argument(
         "--url", default=_default_url(), help="the service (default SANDLOT_URL or 127.0.0.1:SANDBOX_PORT)"
     )
@@ -503,7 +459,7 @@ def _add_packages(commands) -> None:
         parser.add_argument(
             "--url", default=_default_url(), help="the service (default SANDLOT_URL or 127.0.0.1:SANDBOX_PORT)"
         )
-        parser.add_argument("--language", "-l", choices=["python3", "nodejs"], default="python3")
+        parser.add_argument("--language", "-l", choices=list(WIRE_NAMES), default=DEFAULT.wire_name)
         parser.set_defaults(func=packages_command, poll=0.5)
 
     listing = sub.add_parser("list", help="the packages of a layer: version, requested spec, base file or not")
@@ -558,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     layers_cmd = commands.add_parser("layers", help="dependency layers")
     layer_commands = layers_cmd.add_subparsers(dest="layers_command", required=True)
     build_cmd = layer_commands.add_parser("build", help="build the dependency layers (shows pip's and npm's progress)")
-    build_cmd.add_argument("--language", choices=["python3", "nodejs", "all"], default="all")
+    build_cmd.add_argument("--language", choices=[*WIRE_NAMES, "all"], default="all")
     build_cmd.set_defaults(func=build_layers)
     _add_run(commands)
     _add_health(commands)

@@ -37,6 +37,7 @@ from pydantic import ValidationError
 from handler.logs import current_request
 from handler.tenancy import SHARED_TENANT, TenancyPolicy, per_run_id, request_tenant, tenant_id
 from layers.store import LayerBuildError
+from runtimes.languages import LANGUAGES, WIRE_NAMES, by_wire_name
 from runtimes.payload import (
     LAMBDA_REQUEST_LIMIT,
     NETWORK_DISABLED,
@@ -77,6 +78,14 @@ def function_error(name: str, payload: object) -> Exception:
     return Unavailable(f"the {name} function failed: {kind or 'error'}: {message}")
 
 
+def _setting_of(language: str) -> str:
+    """The setting that names a language's runtime function."""
+    try:
+        return by_wire_name(language).lambda_function_setting
+    except KeyError:
+        return f"SANDLOT_LAMBDA_{language.upper()}_FUNCTION"
+
+
 class LambdaInvoker:
     """Runs on Lambda: one runtime function per language."""
 
@@ -103,7 +112,7 @@ class LambdaInvoker:
     @classmethod
     def from_settings(cls, settings, probe_at_start: bool = True) -> LambdaInvoker:
         return cls(
-            {"python3": settings.SANDLOT_LAMBDA_PYTHON3_FUNCTION, "nodejs": settings.SANDLOT_LAMBDA_NODEJS_FUNCTION},
+            {language.wire_name: getattr(settings, language.lambda_function_setting) for language in LANGUAGES},
             settings.lambda_function_timeout,
             max_connections=max(10, settings.MAX_WORKERS),
             probe_at_start=probe_at_start,
@@ -178,13 +187,13 @@ class LambdaInvoker:
 
     def status(self) -> dict:
         status = {}
-        for language in ("python3", "nodejs"):
+        for language in WIRE_NAMES:
             name = self.functions.get(language, "")
             probe = self.platform.get(language, {})
             status[language] = {
                 "ready": bool(name) and not probe.get("refused"),
                 "function": name,
-                "error": "" if name else f"no function configured (SANDLOT_LAMBDA_{language.upper()}_FUNCTION)",
+                "error": "" if name else f"no function configured ({_setting_of(language)})",
                 "protections": probe.get("protections"),
                 "platform": probe.get("platform"),
                 "refused": probe.get("refused", ""),
@@ -266,9 +275,7 @@ class LambdaInvoker:
     def _function(self, language: str) -> str:
         name = self.functions.get(language)
         if not name:
-            raise Unavailable(
-                f"no Lambda function is configured for {language} (SANDLOT_LAMBDA_{language.upper()}_FUNCTION)"
-            )
+            raise Unavailable(f"no Lambda function is configured for {language} ({_setting_of(language)})")
         return name
 
     def _invoke(self, name: str, event: dict, tenant: str) -> object:

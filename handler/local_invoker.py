@@ -13,6 +13,7 @@ import logging
 
 from layers.manager import LayerManager, parse_interval
 from layers.store import LayerBuildError
+from runtimes.languages import LANGUAGES
 from runtimes.payload import InvalidRequest, RunRequest, RunResult, Throttled, Unavailable
 
 log = logging.getLogger("sandlot.invoker")
@@ -81,7 +82,14 @@ class LocalInvoker:
     async def _refresh_periodically(self) -> None:
         while True:
             await asyncio.sleep(self._interval)
-            try:
-                await self.update_dependencies("python3")
-            except LayerBuildError as exc:
-                log.error("periodic refresh of the python3 layer failed; the old layer keeps serving: %s", exc)
+            for language in LANGUAGES:
+                if not language.periodic_refresh:
+                    continue
+                try:
+                    await self.update_dependencies(language.wire_name)
+                except LayerBuildError as exc:
+                    log.error(
+                        "periodic refresh of the %s layer failed; the old layer keeps serving: %s",
+                        language.wire_name,
+                        exc,
+                    )

@@ -35,6 +35,7 @@ from starlette.responses import Response
 from handler.admission import queue_wait
 from handler.logs import current_request
 from handler.settings import parse_metrics_setting
+from runtimes.languages import WIRE_NAMES
 from runtimes.payload import RunOutcome, RunResult, Throttled, Unavailable
 
 OUTCOMES = tuple(outcome.value for outcome in RunOutcome)
@@ -81,7 +82,7 @@ class Metrics:
         )
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         for outcome in OUTCOMES:  # every outcome shows from the first scrape, at 0
-            for language in ("python3", "nodejs"):
+            for language in WIRE_NAMES:
                 self.child(self.runs, language, outcome)
 
     def child(self, metric: Any, *values: str) -> Any:

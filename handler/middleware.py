@@ -12,15 +12,16 @@ before it reached a runtime (HTTP 503) is counted as a run with outcome
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from handler.bodies import MalformedJSON, parse_json
 from handler.logs import RequestContext, current_request, request_id_from, trace_id_from
 from handler.metrics import Metrics
+from runtimes.languages import is_known
 
 log = logging.getLogger("sandlot.access")
 
@@ -32,11 +33,11 @@ _NOT_RUN = {400: "invalid", 401: "unauthorized", 499: "client_gone", 503: "refus
 def _language_of(body: list[bytes]) -> str:
     """The language a refused run asked for, when its body was read before the refusal."""
     try:
-        data = json.loads(b"".join(body))
-    except (ValueError, RecursionError):  # a body nested too deeply was refused for that very reason
+        data = parse_json(b"".join(body))
+    except MalformedJSON:  # a body nested too deeply was refused for that very reason
         return "unknown"
     language = data.get("language") if isinstance(data, dict) else None
-    return language if language in ("python3", "nodejs") else "unknown"
+    return language if is_known(language) else "unknown"
 
 
 class ObservabilityMiddleware:

@@ -17,6 +17,7 @@ from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from handler.models import RunBody
+from runtimes.languages import DEFAULT, WIRE_NAMES
 from runtimes.run_models import RunResult
 
 # ---- the bodies, as pydantic models (the run request is handler.models.RunBody, the result the contract's own) -----
@@ -42,7 +43,7 @@ class HealthDetail(BaseModel):
 
 
 class LanguageBody(BaseModel):
-    language: Literal["python3", "nodejs"] = "python3"
+    language: Literal[WIRE_NAMES] = DEFAULT.wire_name  # type: ignore[valid-type]
 
 
 class PackageRow(BaseModel):
@@ -57,7 +58,7 @@ class PackageRow(BaseModel):
 class PackageList(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    language: Literal["python3", "nodejs"]
+    language: Literal[WIRE_NAMES]  # type: ignore[valid-type]
     editable: bool = Field(description="false on the lambda backend: the layer is baked into the function's image")
     packages: list[PackageRow]
     build: dict[str, Any] | None = Field(description="the latest build of the language, without its log")
@@ -73,7 +74,7 @@ class LayerBuild(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     id: int
-    language: Literal["python3", "nodejs"]
+    language: Literal[WIRE_NAMES]  # type: ignore[valid-type]
     trigger: str = Field(description="packages, retry, resume, update, refresh, periodic refresh")
     state: Literal["queued", "building", "switching", "succeeded", "failed"]
     changes: list[dict[str, Any]] = Field(description="{op: add|remove, name, spec, id}")
@@ -87,7 +88,7 @@ class LayerBuild(BaseModel):
 class AddPackagesBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    language: Literal["python3", "nodejs"] = "python3"
+    language: Literal[WIRE_NAMES] = DEFAULT.wire_name  # type: ignore[valid-type]
     spec: str | None = Field(None, description="`six==1.16.0`, `requests>=2.31,<3`, `is-number@^7.0.0`")
     specs: list[str] | None = Field(None, description="several at once (one build); give `spec` or `specs`")
 
@@ -223,7 +224,7 @@ _LANGUAGE_QUERY = {
     "name": "language",
     "in": "query",
     "required": False,
-    "schema": {"type": "string", "enum": ["python3", "nodejs"], "default": "python3"},
+    "schema": {"type": "string", "enum": list(WIRE_NAMES), "default": DEFAULT.wire_name},
 }
 _TAIL = {
     "name": "tail",
@@ -294,7 +295,7 @@ def _package_paths() -> dict:
             "get": _admin(
                 "Recent builds, newest first (without logs)",
                 {"200": _json("BuildsEnvelope", "the builds"), "400": _json("BadRequest", "unsupported language")},
-                parameters=[{**_LANGUAGE_QUERY, "schema": {"type": "string", "enum": ["python3", "nodejs"]}}],
+                parameters=[{**_LANGUAGE_QUERY, "schema": {"type": "string", "enum": list(WIRE_NAMES)}}],
             )
         },
         "/v1/sandlot/builds/latest": {
@@ -475,7 +476,7 @@ def openapi_document() -> dict:
 
 def _describe_run_body(properties: dict) -> None:
     """What pydantic cannot say from RunRequest's types alone: the languages, and timeout's bound as JSON Schema."""
-    properties["language"].update(enum=["python3", "nodejs"], description="other values get HTTP 400")
+    properties["language"].update(enum=list(WIRE_NAMES), description="other values get HTTP 400")
     properties["timeout"] = {
         "anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "null"}],
         "default": None,

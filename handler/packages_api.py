@@ -24,7 +24,6 @@ instead (rebuild the image and deploy).
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 from typing import TYPE_CHECKING
 
@@ -33,10 +32,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from handler import envelope
+from handler.bodies import MALFORMED, BodyTooLarge, MalformedJSON, parse_json, read_body
 from handler.invoker import LayerAdmin
 from layers.builds import Build
 from layers.specs import PackageRefused, SpecError
-from runtimes.payload import LANGUAGES
+from runtimes.languages import DEFAULT, is_known
 
 if TYPE_CHECKING:  # not imported at run time: the API function on Lambda has no layer manager (and no jail)
     from layers.packages import PackageManager
@@ -99,7 +99,7 @@ class Packages:
         return self.settings.SANDLOT_BACKEND
 
     def language(self, value: object) -> str:
-        if value not in LANGUAGES:
+        if not is_known(value):
             raise PackageError(400, envelope.UNSUPPORTED_LANGUAGE)
         return str(value)
 
@@ -226,25 +226,24 @@ class PackagesAPI:
             return exc.response()
 
     async def _body(self, request: Request) -> dict:
-        raw = b""
         try:
-            async for chunk in request.stream():
-                raw += chunk
-                if len(raw) > MAX_BODY:
-                    raise PackageError(400, f"request body too large (limit {MAX_BODY} bytes)")
+            raw = await read_body(request, MAX_BODY)
+        except BodyTooLarge as exc:
+            raise PackageError(400, str(exc)) from None
         except ClientDisconnect:
             raise PackageError(400, "client disconnected") from None
         try:
-            data = json.loads(raw or b"{}")
-        except (ValueError, RecursionError):
-            raise PackageError(400, "malformed JSON body") from None
+            data = parse_json(raw or b"{}")
+        except MalformedJSON:
+            raise PackageError(400, MALFORMED) from None  # nested too deeply too: this route says no more
         if not isinstance(data, dict):
             raise PackageError(400, "the body must be a JSON object")
         return data
 
     async def list_packages(self, request: Request) -> Response:
         async def handle():
-            return await self.packages.listing(self.packages.language(request.query_params.get("language", "python3")))
+            language = self.packages.language(request.query_params.get("language", DEFAULT.wire_name))
+            return await self.packages.listing(language)
 
         return await self._answer(request, handle)
 
@@ -254,7 +253,7 @@ class PackagesAPI:
             unknown = set(data) - {"language", "spec", "specs"}
             if unknown:
                 raise PackageError(400, f"unknown field: {sorted(unknown)[0]}")
-            language = self.packages.language(data.get("language", "python3"))
+            language = self.packages.language(data.get("language", DEFAULT.wire_name))
             if ("spec" in data) == ("specs" in data):
                 raise PackageError(400, "give `spec` (a string) or `specs` (a list of strings)")
             specs = [data["spec"]] if "spec" in data else data["specs"]
@@ -267,7 +266,7 @@ class PackagesAPI:
 
     async def remove_packages(self, request: Request) -> Response:
         async def handle():
-            language = self.packages.language(request.query_params.get("language", "python3"))
+            language = self.packages.language(request.query_params.get("language", DEFAULT.wire_name))
             names = request.query_params.getlist("name")
             _within_limits(names, "give the package to remove as `name` (it may repeat)", "names")
             return _started(*self.packages.remove(language, names))
@@ -285,7 +284,7 @@ class PackagesAPI:
 
     async def latest_build(self, request: Request) -> Response:
         async def handle():
-            language = self.packages.language(request.query_params.get("language", "python3"))
+            language = self.packages.language(request.query_params.get("language", DEFAULT.wire_name))
             build = self.packages.latest(language)
             if build is None:
                 raise PackageError(404, f"no {language} build yet")

@@ -110,7 +110,7 @@ class RequestedPackages:
     def render(self, packages: dict[str, PackageSpec] | None = None) -> Requested:
         """What a build gets: pip requirement lines, or npm name -> range."""
         packages = self.installed if packages is None else packages
-        if self.language == "nodejs":
+        if specs.syntax(self.language) == "npm":
             return {name: spec.build for name, spec in sorted(packages.items())}
         return [spec.build for _name, spec in sorted(packages.items())]
 
@@ -178,7 +178,7 @@ class PackageManager:
         layer = self.layers.layers[language]
         packages = self._packages(language)
         packages.load()
-        key = specs.python_name if language == "python3" else str
+        key = specs.name_key(language)
         installed = {key(item["name"]): item for item in self.layers.installed(language)}
         base = {key(name) for name in layer.base_names()}
         pending: dict[str, dict] = {}
@@ -237,7 +237,8 @@ class PackageManager:
         names = [specs.normalize_name(language, name) for name in given]
         packages.load()
         wanted = packages.wanted()
-        base = {specs.python_name(n) if language == "python3" else n for n in self.layers.layers[language].base_names()}
+        key = specs.name_key(language)
+        base = {key(name) for name in self.layers.layers[language].base_names()}
         for name in names:
             if name in wanted:
                 continue

@@ -27,6 +27,8 @@ import nodesemver
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from runtimes.languages import by_wire_name, is_known
+
 MAX_SPEC = 300  # characters: a name (214 at most on npm) and a constraint
 MAX_NPM_NAME = 214  # validate-npm-package-name
 
@@ -84,9 +86,13 @@ def python_name(name: str) -> str:
     return canonicalize_name(name)
 
 
-def parse_python(spec: object, allow_any: bool = False) -> PackageSpec:
-    """A pip requirement, or SpecError saying why not."""
-    text = _one_line(spec, "python3")
+def syntax(language: str) -> str:
+    """The syntax of a language's packages, "pip" or "npm" (its record's, runtimes/languages.py); "" for none."""
+    return by_wire_name(language).packages if is_known(language) else ""
+
+
+def parse_python(text: str, allow_any: bool = False) -> PackageSpec:
+    """A pip requirement (one line: _one_line's), or SpecError saying why not."""
     if allow_any:
         try:
             requirement = Requirement(text)
@@ -137,9 +143,8 @@ def _split_npm(text: str) -> tuple[str, str | None]:
     return text[:at], text[at + 1 :]
 
 
-def parse_npm(spec: object, allow_any: bool = False) -> PackageSpec:
-    """An npm name with an optional semver range, or SpecError saying why not."""
-    text = _one_line(spec, "nodejs")
+def parse_npm(text: str, allow_any: bool = False) -> PackageSpec:
+    """An npm name with an optional semver range (one line: _one_line's), or SpecError saying why not."""
     name, version = _split_npm(text)
     if not allow_any and (":" in name or name.startswith((".", "/", "~")) or name.endswith((".tgz", ".tar.gz"))):
         raise SpecError(f"{text!r}: URLs, paths, git and file specs are not accepted, only a name and a semver range")
@@ -165,11 +170,15 @@ def parse_npm(spec: object, allow_any: bool = False) -> PackageSpec:
 
 
 def parse(language: str, spec: object, allow_any: bool = False) -> PackageSpec:
-    if language == "python3":
-        return parse_python(spec, allow_any)
-    if language == "nodejs":
-        return parse_npm(spec, allow_any)
-    raise SpecError("unsupported language")
+    parser = {"pip": parse_python, "npm": parse_npm}.get(syntax(language))
+    if parser is None:
+        raise SpecError("unsupported language")
+    return parser(_one_line(spec, language), allow_any)
+
+
+def name_key(language: str):
+    """The function giving the key a package of the language is known by: pip's canonical name, or the name."""
+    return python_name if syntax(language) == "pip" else str
 
 
 def normalize_name(language: str, name: object) -> str:
@@ -177,6 +186,6 @@ def normalize_name(language: str, name: object) -> str:
     if not isinstance(name, str) or not name.strip():
         raise SpecError("a package name must be a non-empty string")
     name = name.strip()
-    if language == "python3":
+    if syntax(language) == "pip":
         return python_name(name) if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name) else name
     return name

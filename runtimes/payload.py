@@ -14,10 +14,13 @@ run: init, request, run, result) imports none (it cost that path about 70 ms of
 CPU). A RunResult is a plain frozen dataclass, built by the jail; its wire
 schema (OpenAPI) and the check of a result that comes from outside
 (`RunResult.model_validate`, the LambdaInvoker's answers) are pydantic's model of
-the same shape, runtimes/run_models.py. RunRequest is pydantic's (the service's
-bodies extend it), this module's name once asked for; a runtime function reads
-its event with `read_request` (the same rules, stricter spellings, anything else
-handed to the model: its error, or its request).
+the same shape, runtimes/run_models.py, imported only when asked for.
+RunRequest is pydantic's (the service's bodies extend it), this module's name
+once asked for; a runtime function reads its event with `read_request` (the
+same rules, stricter spellings, anything else handed to the model: its error,
+or its request). The dependency goes one way: this module uses run_models
+(lazily), run_models uses nothing of it (a run's outcome, which both name, is
+runtimes/outcomes.py's).
 """
 
 from __future__ import annotations
@@ -25,13 +28,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, fields, replace
-from enum import StrEnum
 from typing import TYPE_CHECKING
+
+from runtimes.languages import WIRE_NAMES
+from runtimes.outcomes import RunOutcome
 
 if TYPE_CHECKING:
     from runtimes.run_models import RunRequest
-
-LANGUAGES = ("python3", "nodejs")
 
 NETWORK_DISABLED = "network is disabled, please enable it in the configuration"
 UNSUPPORTED_LANGUAGE = "unsupported language"
@@ -66,19 +69,6 @@ class InvalidRequest(ValueError):
     def __init__(self, message: str, http_status: int = 400):
         super().__init__(message)
         self.http_status = http_status
-
-
-class RunOutcome(StrEnum):
-    """How a run ended, in one word: what metrics count and logs say. `refused` is never a result's:
-    it names a run that got no result (Unavailable, Throttled), for the counters."""
-
-    OK = "ok"
-    ERROR = "error"
-    TIMEOUT = "timeout"
-    FORBIDDEN_SYSCALL = "forbidden_syscall"
-    OUTPUT_LIMIT = "output_limit"
-    MEMORY_LIMIT = "memory_limit"
-    REFUSED = "refused"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,7 +127,7 @@ _REQUEST_TYPES = {"language": str, "code": str, "preload": str, "enable_network"
 def read_request(data: object, network_allowed: bool) -> RequestFields | RunRequest:
     """parse_request's rules without pydantic for a request that plainly keeps them (RunRequest's fields, each
     of its exact type, bounds kept); any other is parse_request's: its InvalidRequest, or its request."""
-    if isinstance(data, dict) and data.keys() <= _REQUEST_FIELDS and data.get("language") in LANGUAGES:
+    if isinstance(data, dict) and data.keys() <= _REQUEST_FIELDS and data.get("language") in WIRE_NAMES:
         plain = all(type(data[name]) is kind for name, kind in _REQUEST_TYPES.items() if name in data)
         timeout, memory = data.get("timeout"), data.get("memory_limit_mb")
         plain = plain and bool(data.get("code")) and (memory is None or (type(memory) is int and memory > 0))
@@ -166,7 +156,7 @@ def parse_request(data: object, network_allowed: bool, model: type[RunRequest] |
     model = model or RunRequest
     if not isinstance(data, dict):
         raise InvalidRequest("the body must be a JSON object")
-    if "language" in data and data["language"] not in LANGUAGES:
+    if "language" in data and data["language"] not in WIRE_NAMES:
         raise InvalidRequest(UNSUPPORTED_LANGUAGE)
     try:
         request = model.model_validate(data)

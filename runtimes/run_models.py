@@ -3,7 +3,8 @@
 RunRequest is runtimes/payload.py's name too (imported once asked for). RunResult
 here is the wire schema of payload's RunResult (a plain dataclass, the one a run
 gives): the OpenAPI's, and the check of a result from outside
-(payload.RunResult.model_validate). See payload's docstring for why.
+(payload.RunResult.model_validate). See payload's docstring for why. This module
+imports nothing of payload: payload uses it, not the other way round.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from runtimes.payload import RunOutcome
+from runtimes.outcomes import RunOutcome
 
 
 class RunRequest(BaseModel):

@@ -14,7 +14,6 @@ loads the service's settings.
 
 from __future__ import annotations
 
-import os
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, IPvAnyNetwork, ValidationError, field_validator, model_validator
@@ -28,7 +27,8 @@ from runtimes.config import (
     default_python,
     proxy_environment,
 )
-from runtimes.function.environment import IMAGE_ROOT, function_runtime_config
+from runtimes.function.environment import baked_layer, function_runtime_config
+from runtimes.languages import NODEJS, PYTHON
 
 
 def describe_invalid(exc: ValidationError) -> str:
@@ -169,12 +169,8 @@ class FunctionEnvironment(RuntimeSettings):
     the cold path); it hands every value it cannot vouch for to this model, whose error is the operator's."""
 
     SANDLOT_DATA_DIR: str = ""  # "" = a directory of its own under the temp dir (the only writable place)
-    SANDLOT_PYTHON_LAYER: str = Field(
-        os.path.join(IMAGE_ROOT, "layers", "python"), description="the Python layer baked into the image"
-    )
-    SANDLOT_NODEJS_LAYER: str = Field(
-        os.path.join(IMAGE_ROOT, "layers", "nodejs"), description="the Node.js layer baked into the image"
-    )
+    SANDLOT_PYTHON_LAYER: str = Field(baked_layer(PYTHON), description="the Python layer baked into the image")
+    SANDLOT_NODEJS_LAYER: str = Field(baked_layer(NODEJS), description="the Node.js layer baked into the image")
 
     def keeps_layers(self) -> bool:
         return False  # baked into the image; the data dir holds only the runtime's own scratch

@@ -197,7 +197,8 @@ def test_a_daemon_a_build_starts_finds_nothing_and_is_gone_when_it_ends(mode, pl
 LAYER_BUILD = """
 import json, sys
 from pathlib import Path
-from layers import nodejs as nodejs_layer, python as python_layer
+from runtimes.nodejs import layer as nodejs_layer
+from runtimes.python import layer as python_layer
 from layers.store import LayerBuildError
 tool, work, source, uid = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 try:

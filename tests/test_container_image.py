@@ -16,7 +16,7 @@ from dockerfile_parse import DockerfileParser
 
 from handler import cli
 from handler.settings import Settings
-from layers import python as python_layer
+from runtimes.python import layer as python_layer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

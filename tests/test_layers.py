@@ -333,7 +333,7 @@ def test_builds_run_unprivileged_in_a_tree_of_their_own(tmp_path_factory):
 
 
 def test_the_builds_copy_of_the_requirements_names_the_same_included_files(tmp_path):
-    from layers import python as python_layer
+    from runtimes.python import layer as python_layer
 
     base = tmp_path / "requirements.txt"
     base.write_text("-r extra.txt\n--constraint=pins.txt\nrequests>=2  # pinned below\n-c /etc/pins.txt\n")
@@ -349,7 +349,7 @@ IN_A_DEFAULT_CONTAINER = """
 import logging, os, sys
 from pathlib import Path
 logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
-from layers import python as python_layer
+from runtimes.python import layer as python_layer
 work = Path(sys.argv[1])
 python_layer.build(Path(sys.argv[2]), work, int(sys.argv[4]), find_links=sys.argv[3])
 info = os.stat(work / "sandlot_probe.py")

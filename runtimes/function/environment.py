@@ -28,6 +28,7 @@ import re
 from typing import TYPE_CHECKING
 
 from runtimes.config import JAIL_MODES, RuntimeConfig, comma_list, default_python, runtime_config_of
+from runtimes.languages import LANGUAGES, Language
 from runtimes.linux import tempdirs
 
 if TYPE_CHECKING:
@@ -35,6 +36,12 @@ if TYPE_CHECKING:
 
 # Where the image layout script puts the baked layers (infra/layout.sh)
 IMAGE_ROOT = "/opt/sandlot"
+
+
+def baked_layer(language: Language) -> str:
+    """Where a language's layer is baked into a runtime function's image: its setting's default."""
+    return os.path.join(IMAGE_ROOT, "layers", language.folder)
+
 
 _TRUE = frozenset(("1", "true", "t", "yes", "y", "on"))  # pydantic's words, any case
 _FALSE = frozenset(("0", "false", "f", "no", "n", "off"))
@@ -70,8 +77,7 @@ FIELDS: dict[str, tuple[object, object, dict[str, float]]] = {
     "SANDLOT_UNFILTERED_EGRESS": (("no-network", "allow", "refuse"), "no-network", {}),
     "SANDLOT_PROXY_EGRESS": (("auto", "on", "off"), "auto", {}),
     "SANDLOT_PASTA": ("str", "pasta", {}),
-    "SANDLOT_PYTHON_LAYER": ("str", os.path.join(IMAGE_ROOT, "layers", "python"), {}),
-    "SANDLOT_NODEJS_LAYER": ("str", os.path.join(IMAGE_ROOT, "layers", "nodejs"), {}),
+    **{language.layer_setting: ("str", baked_layer(language), {}) for language in LANGUAGES},
 }
 
 
@@ -126,11 +132,10 @@ class FunctionSettings:
 
 def function_runtime_config(settings) -> RuntimeConfig:
     """What a runtime function's runtime is told (settings: FunctionSettings, or the model, FunctionEnvironment)."""
-    python_layer, nodejs_layer = settings.SANDLOT_PYTHON_LAYER, settings.SANDLOT_NODEJS_LAYER
+    baked = {language.config_layer: getattr(settings, language.layer_setting) for language in LANGUAGES}
     return runtime_config_of(
         settings,
-        python_layer=python_layer if os.path.isdir(python_layer) else "",
-        nodejs_layer=nodejs_layer if os.path.isdir(nodejs_layer) else "",
+        **{field: layer if os.path.isdir(layer) else "" for field, layer in baked.items()},
         workers=2,  # kept ready only where each run has a uid of its own: back-to-back runs find one
         data_dir=settings.SANDLOT_DATA_DIR or tempdirs.make("data"),  # removed at stop (tempdirs.py)
         one_run_at_a_time=True,

@@ -12,7 +12,7 @@ from runtimes.nodejs.runtime import NodeRuntime  # noqa: E402
 
 
 def _installed(config) -> list[dict]:
-    from layers.nodejs import installed  # only for {"action": "dependencies"}: not on the cold path
+    from runtimes.nodejs.layer import installed  # only for {"action": "dependencies"}: not on the cold path
 
     return installed(config.nodejs_layer)
 

@@ -12,7 +12,7 @@ from runtimes.python.runtime import PythonRuntime  # noqa: E402
 
 
 def _installed(config) -> list[dict]:
-    from layers.python import installed  # only for {"action": "dependencies"}: not on the cold path
+    from runtimes.python.layer import installed  # only for {"action": "dependencies"}: not on the cold path
 
     return installed(config.python_layer)
 

@@ -12,12 +12,17 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from layers import isolation
 from layers.store import LayerBuildError, what_went_wrong
+from runtimes.languages import NODEJS
 from runtimes.linux import rootfs
 
-DEFAULT_PACKAGE = Path(__file__).parent / "nodejs" / "package.json"
+if TYPE_CHECKING:
+    from layers.manager import Layer
+
+DEFAULT_PACKAGE = NODEJS.default_base_file()  # layers/nodejs/package.json
 DEFAULT_REGISTRY = "https://registry.npmjs.org/"
 REGISTRY_KEYS = ("registry", "proxy", "https-proxy")
 
@@ -26,6 +31,37 @@ def package_files(configured: str = "") -> list[Path]:
     package = Path(configured).resolve() if configured else DEFAULT_PACKAGE
     lock = package.with_name("package-lock.json")
     return [package, lock] if lock.is_file() else [package]
+
+
+def managed_layer(settings, data_dir: Path) -> Layer | None:
+    """The Node.js layer of a service (settings: the service's), or None without node: its store under
+    data_dir/layers/nodejs, built from the package.json, with the packages an operator asked for on top (kept in
+    data_dir/packages)."""
+    from layers.manager import Layer
+    from layers.packages import RequestedPackages
+    from layers.store import LayerStore
+
+    node = os.path.realpath(settings.NODEJS_PATH)
+    if not os.access(node, os.X_OK):
+        return None
+    packages = lambda: package_files(settings.SANDLOT_NODEJS_PACKAGE)  # noqa: E731
+    requested = RequestedPackages(NODEJS.wire_name, data_dir / "packages" / f"{NODEJS.wire_name}.json")
+    store = LayerStore(
+        data_dir / "layers" / NODEJS.folder,
+        sources=packages,
+        build=lambda scratch, wanted, output: build(
+            packages(), scratch, node, settings.build_uid, requested=wanted, on_output=output
+        ),
+        salt=node,
+        requested=requested.render,
+    )
+    return Layer(
+        store,
+        installed,
+        packages=requested,
+        base_names=lambda: base_names(packages()[0]),
+        base_file=lambda: str(packages()[0]),
+    )
 
 
 def build(

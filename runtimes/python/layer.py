@@ -16,14 +16,19 @@ import sys
 import sysconfig
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from layers import isolation
 from layers.store import LayerBuildError, what_went_wrong
+from runtimes.languages import PYTHON
 
-DEFAULT_REQUIREMENTS = Path(__file__).parent / "python" / "requirements.txt"
+if TYPE_CHECKING:
+    from layers.manager import Layer
+
+DEFAULT_REQUIREMENTS = PYTHON.default_base_file()  # layers/python/requirements.txt
 DIFY_REQUIREMENTS = Path("dependencies/python-requirements.txt")  # dify-sandbox's location
 
 
@@ -33,6 +38,40 @@ def requirements_file(configured: str = "") -> Path:
     if DIFY_REQUIREMENTS.is_file():
         return DIFY_REQUIREMENTS.resolve()
     return DEFAULT_REQUIREMENTS
+
+
+def managed_layer(settings, data_dir: Path) -> Layer:
+    """The Python layer of a service (settings: the service's): its store under data_dir/layers/python, built
+    from the requirements file, with the packages an operator asked for on top (kept in data_dir/packages)."""
+    from layers.manager import Layer
+    from layers.packages import RequestedPackages
+    from layers.store import LayerStore
+
+    python = os.path.realpath(settings.PYTHON_PATH)
+    requirements = lambda: requirements_file(settings.SANDLOT_PYTHON_REQUIREMENTS)  # noqa: E731
+    requested = RequestedPackages(PYTHON.wire_name, data_dir / "packages" / f"{PYTHON.wire_name}.json")
+    store = LayerStore(
+        data_dir / "layers" / PYTHON.folder,
+        sources=lambda: [requirements()],
+        build=lambda scratch, wanted, output: build(
+            requirements(),
+            scratch,
+            settings.build_uid,
+            settings.PIP_MIRROR_URL,
+            settings.SANDLOT_PIP_FIND_LINKS,
+            requested=wanted,
+            on_output=output,
+        ),
+        salt=python,
+        requested=requested.render,
+    )
+    return Layer(
+        store,
+        installed,
+        packages=requested,
+        base_names=lambda: base_names(requirements()),
+        base_file=lambda: str(requirements()),
+    )
 
 
 DEFAULT_INDEX = "https://pypi.org/simple"
