@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 
 from handler.settings import Settings  # noqa: E402
 from handler.settings_report import ordered_fields, plain  # noqa: E402
-from runtimes.function.environment import FunctionEnvironment  # noqa: E402
+from runtimes.function.environment_model import FunctionEnvironment  # noqa: E402
 from runtimes.settings import RuntimeSettings  # noqa: E402
 
 CONFIGURATION = ROOT / "docs" / "configuration.md"

@@ -2,7 +2,7 @@
 
 The HTTP service (handler/settings.py) and a Lambda runtime function
 (runtimes/function/environment.py, which reads them without this model on its cold path,
-FunctionEnvironment below being its declaration and its full check) run the
+runtimes/function/environment_model.py being its declaration and its full check) run the
 same runtimes, so what the runtimes are told (limits, network, seccomp, jail
 mode, egress, zygote life) is declared once here, with dify-sandbox's names
 where it has one, and mapped to a RuntimeConfig once (runtimes/config.py's
@@ -21,14 +21,11 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from runtimes.config import (
     JAIL_MODES,
-    RuntimeConfig,
     comma_list,
     default_data_dir,
     default_python,
     proxy_environment,
 )
-from runtimes.function.environment import baked_layer, function_runtime_config
-from runtimes.languages import NODEJS, PYTHON
 
 
 def describe_invalid(exc: ValidationError) -> str:
@@ -160,20 +157,3 @@ class RuntimeSettings(BaseSettings):
     def proxies(self) -> dict[str, str]:
         """The proxy variables handed to user code, in both spellings tools read."""
         return proxy_environment(self)
-
-
-class FunctionEnvironment(RuntimeSettings):
-    """A runtime function's settings (its environment: template.yaml sets it), the declaration and the full check.
-
-    What a function's init reads is runtimes/function/environment.py's light reading of the same names (no pydantic on
-    the cold path); it hands every value it cannot vouch for to this model, whose error is the operator's."""
-
-    SANDLOT_DATA_DIR: str = ""  # "" = a directory of its own under the temp dir (the only writable place)
-    SANDLOT_PYTHON_LAYER: str = Field(baked_layer(PYTHON), description="the Python layer baked into the image")
-    SANDLOT_NODEJS_LAYER: str = Field(baked_layer(NODEJS), description="the Node.js layer baked into the image")
-
-    def keeps_layers(self) -> bool:
-        return False  # baked into the image; the data dir holds only the runtime's own scratch
-
-    def runtime_config(self) -> RuntimeConfig:
-        return function_runtime_config(self)

@@ -60,8 +60,10 @@ def test_every_copied_path_exists_and_holds_every_package(dockerfile):
             copied.append(source)
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)
-    for package in project["tool"]["setuptools"]["packages"]:
-        assert package.split(".")[0] in copied, package  # pip install in the image gets all of it
+    found = project["tool"]["setuptools"]["packages"]["find"]["include"]  # each top-level package, with its own
+    assert sorted(pattern.removesuffix("*") for pattern in found) == sorted(_top_level_packages())
+    for package in found:
+        assert package.removesuffix("*") in copied, package  # pip install in the image gets all of it
     for package, files in project["tool"]["setuptools"]["package-data"].items():
         for name in files:  # a name or a glob (handler's templates)
             assert glob.glob(os.path.join(ROOT, *package.split("."), name)), (package, name)
@@ -151,3 +153,10 @@ def test_the_container_script_installs_every_tool_it_runs_and_sets_each_variable
         assert len(re.findall(r"\b[A-Z_][A-Z0-9_]*=", change)) == 1, change
     named = {change.split("=", 1)[0] for change in changes}
     assert named >= {"LANG", "PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"}
+
+
+def _top_level_packages() -> list[str]:
+    """The project's top-level packages: directories of the root holding an __init__.py (tests/ aside)."""
+    return [
+        name for name in os.listdir(ROOT) if name != "tests" and os.path.isfile(os.path.join(ROOT, name, "__init__.py"))
+    ]

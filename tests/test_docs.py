@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from handler.settings import Settings
-from runtimes.function.environment import FunctionEnvironment
+from runtimes.function.environment_model import FunctionEnvironment
 from runtimes.settings import JAIL_MODES
 
 ROOT = Path(__file__).resolve().parent.parent

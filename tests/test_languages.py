@@ -85,9 +85,10 @@ def _module_defines(module: str, name: str) -> bool:
 def test_each_records_paths_name_real_things(language):
     from handler.settings import Settings
     from runtimes.config import RuntimeConfig
-    from runtimes.function.environment import FIELDS, baked_layer
+    from runtimes.function.environment import FIELDS
+    from runtimes.function.environment_model import FunctionEnvironment
+    from runtimes.function.function_config import baked_layer
     from runtimes.jail.service.runtime import JailedRuntime
-    from runtimes.settings import FunctionEnvironment
 
     folder = f"runtimes.{language.folder}."
     runtime = language.runtime_class()

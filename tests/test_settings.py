@@ -265,7 +265,7 @@ def test_a_functions_light_reading_declares_what_the_model_declares():
     import annotated_types
 
     from runtimes.function.environment import FIELDS
-    from runtimes.settings import FunctionEnvironment
+    from runtimes.function.environment_model import FunctionEnvironment
 
     assert set(FIELDS) == set(FunctionEnvironment.model_fields)
     for name, info in FunctionEnvironment.model_fields.items():
@@ -303,7 +303,7 @@ def test_a_functions_light_reading_reads_each_value_as_the_model_does(name):
     from pydantic import ValidationError
 
     from runtimes.function.environment import ConfigError, FunctionSettings, function_environment
-    from runtimes.settings import FunctionEnvironment
+    from runtimes.function.environment_model import FunctionEnvironment
 
     for spelling in SPELLINGS:
         try:

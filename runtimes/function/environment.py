@@ -3,7 +3,7 @@
 The runtimes' settings are the service's own (runtimes/settings.py: the same
 names, defaults and checks, mapped to a RuntimeConfig the same way, by
 runtimes/config.py's runtime_config_of); a function adds only where its baked
-layers are (runtimes/settings.py's FunctionEnvironment declares them too), and
+layers are (environment_model.py's FunctionEnvironment declares them too), and
 keeps its data in its temp directory, the only writable place on Lambda. A
 runtime function never imports handler/. One run at a time, always: a Lambda
 instance serves one invocation at a time.
@@ -27,21 +27,12 @@ import os
 import re
 from typing import TYPE_CHECKING
 
-from runtimes.config import JAIL_MODES, RuntimeConfig, comma_list, default_python, runtime_config_of
-from runtimes.languages import LANGUAGES, Language
-from runtimes.linux import tempdirs
+from runtimes.config import JAIL_MODES, RuntimeConfig, comma_list, default_python
+from runtimes.function.function_config import baked_layer, function_runtime_config
+from runtimes.languages import LANGUAGES
 
 if TYPE_CHECKING:
-    from runtimes.settings import FunctionEnvironment
-
-# Where the image layout script puts the baked layers (infra/layout.sh)
-IMAGE_ROOT = "/opt/sandlot"
-
-
-def baked_layer(language: Language) -> str:
-    """Where a language's layer is baked into a runtime function's image: its setting's default."""
-    return os.path.join(IMAGE_ROOT, "layers", language.folder)
-
+    from runtimes.function.environment_model import FunctionEnvironment
 
 _TRUE = frozenset(("1", "true", "t", "yes", "y", "on"))  # pydantic's words, any case
 _FALSE = frozenset(("0", "false", "f", "no", "n", "off"))
@@ -130,18 +121,6 @@ class FunctionSettings:
         return function_runtime_config(self)
 
 
-def function_runtime_config(settings) -> RuntimeConfig:
-    """What a runtime function's runtime is told (settings: FunctionSettings, or the model, FunctionEnvironment)."""
-    baked = {language.config_layer: getattr(settings, language.layer_setting) for language in LANGUAGES}
-    return runtime_config_of(
-        settings,
-        **{field: layer if os.path.isdir(layer) else "" for field, layer in baked.items()},
-        workers=2,  # kept ready only where each run has a uid of its own: back-to-back runs find one
-        data_dir=settings.SANDLOT_DATA_DIR or tempdirs.make("data"),  # removed at stop (tempdirs.py)
-        one_run_at_a_time=True,
-    )
-
-
 def function_environment(environ: dict[str, str] | None = None) -> FunctionSettings | FunctionEnvironment:
     """The settings from environ (os.environ by default), or ConfigError naming what is wrong."""
     environ = os.environ if environ is None else environ
@@ -160,17 +139,10 @@ def function_environment(environ: dict[str, str] | None = None) -> FunctionSetti
 def _checked_by_the_model(environ) -> FunctionEnvironment:
     from pydantic import ValidationError
 
-    from runtimes.settings import FunctionEnvironment, describe_invalid
+    from runtimes.function.environment_model import FunctionEnvironment
+    from runtimes.settings import describe_invalid
 
     try:
         return FunctionEnvironment(**{k: v for k, v in environ.items() if k in FunctionEnvironment.model_fields})
     except ValidationError as exc:
         raise ConfigError(f"invalid setting: {describe_invalid(exc)}") from exc
-
-
-def __getattr__(name: str):
-    if name == "FunctionEnvironment":  # the model: imported (pydantic) only by whoever asks for it
-        from runtimes.settings import FunctionEnvironment
-
-        return FunctionEnvironment
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
