@@ -4,8 +4,8 @@
     python docs/gen_reference.py --check   exit 1, naming the pages, when either is out of date
 
 The settings come from the settings models themselves (handler/settings.py: the service's, which include the
-runtimes' of runtimes/settings.py; runtimes/function/environment.py: a Lambda runtime function's), each field with its
-type, default, description and who reads it; the help from `sandlot`'s own argument parser.
+runtimes' of runtimes/runtime_settings.py; runtimes/function/environment_model.py: a Lambda runtime function's), each
+field with its type, default, description and who reads it; the help from `sandlot`'s own argument parser.
 tests/test_docs.py fails when a page and what this renders differ.
 """
 
@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
 from handler.settings import Settings  # noqa: E402
 from handler.settings_report import ordered_fields, plain  # noqa: E402
 from runtimes.function.environment_model import FunctionEnvironment  # noqa: E402
-from runtimes.settings import RuntimeSettings  # noqa: E402
+from runtimes.runtime_settings import RuntimeSettings  # noqa: E402
 
 CONFIGURATION = ROOT / "docs" / "configuration.md"
 CLI = ROOT / "docs" / "cli.md"
@@ -127,7 +127,7 @@ def settings_reference() -> str:
     lines = [
         "### Settings of the runtimes",
         "",
-        "The service and the Lambda runtime functions read these alike (`runtimes/settings.py`).",
+        "The service and the Lambda runtime functions read these alike (`runtimes/runtime_settings.py`).",
         "",
     ]
     for name, info in runtime:

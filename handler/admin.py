@@ -40,7 +40,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from handler import run_path
-from handler.admission import ClientGone, Refused
+from handler.admission import ClientWentAway, Refused
 from handler.bodies import BodyTooLarge, read_body, until_disconnected
 from handler.packages_api import PackageError, Packages
 from runtimes.languages import DEFAULT, LANGUAGES, WIRE_NAMES
@@ -336,7 +336,7 @@ class AdminPage:
             body = reply.body
         except Refused:
             body = {"code": -503, "message": "Too many requests", "data": None}
-        except ClientGone:
+        except ClientWentAway:
             body = {"code": -499, "message": "client went away while waiting", "data": None}
         context = await self.context(nonce, try_result=body, try_language=language, try_code=code)
         return self.page("admin.html", **context)

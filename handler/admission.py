@@ -22,7 +22,7 @@ class Refused(Exception):
     """No slot: the caller answers with the 503 envelope."""
 
 
-class ClientGone(Exception):
+class ClientWentAway(Exception):
     """The client went away while waiting: nobody to answer."""
 
 
@@ -82,7 +82,7 @@ class Admission:
         else:
             self._slots.release()
         if gone in done:
-            raise ClientGone()
+            raise ClientWentAway()
         raise Refused()
 
     def status(self) -> dict:

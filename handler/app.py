@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from handler import envelope, run_path
-from handler.admission import Admission, ClientGone, Refused
+from handler.admission import Admission, ClientWentAway, Refused
 from handler.bodies import BodyTooLarge, MalformedJSON, parse_json, read_body, until_disconnected
 from handler.invoker import Invoker, LayerAdmin, LayerBuildError, Unavailable
 from handler.metrics import Metrics, metered, metrics_routes
@@ -137,7 +137,7 @@ class SandboxAPI:
         try:
             tenant = request.headers.get(self._tenant_header) if self._tenant_header else None
             reply = await run_path.run(data, self.settings.ENABLE_NETWORK, invoke, tenant)
-        except ClientGone:
+        except ClientWentAway:
             return envelope.failure(-499, "client went away while waiting", 499)
         return reply.response()
 

@@ -49,7 +49,7 @@ def trace_id_from(traceparent: str | None) -> str:
     return secrets.token_hex(16)
 
 
-class RequestFields(logging.Filter):
+class RequestContextFilter(logging.Filter):
     """Adds request_id and trace_id to every record logged while a request is handled."""
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -95,7 +95,7 @@ def logging_config(log_format: str = "json", level: str = "info") -> dict:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"request": {"()": "handler.logs.RequestFields"}},
+        "filters": {"request": {"()": "handler.logs.RequestContextFilter"}},
         "formatters": {"default": formatter},
         "handlers": {
             "stderr": {

@@ -2,7 +2,7 @@
 
 Environment wins over the file, the file over defaults. A bad value stops
 start-up with a message naming the setting. What the runtimes are told is
-declared once, in runtimes/settings.py, which a Lambda runtime function's
+declared once, in runtimes/runtime_settings.py, which a Lambda runtime function's
 settings share; this adds the API's own.
 """
 
@@ -19,7 +19,7 @@ from pydantic_settings.exceptions import SettingsError as _SourceError
 
 from handler.tenancy import TenancyPolicy
 from runtimes.config import RuntimeConfig, runtime_config_of
-from runtimes.settings import RuntimeSettings, describe_invalid
+from runtimes.runtime_settings import RuntimeSettings, describe_invalid
 
 # dify-sandbox's config.yaml keys (dotted paths) -> our setting names
 _YAML_KEYS = {
@@ -88,7 +88,7 @@ class _DifyYamlSource(PydanticBaseSettingsSource):
 
 
 class Settings(RuntimeSettings):
-    """The service's settings: the runtimes' (runtimes/settings.py) plus the API's own."""
+    """The service's settings: the runtimes' (runtimes/runtime_settings.py) plus the API's own."""
 
     # dify-sandbox's settings
     API_KEY: str = Field(

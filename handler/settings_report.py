@@ -1,7 +1,7 @@
 """The settings described from the model itself: what is in force (`sandlot config`), in one order.
 
 Every field of handler.settings.Settings (the runtimes' shared settings of
-runtimes/settings.py and the service's own), whoever added it. The docs' reference
+runtimes/runtime_settings.py and the service's own), whoever added it. The docs' reference
 is rendered from the same order by docs/gen_reference.py.
 """
 

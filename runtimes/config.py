@@ -90,7 +90,7 @@ class RuntimeConfig:
 
 def proxy_environment(settings) -> dict[str, str]:
     """The proxy variables handed to user code, in both spellings tools read (settings: the runtimes' settings,
-    runtimes/settings.py's model or a runtime function's light reading of them, runtimes/function/environment.py)."""
+    runtime_settings.py's model or a runtime function's light reading of them, function/environment.py)."""
     found = {}
     for name, value in (("HTTP_PROXY", settings.HTTP_PROXY), ("HTTPS_PROXY", settings.HTTPS_PROXY)):
         if value:
@@ -109,7 +109,7 @@ def runtime_config_of(
     data_dir: str | None = None,
     one_run_at_a_time: bool = False,
 ) -> RuntimeConfig:
-    """The one mapping of the runtimes' settings (by their names, runtimes/settings.py) to what the runtimes read;
+    """The one mapping of the runtimes' settings (by their names, runtime_settings.py) to what the runtimes read;
     the caller says what the settings cannot (layers in use, children kept ready, one run at a time)."""
     return RuntimeConfig(
         python_path=settings.PYTHON_PATH,

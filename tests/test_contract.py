@@ -28,7 +28,7 @@ def _imports(path: str) -> set[str]:
 
 
 def test_handler_imports_nothing_of_the_jail():
-    """The API talks to runtimes through the contract (runtimes.payload, runtimes.settings) only."""
+    """The API talks to runtimes through the contract (runtimes.payload, runtimes.runtime_settings) only."""
     offenders = {}
     for name in sorted(os.listdir(os.path.join(ROOT, "handler"))):
         if name.endswith(".py"):

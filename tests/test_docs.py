@@ -18,7 +18,7 @@ import pytest
 
 from handler.settings import Settings
 from runtimes.function.environment_model import FunctionEnvironment
-from runtimes.settings import JAIL_MODES
+from runtimes.runtime_settings import JAIL_MODES
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from runtimes.settings import JAIL_MODES
+from runtimes.runtime_settings import JAIL_MODES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -142,7 +142,7 @@ def test_both_accept_the_same_jail_modes(monkeypatch, value):
 def test_the_jail_modes_the_settings_accept_are_the_ones_the_jail_knows():
     """Declared apart (the API function loads the settings without any jail module), kept equal here."""
     from runtimes.jail import modes
-    from runtimes.settings import JAIL_MODES
+    from runtimes.runtime_settings import JAIL_MODES
 
     assert set(JAIL_MODES) == set(modes.CHOICES)
 

@@ -1,6 +1,6 @@
 """A runtime function's configuration, from its own environment (the template sets it).
 
-The runtimes' settings are the service's own (runtimes/settings.py: the same
+The runtimes' settings are the service's own (runtimes/runtime_settings.py: the same
 names, defaults and checks, mapped to a RuntimeConfig the same way, by
 runtimes/config.py's runtime_config_of); a function adds only where its baked
 layers are (environment_model.py's FunctionEnvironment declares them too), and
@@ -140,7 +140,7 @@ def _checked_by_the_model(environ) -> FunctionEnvironment:
     from pydantic import ValidationError
 
     from runtimes.function.environment_model import FunctionEnvironment
-    from runtimes.settings import describe_invalid
+    from runtimes.runtime_settings import describe_invalid
 
     try:
         return FunctionEnvironment(**{k: v for k, v in environ.items() if k in FunctionEnvironment.model_fields})

@@ -11,7 +11,7 @@ from pydantic import Field
 from runtimes.config import RuntimeConfig
 from runtimes.function.function_config import baked_layer, function_runtime_config
 from runtimes.languages import NODEJS, PYTHON
-from runtimes.settings import RuntimeSettings
+from runtimes.runtime_settings import RuntimeSettings
 
 
 class FunctionEnvironment(RuntimeSettings):
