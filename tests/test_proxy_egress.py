@@ -207,17 +207,18 @@ def test_without_the_rule_the_same_attempts_succeed(unfiltered, name):
 
 def test_proxy_egress_is_planned_from_the_settings():
     env = {"HTTP_PROXY": "http://user:pw@localhost:3128", "http_proxy": "http://localhost:3128"}
-    planned = proxy_egress.plan("auto", env, 7, "no-network")
+    planned = proxy_egress.choose("auto", env, 7, "no-network")
     assert planned.ports == (3128,) and not planned.refused
     assert planned.env["HTTP_PROXY"] in ("http://user:pw@127.0.0.1:3128", "http://user:pw@[::1]:3128")
-    assert proxy_egress.plan("auto", {}, 7, "no-network") is None  # no proxy: SANDLOT_UNFILTERED_EGRESS decides
-    assert proxy_egress.plan("auto", env, 7, "allow") is None  # the operator chose unfiltered egress
-    assert proxy_egress.plan("off", env, 7, "no-network") is None
-    assert "ABI 4 or later" in proxy_egress.plan("auto", env, 3, "no-network").refused
-    assert "this kernel gives ABI 3" in proxy_egress.plan("on", env, 3, "allow").refused
-    assert "needs HTTP_PROXY" in proxy_egress.plan("on", {}, 7, "no-network").refused
+    assert proxy_egress.choose("auto", {}, 7, "no-network") is None  # no proxy: SANDLOT_UNFILTERED_EGRESS decides
+    assert proxy_egress.choose("auto", env, 7, "allow") is None  # the operator chose unfiltered egress
+    assert proxy_egress.choose("off", env, 7, "no-network") is None
+    assert "ABI 4 or later" in proxy_egress.choose("auto", env, 3, "no-network").refused
+    assert "this kernel gives ABI 3" in proxy_egress.choose("on", env, 3, "allow").refused
+    assert "needs HTTP_PROXY" in proxy_egress.choose("on", {}, 7, "no-network").refused
     assert (
-        "cannot be resolved" in proxy_egress.plan("on", {"HTTP_PROXY": "http://no.such.host.invalid:1"}, 7, "").refused
+        "cannot be resolved"
+        in proxy_egress.choose("on", {"HTTP_PROXY": "http://no.such.host.invalid:1"}, 7, "").refused
     )
 
 

@@ -120,7 +120,7 @@ def test_where_each_zygote_brings_a_pasta_the_preloaded_one_serves_every_run(ser
 # ---- the pool's kinds ------------------------------------------------------------------------
 
 
-class FakeZygote:
+class FakeZygoteHandle:
     def __init__(self, kind: str, number: int):
         self.kind, self.number = kind, number
         self.alive, self.forks, self.live_children, self.tag = True, 0, 0, ""
@@ -133,19 +133,19 @@ class FakeZygote:
 
 class Factory:
     def __init__(self):
-        self.made: list[FakeZygote] = []
+        self.made: list[FakeZygoteHandle] = []
         self.refuse: set[str] = set()
         self.slow = asyncio.Event()
         self.slow.set()
         self.main_asked = False
 
-    async def __call__(self, kind: str) -> FakeZygote:
+    async def __call__(self, kind: str) -> FakeZygoteHandle:
         if kind == MAIN and not any(z.kind == MAIN for z in self.made) and not self.main_asked:
             self.main_asked = True
             await self.slow.wait()  # the first start of a main zygote takes its time; later ones do not
         if kind in self.refuse:
             raise Unavailable(f"no {kind or 'main'} zygote")
-        self.made.append(FakeZygote(kind, len(self.made)))
+        self.made.append(FakeZygoteHandle(kind, len(self.made)))
         return self.made[-1]
 
 

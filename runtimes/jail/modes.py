@@ -13,7 +13,7 @@ filtered), never the mode's name. Adding a mode adds a row here.
   before any child exists). Each run has a user namespace of its own with PID,
   mount and IPC namespaces inside it; runs share one uid, and what separates
   them is that no run can name, reach or open another process. Without root the
-  runs' network is a namespace per zygote with pasta (userspace_net.py); as root,
+  runs' network is a namespace per zygote with pasta (linux/pasta.py); as root,
   nft by uid.
 - `chroot`: root without namespaces (a container on default privileges: no
   SYS_ADMIN, Docker's seccomp profile refusing unshare, mount and clone with
@@ -23,7 +23,7 @@ filtered), never the mode's name. Adding a mode adds a row here.
   watcher (tmpcap.py); every process of a run ended through pidfds and a sweep
   of its uid before the uid goes back; nft egress by uid where NET_ADMIN is
   granted, else none (SANDLOT_UNFILTERED_EGRESS says what runs asking for
-  network get: run_network.py).
+  network get: policy/network_access.py).
 - `landlock`: no root, no capabilities, no user namespaces (a pod under Kubernetes'
   `restricted` standard or OpenShift's `restricted-v2`). Runs share the
   service's uid; each lives in a Landlock domain of its own (landlock_mode.py):
@@ -66,7 +66,7 @@ USER_NAMESPACE = "user_namespace"  # one uid for all runs, each in a user namesp
 SHARED = "shared"  # the runtime's own uid
 # egress: how a run with network is kept from the host and private ranges
 NFT_UID = "nft_uid"  # nft rules on the host matching the runs' uids (egress.py)
-NETNS_PASTA = "netns_pasta"  # a network namespace per zygote, out through pasta (userspace_net.py)
+NETNS_PASTA = "netns_pasta"  # a network namespace per zygote, out through pasta (linux/pasta.py)
 NO_EGRESS_FILTER = "none"
 # reads: what a run's Landlock domain lets it read, where the platform gives Landlock
 EVERYTHING = "everything"  # the whole tree (or the platform's filesystem)

@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from runtimes.jail.policy import seccomp as seccomp_policy
-from runtimes.nodejs import snapshot
+from runtimes.nodejs.node_start import heap_flags
+from runtimes.nodejs.runner_config import NodeRunnerConfig
 
 MIB = 1024 * 1024
 SETUP_FAILED = 125
@@ -46,22 +47,22 @@ class State:
     report: dict = field(default_factory=dict)
 
 
-def prepare(config: dict) -> State:
+def prepare(config: NodeRunnerConfig) -> State:
     filters, error = seccomp_policy.prepared(config, allow_exec=True)
     state = State(
         filters=filters,
-        required=config.get("require_seccomp", True),
-        node=config["node"],
-        wrapper=config["wrapper"],
-        cpu_seconds=int(config["cpu_seconds"]),
-        data_overhead_mb=int(config.get("data_overhead_mb", 256)),
-        node_path=config.get("node_path", ""),
-        snapshot=config.get("snapshot", ""),
-        snapshot_flags=list(config.get("snapshot_flags", ())),
-        snapshot_memory_mb=int(config.get("snapshot_memory_mb", 0)),
+        required=config.require_seccomp,
+        node=config.node,
+        wrapper=config.wrapper,
+        cpu_seconds=config.cpu_seconds,
+        data_overhead_mb=config.data_overhead_mb,
+        node_path=config.node_path,
+        snapshot=config.snapshot,
+        snapshot_flags=list(config.snapshot_flags),
+        snapshot_memory_mb=config.snapshot_memory_mb,
         snapshot_data=b"",
     )
-    if state.snapshot and config.get("private_snapshot"):
+    if state.snapshot and config.private_snapshot:
         with open(state.snapshot, "rb") as blob:
             state.snapshot_data = blob.read()
     state.report = {"seccomp": error is None, "seccomp_error": error}
@@ -70,6 +71,10 @@ def prepare(config: dict) -> State:
 
 def warm(state: State) -> dict:
     return {}
+
+
+def as_pid_one(state: State) -> None:
+    """Nothing: each child execs node at once, and node is no pid 1 of its own (runtimes/jail/zygote/runner.py)."""
 
 
 def run(state: State, address_space: int, variant: Mapping) -> None:
@@ -86,7 +91,7 @@ def run(state: State, address_space: int, variant: Mapping) -> None:
     if blob:
         argv = [state.node, *state.snapshot_flags, "--snapshot-blob", blob]
     else:
-        argv = [state.node, *snapshot.heap_flags(memory_mb), state.wrapper]
+        argv = [state.node, *heap_flags(memory_mb), state.wrapper]
     if state.node_path:
         argv.append(state.node_path)  # the layer's node_modules, where require() looks last
     os.execve(state.node, argv, dict(os.environ))

@@ -15,15 +15,14 @@ from runtimes.jail import modes, protocol
 from runtimes.jail.policy import network_access, tree_files
 from runtimes.jail.service.pool import MAIN
 from runtimes.jail.service.runtime import JailedRuntime
-from runtimes.jail.service.supervisor import Zygote
+from runtimes.jail.service.supervisor import ZygoteHandle
 from runtimes.linux import rootfs
 from runtimes.nodejs import snapshot
+from runtimes.nodejs.node_start import WRAPPER, WRAPPER_IN_TREE
+from runtimes.nodejs.runner_config import NodeRunnerConfig
 
 if TYPE_CHECKING:
     from runtimes.payload import RunRequest
-
-WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wrapper.js")
-WRAPPER_IN_TREE = "/opt/sandlot/wrapper.js"  # wherever the package is installed (even under /tmp)
 
 log = logging.getLogger("sandlot.nodejs")
 
@@ -36,20 +35,11 @@ class NodeRuntime(JailedRuntime):
         super().__init__(config)
         self.snapshot: snapshot.Snapshot | None = None  # the newest zygote's, for the default memory limit
         self._snapshots = snapshot.SnapshotDirectory(os.path.join(config.data_dir, "snapshots"))
-        self._snapshot_of: dict[Zygote, snapshot.Snapshot] = {}
+        self._snapshot_of: dict[ZygoteHandle, snapshot.Snapshot] = {}
         # one run at a time (a Lambda function): the first zygote starts on the image's baked snapshot, if it
         # has one for this node (snapshot.py: loaded with rehashing), instead of waiting for a build; the
         # serial schedule replaces it once the first run is over, and from then on each zygote builds its own
-        self._first_zygote_baked = config.one_run_at_a_time
-
-    def _serial_schedule(self):
-        schedule = super()._serial_schedule()
-        if self._first_zygote_baked:
-            schedule.first_run = self._first_run_over
-        return schedule
-
-    def _first_run_over(self) -> None:
-        self._first_zygote_baked = False
+        self.first_run_apart = config.one_run_at_a_time
 
     async def start(self) -> None:
         if not self.missing() and not self.refused:
@@ -59,18 +49,18 @@ class NodeRuntime(JailedRuntime):
                 self.refused = f"the startup snapshots' directory cannot be used: {exc}"
         await super().start()
 
-    async def _start_zygote(self, kind: str = MAIN) -> Zygote:
+    async def start_zygote(self, kind: str = MAIN) -> ZygoteHandle:
         """Each zygote starts on a snapshot of its own (a hash seed of its own, see snapshot.py); a function's
         first, on the baked one where the image has it (rehashed at load: a seed of its own for every run)."""
-        if self._first_zygote_baked:
+        if self.first_run_apart:
             baked = await asyncio.to_thread(snapshot.baked, self.node, WRAPPER, self.config.default_memory_mb)
             if baked is not None:
                 self.snapshot = baked
-                return await super()._start_zygote(kind)  # not in _snapshot_of: the image's file stays
+                return await super().start_zygote(kind)  # not in _snapshot_of: the image's file stays
         fresh = None
         tree_root = ""  # the chroot jail's tree, held while the snapshot is built with its node
-        if self._trees is not None:
-            tree_root = await asyncio.to_thread(self._ensure_tree, self.tree().to_dict())
+        if self.provisions.trees is not None:
+            tree_root = await asyncio.to_thread(self.provisions.hold_tree, self.tree().to_dict())
         try:
             try:
                 fresh = await asyncio.to_thread(
@@ -84,14 +74,14 @@ class NodeRuntime(JailedRuntime):
                 log.warning("no startup snapshot for node: %s", exc)
             self.snapshot = fresh  # what zygote_config() hands the new zygote
             try:
-                zygote = await super()._start_zygote(kind)
+                zygote = await super().start_zygote(kind)
             except BaseException:
                 if fresh:
                     self._snapshots.remove(fresh.path)
                 raise
         finally:
             if tree_root:
-                await asyncio.to_thread(self._trees.release, tree_root)
+                await asyncio.to_thread(self.provisions.release_tree, tree_root)
         if fresh:
             self._snapshot_of[zygote] = fresh
         return zygote
@@ -107,7 +97,7 @@ class NodeRuntime(JailedRuntime):
                     return copy
         return self.node
 
-    def zygote_retired(self, zygote: Zygote) -> None:
+    def zygote_retired(self, zygote: ZygoteHandle) -> None:
         super().zygote_retired(zygote)
         retired = self._snapshot_of.pop(zygote, None)
         if retired:
@@ -147,18 +137,19 @@ class NodeRuntime(JailedRuntime):
         tree_files.run_system_files(spec, self.run_hostname(), self.run_nameservers())
         return spec
 
-    def runner_config(self, kind: str = MAIN) -> dict:
-        return {
-            **super().runner_config(kind),
-            "node": self.node,
-            "wrapper": WRAPPER_IN_TREE if self.mode.tree != modes.NO_TREE else WRAPPER,
-            "snapshot": self.snapshot.path if self.snapshot else "",
-            "private_snapshot": self.mode.tree != modes.NO_TREE,  # each run its own copy, the tree none (runner.py)
-            "snapshot_flags": list(self.snapshot.flags) if self.snapshot else [],
-            "snapshot_memory_mb": self.snapshot.memory_mb if self.snapshot else 0,
-            "cpu_seconds": math.ceil(self.config.max_timeout) + 1,
-            "node_path": os.path.join(self.layer_in_view(), "node_modules") if self.config.nodejs_layer else "",
-        }
+    def runner_config(self, kind: str = MAIN) -> NodeRunnerConfig:
+        shot = self.snapshot
+        return NodeRunnerConfig(
+            **self.runner_fields(),
+            node=self.node,
+            wrapper=WRAPPER_IN_TREE if self.mode.tree != modes.NO_TREE else WRAPPER,
+            snapshot=shot.path if shot else "",
+            private_snapshot=self.mode.tree != modes.NO_TREE,  # each run its own copy, the tree none (runner.py)
+            snapshot_flags=tuple(shot.flags) if shot else (),
+            snapshot_memory_mb=shot.memory_mb if shot else 0,
+            cpu_seconds=math.ceil(self.config.max_timeout) + 1,
+            node_path=os.path.join(self.layer_in_view(), "node_modules") if self.config.nodejs_layer else "",
+        )
 
     def readable(self) -> list[str]:
         # the landlock mode: this zygote's startup snapshot too (a file of the data dir, read by each run's node)

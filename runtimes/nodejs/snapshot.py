@@ -53,16 +53,13 @@ from pathlib import Path
 
 from runtimes.jail import protocol
 from runtimes.linux.dirlock import remove_if_unlocked
+from runtimes.nodejs.node_start import WRAPPER, heap_flags
 
 log = logging.getLogger("sandlot.nodejs")
 
 MAGIC = 0x0143DA19  # node's SnapshotData::kMagic
 NO_REHASH = "--no-rehash-snapshot"
 _ENV = {"LANG": "C.UTF-8"}
-
-
-def heap_flags(memory_mb: int) -> list[str]:
-    return [f"--max-old-space-size={memory_mb}"]
 
 
 @dataclass(frozen=True)
@@ -212,8 +209,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-mb", type=int, default=int(os.environ.get("SANDLOT_MEMORY_LIMIT_MB", "512")))
     parser.add_argument("--directory", default=BAKED_DIR)
     args = parser.parse_args(argv)
-    from runtimes.nodejs.runtime import WRAPPER
-
     made = bake(args.node, WRAPPER, args.memory_mb, args.directory)
     print(f"baked {made.path} ({' '.join(made.flags)})" if made else "no snapshot baked: node could not make one")
     return 0

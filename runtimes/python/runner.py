@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from runtimes.jail import protocol
 from runtimes.jail.policy import seccomp as seccomp_policy
 from runtimes.jail.zygote import confine
+from runtimes.python.runner_config import PythonRunnerConfig
 
 MIB = 1024 * 1024
 SETUP_FAILED = 125
@@ -89,15 +90,15 @@ def bound_thread_memory() -> None:
     libc.pthread_attr_destroy(attr)
 
 
-def prepare(config: dict) -> State:
+def prepare(config: PythonRunnerConfig) -> State:
     bound_thread_memory()
     filters, seccomp_error = seccomp_policy.prepared(config)
     state = State(
         filters=filters,
-        required=config.get("require_seccomp", True),
-        preload_modules=list(config.get("preload", ())),
-        layer_path=config.get("layer_path", ""),
-        lazy=bool(config.get("lazy")),
+        required=config.require_seccomp,
+        preload_modules=list(config.preload),
+        layer_path=config.layer_path,
+        lazy=config.lazy,
     )
     state.report = {"seccomp": seccomp_error is None, "seccomp_error": seccomp_error}
     return state

@@ -15,6 +15,7 @@ from runtimes.jail.service.pool import KIND, MAIN
 from runtimes.jail.service.runtime import JailedRuntime
 from runtimes.linux import rootfs
 from runtimes.python.imports import imported_modules
+from runtimes.python.runner_config import PythonRunnerConfig
 
 if TYPE_CHECKING:
     from runtimes.payload import RunRequest
@@ -58,21 +59,12 @@ class PythonRuntime(JailedRuntime):
         # one run at a time (a Lambda function, `sandlot run --local`): the first run, often the only one (a
         # fresh environment per run or per new tenant), does not wait for the layer's preload; its zygote
         # is lean, and the serial schedule replaces it with the preloaded one once that run is over
-        self._first_zygote_lean = config.one_run_at_a_time and bool(config.python_layer)
-
-    def _serial_schedule(self):
-        schedule = super()._serial_schedule()
-        if self._first_zygote_lean:
-            schedule.first_run = self._first_run_over
-        return schedule
-
-    def _first_run_over(self) -> None:
-        self._first_zygote_lean = False  # the zygotes from now on preload the layer
+        self.first_run_apart = config.one_run_at_a_time and bool(config.python_layer)
 
     def zygote_kinds(self) -> tuple[str, ...]:
         if self.config.one_run_at_a_time or not self.config.python_layer:
             return (MAIN,)
-        if self._network is not None and self._network.netns:
+        if self.provisions is not None and self.provisions.own_network_namespace:
             return (MAIN,)  # each zygote would bring a network namespace and a pasta of its own (28 MiB)
         return (LEAN, MAIN)
 
@@ -136,13 +128,13 @@ class PythonRuntime(JailedRuntime):
                 spec.hidden.append(site)
         return spec
 
-    def runner_config(self, kind: str = MAIN) -> dict:
-        return {
-            **super().runner_config(kind),
-            "preload": list(self.config.python_preload) if self.config.python_layer else [],
-            "layer_path": self.layer_in_view(),
-            "lazy": kind == LEAN or self._first_zygote_lean,
-        }
+    def runner_config(self, kind: str = MAIN) -> PythonRunnerConfig:
+        return PythonRunnerConfig(
+            **self.runner_fields(),
+            preload=tuple(self.config.python_preload) if self.config.python_layer else (),
+            layer_path=self.layer_in_view(),
+            lazy=kind == LEAN or self.first_run_apart,
+        )
 
     def layer(self) -> str:
         return self.config.python_layer

@@ -59,7 +59,7 @@ class ProxyEgress:
         )
 
 
-def plan(setting: str, proxies: dict[str, str], landlock_abi: int, unfiltered_egress: str) -> ProxyEgress | None:
+def choose(setting: str, proxies: dict[str, str], landlock_abi: int, unfiltered_egress: str) -> ProxyEgress | None:
     """For a jail whose egress is not filtered: proxy egress, or None where the setting leaves it off."""
     if setting not in CHOICES:
         raise ValueError(f"SANDLOT_PROXY_EGRESS={setting!r}: one of {', '.join(CHOICES)}")

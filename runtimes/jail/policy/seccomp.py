@@ -47,11 +47,16 @@ from __future__ import annotations
 
 import errno
 import struct
+from typing import TYPE_CHECKING
 
 import pyseccomp
 
 from runtimes.linux import seccomp as engine
+from runtimes.linux.seccomp import compile_program as compile_program  # re-exported: the zygote, tests
 from runtimes.linux.syscalls import SeccompProgram
+
+if TYPE_CHECKING:
+    from runtimes.jail.zygote_config import RunnerConfig
 
 CLONE_THREAD = 0x00010000
 CLONE_FILES = 0x00000400
@@ -654,19 +659,19 @@ def clock_prefix(pid: int, calls: tuple[int, tuple[int, ...]] | None = None) -> 
 def programs(extra: tuple[int, ...] = (), allow_exec: bool = False) -> dict[bool, SeccompProgram]:
     """The compiled filters of a runtime, by network flag (and the fence's template, for its children)."""
     fence_program(_FENCE_PLACEHOLDER)
-    return {network: engine.compile_program(build(network, extra, allow_exec)) for network in (False, True)}
+    return {network: compile_program(build(network, extra, allow_exec)) for network in (False, True)}
 
 
-def prepared(config: dict, allow_exec: bool = False) -> tuple[dict[bool, SeccompProgram], str | None]:
+def prepared(config: RunnerConfig, allow_exec: bool = False) -> tuple[dict[bool, SeccompProgram], str | None]:
     """A runner's filters by network flag, checked to load here, and why not (None when they do).
 
-    config["seccomp"] false: the platform's record found seccomp refused, and nothing of libseccomp is
+    config.seccomp false: the platform's record found seccomp refused, and nothing of libseccomp is
     touched (it asks the kernel through seccomp() what it supports, and some platforms kill a caller of a
     refused call with SIGSYS).
     """
-    if not config.get("seccomp", True):
+    if not config.seccomp:
         return {}, "refused by the platform (the protections record)"
-    filters = programs(tuple(config.get("extra_syscalls", ())), allow_exec=allow_exec)
+    filters = programs(tuple(config.extra_syscalls), allow_exec=allow_exec)
     error = engine.probe(filters[False])
     return (filters if error is None else {}), error
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from runtimes.linux.rootfs import SYSTEM_FILES, TreeSpec
 
 LAYER_IN_TREE = "/opt/sandlot/layer"  # where a runtime's dependency layer shows in its tree, whatever the data dir
-RUN_HOSTNAME = "sandbox"  # what uname() tells a run (child.py sets it in the run's UTS namespace)
+RUN_HOSTNAME = "sandbox"  # what uname() tells a run (zygote/confine.py sets it in the run's UTS namespace)
 # The run's /etc/hosts: loopback for localhost and for its own hostname, so that resolving
 # gethostname() works as on any machine; nothing of the host's.
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from runtimes.jail.service import sweep
 from runtimes.jail.service.execution import kill
-from runtimes.jail.service.supervisor import Child, Zygote
+from runtimes.jail.service.supervisor import Child, ZygoteHandle
 from runtimes.jail.service.uids import UidPool, UidPoolExhausted
 from runtimes.jail.tmp.caps import RunDirectories
 from runtimes.payload import Unavailable
@@ -60,7 +60,7 @@ def kind_of(variant: Variant) -> str:
 class _Line:
     """One kind of zygote: the one serving now, since when, and whether its replacement is under way."""
 
-    zygote: Zygote | None = None
+    zygote: ZygoteHandle | None = None
     report: dict = field(default_factory=dict)  # what the last one to take over said when it was ready
     born: float = 0.0  # time.monotonic() when it took over
     rotating: bool = False
@@ -71,7 +71,7 @@ class _Line:
 class ChildPool:
     def __init__(
         self,
-        start_zygote: Callable[[str], Awaitable[Zygote]],  # a new zygote of the kind given
+        start_zygote: Callable[[str], Awaitable[ZygoteHandle]],  # a new zygote of the kind given
         uids: UidPool | None,
         tmp_parent: str | None,
         max_forks: int,
@@ -92,13 +92,13 @@ class ChildPool:
         self._lines = {kind: _Line() for kind in kinds}
         self._first = kinds[0]
         self.kinds = tuple(kinds)
-        self._owner: dict[int, Zygote] = {}  # child pid -> the zygote that forked it
-        self._retired: list[Zygote] = []
+        self._owner: dict[int, ZygoteHandle] = {}  # child pid -> the zygote that forked it
+        self._retired: list[ZygoteHandle] = []
         self._tasks: set[asyncio.Task] = set()  # zygote restarts and rotations
         self._releases: set[asyncio.Task] = set()  # children being given back once dead
         self._stopping = False
-        self.on_retired: list[Callable[[Zygote], None]] = []  # each retired zygote, once it has exited
-        self.on_replaced: list[Callable[[Zygote], None]] = []  # the zygote that is no longer current
+        self.on_retired: list[Callable[[ZygoteHandle], None]] = []  # each retired zygote, once it has exited
+        self.on_replaced: list[Callable[[ZygoteHandle], None]] = []  # the zygote that is no longer current
         self.on_running: list[Callable[[], None]] = []  # a zygote is running again after none was
         self.generation = 0
         self.last_error = ""
@@ -145,7 +145,7 @@ class ChildPool:
         line = self._lines.get(kind)
         return line.error if line is not None else ""
 
-    def owner(self, child: Child) -> Zygote | None:
+    def owner(self, child: Child) -> ZygoteHandle | None:
         return self._owner.get(child.pid)
 
     def current(self, child: Child) -> bool:
@@ -229,7 +229,7 @@ class ChildPool:
 
     # ---- zygotes ---------------------------------------------------------------
 
-    async def _current_zygote(self, kind: str) -> Zygote:
+    async def _current_zygote(self, kind: str) -> ZygoteHandle:
         line = self._lines[kind]
         if line.zygote is None or not line.zygote.alive:
             await self._restart(kind)
@@ -263,7 +263,7 @@ class ChildPool:
         for callback in self.on_running:
             callback()
 
-    async def _new_zygote(self, kind: str) -> Zygote:
+    async def _new_zygote(self, kind: str) -> ZygoteHandle:
         """A started zygote, watched for an unexpected exit, counted as a new generation."""
         line = self._lines[kind]
         try:
@@ -278,12 +278,12 @@ class ChildPool:
         return zygote
 
     @staticmethod
-    def _take_over(line: _Line, zygote: Zygote) -> Zygote | None:
+    def _take_over(line: _Line, zygote: ZygoteHandle) -> ZygoteHandle | None:
         """zygote serves its kind from now on; returns the one it replaces."""
         old, line.zygote, line.report, line.born = line.zygote, zygote, zygote.report, time.monotonic()
         return old
 
-    def _on_zygote_exit(self, zygote: Zygote) -> None:
+    def _on_zygote_exit(self, zygote: ZygoteHandle) -> None:
         for callback in self.on_replaced:
             callback(zygote)  # its children are dead with it (or dying): none may be handed out
         for kind, line in self._lines.items():
@@ -315,7 +315,7 @@ class ChildPool:
         """Start new zygotes (from what the factory now says) and retire the current ones: of the kinds
         given, or of every kind. Either all of them take over or, if one cannot start, none does."""
         chosen = [kind for kind in self._lines if not kinds or kind in kinds]  # always in the pool's order
-        fresh: dict[str, Zygote] = {}
+        fresh: dict[str, ZygoteHandle] = {}
         async with AsyncExitStack() as held:
             for kind in chosen:  # a restart of a kind waits, and finds the new one
                 await held.enter_async_context(self._lines[kind].lock)
@@ -346,7 +346,7 @@ class ChildPool:
     def uses_tag(self, tag: str) -> bool:
         return any(z.tag == tag for z in [*self._current(), *self._retired])
 
-    def _current(self) -> list[Zygote]:
+    def _current(self) -> list[ZygoteHandle]:
         return [line.zygote for line in self._lines.values() if line.zygote is not None]
 
     async def _stop_retired(self) -> None:
@@ -357,7 +357,7 @@ class ChildPool:
             await zygote.stop()
             self._retire(zygote)
 
-    def _retire(self, zygote: Zygote) -> None:
+    def _retire(self, zygote: ZygoteHandle) -> None:
         for callback in self.on_retired:
             callback(zygote)
 

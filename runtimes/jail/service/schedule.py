@@ -23,7 +23,7 @@ from collections import deque
 from typing import Protocol
 
 from runtimes.jail.service.pool import ChildPool, Variant, kind_of
-from runtimes.jail.service.supervisor import Child, Zygote
+from runtimes.jail.service.supervisor import Child, ZygoteHandle
 
 log = logging.getLogger("sandlot.jail")
 
@@ -164,7 +164,7 @@ class PooledSchedule:
             self.pool.discard(child)
             self._refill()
 
-    def _drop_ready_of(self, zygote: Zygote) -> None:
+    def _drop_ready_of(self, zygote: ZygoteHandle) -> None:
         for ready in self._ready.values():
             for child in [c for c in ready if self.pool.owner(c) is zygote]:
                 ready.remove(child)

@@ -54,6 +54,7 @@ class SerialSchedule:
         sweep_uid: bool,  # a run's strays are found by its uid (no PID namespace) and no filter stops them
         wait_for_namespace: bool,  # no filter, and the run's PID namespace ends only once the zygote reaped it
         scratch: Scratch | None = None,  # runs share the runtime's uid: what they leave in shared places
+        first_run: Callable[[], None] | None = None,  # the runtime's switch to its usual zygote, once
     ):
         self.pool = pool
         self.default_variant = default_variant
@@ -67,7 +68,7 @@ class SerialSchedule:
         self._lock = asyncio.Lock()  # between() and take() never overlap
         self._stopped = False
         self.runs = 0
-        self.first_run: Callable[[], None] | None = None  # the runtime's switch to its usual zygote, once
+        self.first_run = first_run
 
     async def start(self) -> None:
         await self.between()

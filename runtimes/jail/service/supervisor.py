@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from runtimes.jail import protocol
-from runtimes.jail.zygote import loop as zygote
+from runtimes.jail.zygote_config import ZygoteConfig, command, config_file
 from runtimes.linux.pasta import NamespaceNetwork, Pasta
 from runtimes.payload import Unavailable
 
@@ -47,8 +47,10 @@ class Child:
         self.pidfd = self.stdin = self.stdout = self.stderr = self.ready = -1
 
 
-class Zygote:
-    def __init__(self, python: str, config: dict, env: dict[str, str], network: NamespaceNetwork | None = None):
+class ZygoteHandle:
+    """The service's handle on one zygote process (the process itself runs zygote/loop.py's `Zygote`)."""
+
+    def __init__(self, python: str, config: ZygoteConfig, env: dict[str, str], network: NamespaceNetwork | None = None):
         self.on_exit: list = []  # called once if the zygote dies on its own
         self.tag = ""  # what the owner wants to know it by (the layer it was started on)
         self.tree_root = ""  # the chroot mode: the materialized tree it chrooted into (its runs' /tmp is there)
@@ -64,7 +66,7 @@ class Zygote:
         self.report: dict = {}
         self.forks = 0
         self.alive = False
-        self._network = network  # userns without root: the runs' namespace and pasta (userspace_net.py)
+        self._network = network  # userns without root: the runs' namespace and pasta (linux/pasta.py)
         self._pasta: Pasta | None = None
         self.network_error = ""  # why its runs have no network after all (pasta failed or ended as it started)
         self._tasks: set[asyncio.Task] = set()
@@ -72,14 +74,14 @@ class Zygote:
     async def start(self) -> dict:
         loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        config = dict(self._config, control_fd=theirs.fileno())
-        with zygote.config_file(config) as config_file:
+        config = self._config.with_control(theirs.fileno())
+        with config_file(config) as file:
             self._process = subprocess.Popen(
-                zygote.command(self._python, config_file.fileno(), config["runner"]),
+                command(self._python, file.fileno(), config.runner),
                 env=self._env,
                 cwd="/",
                 stdin=subprocess.DEVNULL,
-                pass_fds=[theirs.fileno(), config_file.fileno()],
+                pass_fds=[theirs.fileno(), file.fileno()],
                 close_fds=True,
             )
         theirs.close()

@@ -552,7 +552,7 @@ class RunDirectories:
 
     def __init__(self, watcher: TmpWatcher, max_bytes: int, max_files: int, counts_held: bool = True):
         self.watcher = watcher
-        self.counts_held = counts_held  # runs are dumpable to their uid (ChildPlan.watched): unnamed.py reads them
+        self.counts_held = counts_held  # runs are dumpable to their uid (Confinement.watched): unnamed.py reads them
         self.max_bytes = max_bytes
         self.max_files = max_files
         self._caps: dict[int, TmpCap] = {}  # child pid -> its directory's cap
@@ -595,7 +595,7 @@ class RunDirectories:
         after the names went counts from now on."""
         cap = self._caps.get(child.pid)
         if cap is not None and self.counts_held:
-            gid = child.uid if child.uid != os.geteuid() else os.getegid()  # own uids' gid is the uid (child.py)
+            gid = child.uid if child.uid != os.geteuid() else os.getegid()  # own uids' gid is the uid (confine.py)
             try:
                 self.watcher.count_held(cap, child.pid, gid)
             except OSError as exc:  # gone already: its end is reported as it ended

@@ -11,7 +11,7 @@ call), and then another live thread's entries (/proc/<pid>/task/<tid>) are read 
 named without symbolic links: the run's directory is compared as os.path.realpath names it.
 
 Reading them needs what ptrace's read check needs: the reader's filesystem uid and gid those of the run, and
-the run dumpable (child.py makes it so where this counts: the chroot jail, whose runs have uids of their own,
+the run dumpable (zygote/confine.py makes it so where this counts: the chroot jail, whose runs have uids of their own,
 and the landlock jail, whose Landlock domains keep every other run out). The service, root in the chroot
 jail, takes the run's filesystem ids in the calling thread only (setfsuid: per thread, the rest of the
 process keeps its own) for the reads, and its own back after.

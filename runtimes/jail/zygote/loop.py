@@ -5,7 +5,7 @@ it), optionally builds the read-only tree and pivots into it, lets the language
 runner warm up (imports of the dependency layer), and then only forks. It never
 receives user code: code goes from the service straight to the child's pipe.
 
-Each child is confined (see child.py), tells the service it is ready on a pipe
+Each child is confined (confine.py), tells the service it is ready on a pipe
 of its own, and then hands over to the runner. The child closes that pipe before
 it reads anything, unless its runner says REPORTS_EXIT: then the pipe stays as
 fd 3, where the run's wrapper reports the exit status it is about to exit with.
@@ -16,7 +16,7 @@ What it builds follows its mode's record (modes.py): a tree of bind mounts it
 pivots into (pivot), or a materialized tree it chroots into once (chroot).
 Where runs have PID namespaces each child is forked straight into a PID
 namespace of its own, and into the other namespaces the mode asks for
-(child.py): it is pid 1 there, the namespace's init, so that when it ends the
+(confine.py): it is pid 1 there, the namespace's init, so that when it ends the
 kernel kills everything else in the namespace before the zygote can reap it.
 When the zygote reports a child's end, nothing of its namespace is left. (A pid
 1 is spared the signals it sends itself while their action is the default: the
@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import importlib
-import json
 import os
 import select
 import signal
@@ -44,9 +42,11 @@ from runtimes.jail import protocol
 from runtimes.jail.modes import CHROOT, PIVOT, UID_PER_RUN, USER_NAMESPACE
 from runtimes.jail.policy import proxy_egress
 from runtimes.jail.policy import seccomp as seccomp_policy
+from runtimes.jail.zygote import runner as runner_contract
 from runtimes.jail.zygote import warmheap
-from runtimes.jail.zygote.confine import ChildPlan, Handles, confine, fence_signals, tmpfs_takes_huge_pages
+from runtimes.jail.zygote.confine import Handles, confine, tmpfs_takes_huge_pages
 from runtimes.jail.zygote.forkhooks import ForkHooks
+from runtimes.jail.zygote_config import ZygoteConfig
 from runtimes.linux import landlock, namespaces, nftables, rootfs, syscalls, timens
 from runtimes.linux.protections import in_child
 from runtimes.linux.rootfs import DEVICES
@@ -55,47 +55,52 @@ CHILD_SETUP_FAILED = 125
 
 
 class Zygote:
-    def __init__(self, config: dict):
-        self.control = socket.socket(fileno=config["control_fd"])
-        self.plan = ChildPlan.from_dict(config["plan"])
-        self.runner = importlib.import_module(config["runner"])
+    """The zygote process's loop: made from its config, confined into its tree, then forking children."""
+
+    def __init__(self, config: ZygoteConfig):
+        self.control = socket.socket(fileno=config.control_fd)
+        self.confinement = config.confinement
+        self.runner = runner_contract.load(config.runner)
         self.children: dict[int, int] = {}  # pidfd -> pid
         self.poller = select.poll()
         self.vm_size = _VmSize()
         self.maps = warmheap.Maps()  # the tree has no /proc
         self.lifeline = os.pidfd_open(os.getpid())  # children learn through it whether the zygote still lives
-        mode = self.plan.mode
+        mode = self.confinement.mode
         # for a new user namespace's ids and the runs' time namespaces (the tree has no /proc)
-        needs_proc = mode.identity == USER_NAMESPACE or self.plan.time_namespace
+        needs_proc = mode.identity == USER_NAMESPACE or self.confinement.time_namespace
         self.proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if needs_proc else -1
         # a child's namespaces, made by the fork itself (its PID namespace: it is that namespace's pid 1)
         self.forker = namespaces.Forker(mode.clone_flags | (syscalls.CLONE_NEWPID if mode.pid_namespace else 0))
-        self.fence = None  # where every child is pid 1: its signal fence, made once (child.fence_signals)
+        self.fence = None  # where every child is pid 1: its signal fence, made once (confine._load_filters)
         self.fork_hooks = ForkHooks()
-        self.landlock: landlock.Prepared | None = None  # the fixed part of every child's domain (confine_tree)
+        self.landlock: landlock.Prepared | None = None  # the fixed part of every child's domain (enter_tree)
         # an ignored SIGCHLD (from whoever started the service) would have the kernel reap the children first
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        self.state = self.runner.prepare(config["runner_config"])
+        self.state = self.runner.prepare(config.runner_config)
         self.report: dict = {"mode": mode.name, **self.state.report}
 
-    def confine_tree(self, config: dict) -> None:
-        mode = self.plan.mode
+    def enter_tree(self, config: ZygoteConfig) -> None:
+        """The zygote's own confinement, once: its namespaces and network, its tree, its uid, the fixed part of
+        every child's Landlock domain (each child's own is confine.confine())."""
+        mode = self.confinement.mode
         in_user_namespace = mode.identity == USER_NAMESPACE
         if in_user_namespace and os.geteuid() != 0:  # a user namespace of its own, to build the tree in
             uid, gid = os.getuid(), os.getgid()
-            network = config.get("network") or {}
-            syscalls.unshare(syscalls.CLONE_NEWUSER | (syscalls.CLONE_NEWNET if network.get("netns") else 0))
+            network = config.network
+            netns = bool(network and network.netns)
+            syscalls.unshare(syscalls.CLONE_NEWUSER | (syscalls.CLONE_NEWNET if netns else 0))
             namespaces.map_own_ids(self.proc, uid, gid)
-            if network.get("ruleset"):
-                self._join_network(network["ruleset"])
+            if network and network.ruleset:
+                self._join_network(network.ruleset)
         if mode.tree == PIVOT:
-            rootfs.build_and_enter(config["tree"], config["tree_root"])
-            self.plan = dataclasses.replace(self.plan, tmp_huge_pages=tmpfs_takes_huge_pages())
+            rootfs.build_and_enter(config.tree, config.tree_root)
+            self.confinement = dataclasses.replace(self.confinement, tmp_huge_pages=tmpfs_takes_huge_pages())
         elif mode.tree == CHROOT:  # the tree materialized as a directory (runtimes/jail/trees/store.py), entered once
-            os.chroot(config["tree_root"])
+            os.chroot(config.tree_root)
             os.chdir("/")
         if in_user_namespace and os.geteuid() == 0:  # root built the tree; nothing after this runs as root
-            uid = int(config["zygote_uid"])
+            uid = config.zygote_uid
             os.setgroups([])
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
@@ -107,25 +112,24 @@ class Zygote:
             # Once, not in every child: its children inherit the empty set (a child that made a user
             # namespace of its own would start there with a full one). The zygote never execs.
             namespaces.drop_bounding_set()
-            self.plan = dataclasses.replace(self.plan, bounding_set_dropped=True)
+            self.confinement = dataclasses.replace(self.confinement, bounding_set_dropped=True)
         self.ids = (os.getuid(), os.getgid())
-        if self.plan.landlock:  # inside the tree: its root and device nodes are the rules' places
+        if self.confinement.landlock:  # inside the tree: its root and device nodes are the rules' places
             # the landlock mode: only what the runtime's tree would hold (landlock_mode.py)
-            readable = tuple(config.get("readable") or ("/",)) if mode.narrow_domain else ("/",)
-            ports = config.get("connect_ports")  # proxy egress: TCP connect to these only (proxy_egress.py)
-            connect_ports = tuple(ports) if ports is not None else None
-            self.landlock = landlock.Prepared(self.plan.landlock, DEVICES, readable, connect_ports)
+            readable = (config.readable or ("/",)) if mode.narrow_domain else ("/",)
+            # proxy egress: TCP connect to these only (proxy_egress.py)
+            self.landlock = landlock.Prepared(self.confinement.landlock, DEVICES, readable, config.connect_ports)
         self.udp_refused = None  # proxy egress: no datagram socket either (stacked in every child)
-        if config.get("connect_ports") is not None and self.plan.seccomp:
+        if config.connect_ports is not None and self.confinement.seccomp:
             self.udp_refused = seccomp_policy.compile_program(proxy_egress.udp_refused())
-        for path in config["import_paths"]:
+        for path in config.import_paths:
             while path in sys.path:
                 sys.path.remove(path)
         sys.path_importer_cache.clear()
-        self.install_roots = tuple(config["import_paths"])  # renamed away in serve() (hide_install_paths)
+        self.install_roots = config.import_paths  # renamed away in serve() (hide_install_paths)
 
     def _join_network(self, ruleset: str) -> None:
-        """The runs' network namespace (userspace_net.py): its egress rules, then pasta from the service."""
+        """The runs' network namespace (linux/pasta.py): its egress rules, then pasta from the service."""
         _value, error = in_child(lambda: nftables.run(ruleset))  # libnftables never mapped into the zygote
         if error:
             raise OSError(error)
@@ -144,18 +148,19 @@ class Zygote:
     def serve(self) -> None:
         self.times = self._time_namespaces()  # before any child: see timens.py
         self.report.update(self.runner.warm(self.state))
-        if self.plan.mode.pid_namespace:
+        if self.confinement.mode.pid_namespace:
             self.fence = seccomp_policy.fence_program(1)
         self.shared_uid_rules = None  # the landlock mode: what Landlock leaves to seccomp (landlock_mode.py)
-        if self.plan.mode.narrow_domain and self.plan.seccomp:
-            rules = seccomp_policy.shared_uid_rules(self.plan.landlock)
+        if self.confinement.mode.narrow_domain and self.confinement.seccomp:
+            rules = seccomp_policy.shared_uid_rules(self.confinement.landlock)
             self.shared_uid_rules = seccomp_policy.compile_program(rules)
-        if self.plan.mode.pid_namespace and hasattr(self.runner, "as_pid_one"):
+        if self.confinement.mode.pid_namespace:
             self.runner.as_pid_one(self.state)  # once here, not in every child: each will be a pid 1
         # what each child is lent, the same for all: made once here, not in every child. The signals ignored
         # by whoever started the service (and not handled since by the runner) are not ignored by the runs.
         ignored = tuple(s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) == signal.SIG_IGN)
-        self.handles = Handles(self.lifeline, self.proc, self.ids, self.landlock, ignored)
+        stacked = tuple(p for p in (self.shared_uid_rules, self.udp_refused) if p is not None)
+        self.handles = Handles(self.lifeline, self.proc, self.ids, self.landlock, ignored, self.fence, stacked)
         hide_install_paths(self.install_roots)  # after the runner's last import
         self.install_roots = ()
         self.fork_hooks.quiet()  # last: what the runner imported has registered its hooks
@@ -176,8 +181,8 @@ class Zygote:
                     self._reap(fd)
 
     def _time_namespaces(self) -> timens.TimeNamespaces | None:
-        """Each run's clocks from zero, where the plan asks for it; the report says whether it is in force."""
-        if not self.plan.time_namespace:
+        """Each run's clocks from zero, where the confinement asks for it; the report says whether it is in force."""
+        if not self.confinement.time_namespace:
             return None
         try:
             times = timens.TimeNamespaces(self.proc)
@@ -228,15 +233,10 @@ class Zygote:
         self.fork_hooks.restore()
         try:
             self.forker.child()
-            # stdin, stdout, stderr, ready
-            confine(self.plan, uid, tmpdir, tuple(fds), self.handles)
-            fence_signals(self.plan, self.fence)
-            if self.shared_uid_rules is not None:
-                self.shared_uid_rules.load()
-            if self.udp_refused is not None:
-                self.udp_refused.load()
+            # stdin, stdout, stderr, ready; its filters last
+            confine(self.confinement, uid, tmpdir, tuple(fds), self.handles)
             os.write(3, b"1")
-            if not getattr(self.runner, "REPORTS_EXIT", False):
+            if not self.runner.REPORTS_EXIT:
                 os.close(3)
             self.runner.run(self.state, address_space, variant)
         except BaseException:
@@ -282,21 +282,25 @@ class _VmSize:
         return int(os.pread(self.fd, 64, 0).split()[0]) * self.page
 
 
-def main(config: dict) -> None:
+def main(raw: dict) -> None:
+    """BOOTSTRAP's call (zygote_config.py), with the config file's dict."""
     try:
-        if config["plan"].get("dumpable", True):  # refused (Lambda): not tried (ChildPlan.dumpable)
+        config = ZygoteConfig.decode(raw)
+        if config.confinement.dumpable:  # refused (Lambda): not tried (Confinement.dumpable)
             syscalls.set_dumpable(False)
         os.umask(0o022)
         zygote = Zygote(config)
-        zygote.confine_tree(config)
+        zygote.enter_tree(config)
     except BaseException as exc:
         report = {"error": f"{type(exc).__name__}: {exc}"}
         traceback.print_exc()
-        socket.socket(fileno=config["control_fd"]).send(protocol.ready(report))
+        socket.socket(fileno=raw["control_fd"]).send(protocol.ready(report))
         sys.exit(1)
     # A run's code can walk its frames up to this one (and reach the bootstrap's globals): the config, which
-    # names the service's install path, its data dir and the tree's mount point, is emptied first.
-    config.clear()
+    # names the service's install path, its data dir and the tree's mount point, goes first (the zygote
+    # keeps none of it).
+    raw.clear()
+    del config
     zygote.serve()
 
 
@@ -341,31 +345,3 @@ def hide_install_paths(roots: tuple[str, ...]) -> None:
             if new is not None:
                 _imp._fix_co_filename(thing.__code__, new)  # nested code objects too
     linecache.clearcache()  # (keyed by file name: a traceback the zygote formatted would keep the path)
-
-
-# The zygote's configuration comes on an inherited descriptor (an unlinked file), not in its argv: argv stays
-# in the process's memory (sys.orig_argv, the stack), which every run inherits.
-BOOTSTRAP = (
-    "import json, os, sys\n"
-    "with os.fdopen(int(sys.argv[1]), 'rb') as f:\n"
-    "    config = json.load(f)\n"
-    "sys.path[:0] = config['import_paths']\n"
-    "from runtimes.jail.zygote.loop import main\n"
-    "main(config)\n"
-)
-
-
-def command(python: str, config_fd: int, runner: str) -> list[str]:
-    """The argv that starts a zygote (isolated mode, no site, UTF-8), its configuration on config_fd; the
-    runner's module name last, unused, so that ps tells the zygotes of each language apart."""
-    return [python, "-I", "-S", "-X", "utf8", "-c", BOOTSTRAP, str(config_fd), runner]
-
-
-def config_file(config: dict):
-    """An unlinked file holding config, positioned at its start, for command()'s descriptor."""
-    import tempfile
-
-    file = tempfile.TemporaryFile()  # noqa: SIM115 - the caller passes its descriptor on, then closes it
-    file.write(json.dumps(config).encode())
-    file.seek(0)
-    return file
