@@ -33,7 +33,7 @@ ENV PATH=/opt/sandlot/venv/bin:$PATH \
     SANDBOX_PORT=8194 \
     SANDLOT_DATA_DIR=/var/lib/sandlot
 
-# the chroot jail's trees (runtimes/jail/trees/store.py), on the image's own filesystem: the system files in them are hard
+# the chroot jail's trees (runtimes/jail/trees/tree_store.py), on the image's own filesystem: the system files in them are hard
 # links there, not copies on the data volume
 RUN mkdir -m 0700 -p /var/cache/sandlot
 

@@ -3,7 +3,7 @@ pid fence stacked on it, as a run has them. Not run by CI.
 
     python bench/seccomp_cost.py [--calls 200000] [--compare OTHER_CHECKOUT]
 
---compare loads another checkout's runtimes/jail/policy/seccomp.py too (e.g. a `git archive`
+--compare loads another checkout's runtimes/jail/policy/allowlist.py too (e.g. a `git archive`
 of main), so that two versions are measured side by side on the same machine and moment.
 Before this change the root jail loaded the allow-list alone and the reduced jail both;
 now every run has both. Each row: nanoseconds per call, Python's own call included (best of 7 rounds), for getppid and
@@ -26,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from runtimes.jail.policy import seccomp as seccomp_policy  # noqa: E402
+from runtimes.jail.policy import allowlist  # noqa: E402
 from runtimes.linux.syscalls import set_no_new_privs  # noqa: E402
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -98,14 +98,16 @@ def main() -> None:
     args = parser.parse_args()
     rows = {"no filter": in_child(args.calls, lambda: None)}
     if args.compare:
-        path = os.path.join(args.compare, "runtimes", "jail", "seccomp_policy.py")
+        path = os.path.join(args.compare, "runtimes", "jail", "policy", "allowlist.py")
+        if not os.path.exists(path):  # a release before the jail's layout (issue 39)
+            path = os.path.join(args.compare, "runtimes", "jail", "seccomp_policy.py")
         spec = importlib.util.spec_from_file_location("other_seccomp_policy", path)
         other = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(other)
         rows[f"{args.compare}: allow-list"] = in_child(args.calls, loader(other, False))
         rows[f"{args.compare}: allow-list + fence"] = in_child(args.calls, loader(other, True))
-    rows["this checkout: allow-list"] = in_child(args.calls, loader(seccomp_policy, False))
-    rows["this checkout: allow-list + fence"] = in_child(args.calls, loader(seccomp_policy, True))
+    rows["this checkout: allow-list"] = in_child(args.calls, loader(allowlist, False))
+    rows["this checkout: allow-list + fence"] = in_child(args.calls, loader(allowlist, True))
     print(f"{'ns per call':40}" + "".join(f"{name:>18}" for name in CALLS))
     for label, found in rows.items():
         print(f"{label:40}" + "".join(f"{found[name]:18.0f}" for name in CALLS))

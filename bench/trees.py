@@ -7,7 +7,7 @@ fingerprint walk a restart pays to find the finished tree, and the disk each rea
 (blocks of the tree's own inodes: a hard link adds nothing but its directory entry).
 As root; not run by CI.
 
-    python bench/store.py --python-layer DIR [--nodejs-layer DIR] [--copy-dir /dev/shm]
+    python bench/trees.py --python-layer DIR [--nodejs-layer DIR] [--copy-dir /dev/shm]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from runtimes.config import RuntimeConfig  # noqa: E402
-from runtimes.jail.trees import materialized, store  # noqa: E402
+from runtimes.jail.trees import materialized, tree_store  # noqa: E402
 from runtimes.nodejs.runtime import NodeRuntime  # noqa: E402
 from runtimes.python.runtime import PythonRuntime  # noqa: E402
 
@@ -49,7 +49,7 @@ def measure(name: str, spec: dict, parent: str) -> None:
         done = materialized.materialize(spec, root)
         built = time.monotonic() - started
         started = time.monotonic()
-        store.fingerprint(spec, True)
+        tree_store.fingerprint(spec, True)
         keyed = time.monotonic() - started
         copied = f"{done.copied_bytes / 2**20:.1f} MiB"
         print(

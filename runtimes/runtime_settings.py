@@ -133,7 +133,7 @@ class RuntimeSettings(BaseSettings):
     @classmethod
     def _syscalls_stay_closed(cls, value: list[int]) -> list[int]:
         if value:  # imported only then: pyseccomp loads libseccomp
-            from runtimes.jail.policy.seccomp import check_extra_syscalls
+            from runtimes.jail.policy.allowlist import check_extra_syscalls
 
             check_extra_syscalls(value)
         return value

@@ -31,8 +31,7 @@ from test_container import HELD_UNNAMED
 from test_hostile import _cmdline
 
 from runtimes.jail import modes
-from runtimes.jail.policy import landlock_mode
-from runtimes.jail.policy import seccomp as seccomp_policy
+from runtimes.jail.policy import allowlist, landlock_mode
 from runtimes.linux import landlock, syscalls
 from runtimes.linux.procfs import stat_fields
 from runtimes.linux.protections import Protections, in_child
@@ -210,11 +209,11 @@ def _confined_attempt(places: dict, name: str, abi: int, landlock_rules: bool, s
         if landlock_rules:
             landlock.Prepared(abi, DEVICES, readable).restrict(writable)
         if seccomp_rules:
-            seccomp_policy.compile_program(seccomp_policy.shared_uid_rules(abi)).load()
-            seccomp_policy.fence_program(os.getpid()).load()
+            allowlist.compile_program(allowlist.shared_uid_rules(abi)).load()
+            allowlist.fence_program(os.getpid()).load()
             if abi < landlock_mode.SCOPES_ABI:  # the runner's allow-list: no AF_UNIX socket but socketpair
-                flt = seccomp_policy.build(network=True)
-                seccomp_policy.compile_program(flt).load()
+                flt = allowlist.build(network=True)
+                allowlist.compile_program(flt).load()
         try:
             _attempts(places)[name]()
         except OSError as exc:
@@ -284,7 +283,7 @@ def test_a_run_still_uses_its_own_directory_and_the_layer(places):
         landlock.Prepared(KERNEL_ABI, DEVICES, (os.path.dirname(places["layer"]),)).restrict(
             (os.path.dirname(places["own_run"]),)
         )
-        seccomp_policy.compile_program(seccomp_policy.shared_uid_rules(KERNEL_ABI)).load()
+        allowlist.compile_program(allowlist.shared_uid_rules(KERNEL_ABI)).load()
         with open(os.path.join(os.path.dirname(places["own_run"]), "new.txt"), "w") as f:
             f.write("x")
             os.fchmod(f.fileno(), 0o600)  # a mode set by descriptor: allowed

@@ -13,7 +13,7 @@ import struct
 
 import pytest
 
-from runtimes.jail.policy import seccomp
+from runtimes.jail.policy import allowlist
 from runtimes.linux import seccomp as engine
 from runtimes.linux.protections import in_child
 from runtimes.linux.syscalls import set_no_new_privs
@@ -54,11 +54,11 @@ def syscall(name: str, *args) -> str:
 
 def in_filter(network: bool, probe) -> dict:
     """probe() run in a child under the run's filters (allow-list and pid fence); its answers."""
-    program = engine.compile_program(seccomp.build(network))
+    program = engine.compile_program(allowlist.build(network))
 
     def confined() -> dict:
         set_no_new_privs()
-        seccomp.fence_program(os.getpid()).load()
+        allowlist.fence_program(os.getpid()).load()
         program.load()
         return probe()
 
@@ -294,8 +294,8 @@ def test_a_lock_taken_under_the_filter_is_not_held():
 
 @pytest.mark.parametrize("pid", [1, 2, 300, 32767, 65536, 4194304])
 def test_the_fence_copied_for_a_pid_is_the_fence_built_for_it(pid):
-    built = seccomp.clock_prefix(pid) + bytes(engine.compile_program(seccomp.fence_for(pid))._buffer)
-    assert bytes(seccomp.fence_program(pid)._buffer) == built
+    built = allowlist.clock_prefix(pid) + bytes(engine.compile_program(allowlist.fence_for(pid))._buffer)
+    assert bytes(allowlist.fence_program(pid)._buffer) == built
 
 
 # ---- the page cache and machine-wide counters (issue 19) ----------------------------------
@@ -377,7 +377,7 @@ def test_no_call_evicts_or_probes_the_shared_page_cache_nor_reads_machine_counte
 def test_the_calls_that_evict_or_probe_cannot_be_reopened_by_allowed_syscalls():
     for number in (27, 28, 99, 221, 327, 328):
         with pytest.raises(ValueError, match="may not be allowed"):
-            seccomp.check_extra_syscalls([number])
+            allowlist.check_extra_syscalls([number])
 
 
 def test_times_answers_enosys():

@@ -20,7 +20,7 @@ import types
 import pytest
 
 from runtimes.jail.tmp import caps as tmpcap
-from runtimes.jail.trees import store
+from runtimes.jail.trees import tree_store
 from runtimes.linux import dirlock, syscalls
 
 MIB = 1024 * 1024
@@ -36,7 +36,7 @@ def run_dir():
     os.mkdir(path, 0o700)
     os.chown(path, RUN_UID, RUN_UID)
     yield path
-    store.remove_tree(parent)  # shutil.rmtree recurses: the deepest cases would defeat it
+    tree_store.remove_tree(parent)  # shutil.rmtree recurses: the deepest cases would defeat it
 
 
 def hostile(path: str, code: str, file_limit: int, dumpable: bool = False) -> tuple[int, int]:
@@ -468,15 +468,15 @@ def test_a_run_directory_being_removed_is_not_taken_for_a_dead_instances(tmp_pat
             f.write("secret")
     taken: list[list[str]] = []
     started: list[str] = []
-    real_remove_tree = store.remove_tree
+    real_remove_tree = tree_store.remove_tree
 
     def remove_tree(target: str) -> None:
         if not started:  # the other instance clears stale directories just as this removal starts
             started.append(target)
-            taken.append(store.clear_stale_run_tmps(tree_root))
+            taken.append(tree_store.clear_stale_run_tmps(tree_root))
         real_remove_tree(target)
 
-    monkeypatch.setattr(store, "remove_tree", remove_tree)
+    monkeypatch.setattr(tree_store, "remove_tree", remove_tree)
     asyncio.run(directories.remove(types.SimpleNamespace(pid=1, tmpdir=path)))
     assert taken == [[]]
     assert os.listdir(os.path.dirname(path)) == []  # the cell stays, for the uid's next run

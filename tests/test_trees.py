@@ -21,7 +21,7 @@ from conftest import needs_root
 from runtimes.config import RuntimeConfig
 from runtimes.jail.policy import tree_files
 from runtimes.jail.trees import materialized
-from runtimes.jail.trees import store as trees
+from runtimes.jail.trees import tree_store as trees
 from runtimes.linux import dirlock, rootfs
 from runtimes.nodejs.runtime import NodeRuntime
 from runtimes.python.runtime import PythonRuntime
@@ -364,7 +364,7 @@ def test_in_the_image_trees_go_on_its_own_filesystem_not_the_data_volume(tmp_pat
     """The service image makes /var/cache/sandlot: where the data dir is another filesystem (a volume), the
     trees go there, their system files hard links instead of 160 MB of copies on the volume; anywhere else
     (no such directory, or the same filesystem) <data dir>/trees as before."""
-    from runtimes.jail.trees import store as trees_module
+    from runtimes.jail.trees import tree_store as trees_module
 
     data = str(tmp_path / "data")
     os.makedirs(data)

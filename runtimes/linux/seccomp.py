@@ -1,7 +1,7 @@
 """seccomp as an engine: libseccomp's filters (pyseccomp) as BPF programs, rules on argument ranges, a small
 assembler for the hand-written programs, and a probe that loads a program in a throwaway child.
 
-No policy here: what a run, a build or a zygote may call is the jail's (runtimes/jail/policy/seccomp.py) or the
+No policy here: what a run, a build or a zygote may call is the jail's (runtimes/jail/policy/allowlist.py) or the
 build's (layers/). Every program, libseccomp's and the hand-written ones, starts by checking the architecture it
 was built for.
 """

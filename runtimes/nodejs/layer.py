@@ -93,7 +93,7 @@ def build(
     reaches = isolation.reached([registry, *configured, *isolation.proxies(env)])
     result = isolation.run(argv, str(scratch), readable, env, build_uid, on_output, reaches=reaches)
     # npm runs on node three times a build, reading some 80 MB of the binary: in the chroot jail on a container's
-    # overlayfs runs exec the tree's copy of node (jail/trees/store.py), so those pages, charged to the container,
+    # overlayfs runs exec the tree's copy of node (jail/trees/tree_store.py), so those pages, charged to the container,
     # would only be read again by the next build; elsewhere the ready children map what runs use of it, which stays
     rootfs.forget_cached_pages(node)
     if result.returncode != 0:

@@ -21,7 +21,7 @@ import resource
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from runtimes.jail.policy import seccomp as seccomp_policy
+from runtimes.jail.policy import allowlist
 from runtimes.nodejs.node_start import heap_flags
 from runtimes.nodejs.runner_config import NodeRunnerConfig
 
@@ -48,7 +48,7 @@ class State:
 
 
 def prepare(config: NodeRunnerConfig) -> State:
-    filters, error = seccomp_policy.prepared(config, allow_exec=True)
+    filters, error = allowlist.prepared(config, allow_exec=True)
     state = State(
         filters=filters,
         required=config.require_seccomp,

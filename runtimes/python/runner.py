@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from runtimes.jail import protocol
-from runtimes.jail.policy import seccomp as seccomp_policy
+from runtimes.jail.policy import allowlist
 from runtimes.jail.zygote import confine
 from runtimes.python.runner_config import PythonRunnerConfig
 
@@ -92,7 +92,7 @@ def bound_thread_memory() -> None:
 
 def prepare(config: PythonRunnerConfig) -> State:
     bound_thread_memory()
-    filters, seccomp_error = seccomp_policy.prepared(config)
+    filters, seccomp_error = allowlist.prepared(config)
     state = State(
         filters=filters,
         required=config.require_seccomp,

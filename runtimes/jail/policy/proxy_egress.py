@@ -110,7 +110,7 @@ def udp_refused():
     no getsockname (a socket connected to the proxy would name the container's own address)."""
     import pyseccomp
 
-    from runtimes.jail.policy.seccomp import SOCK_DGRAM, SOCK_TYPE_MASK
+    from runtimes.jail.policy.allowlist import SOCK_DGRAM, SOCK_TYPE_MASK
 
     flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     flt.add_rule(

@@ -10,7 +10,7 @@ each part following the mode's fields:
   linux/pasta.py), or proxy egress (policy/proxy_egress.py), and what runs
   asking for network get (`run_network`, policy/network_access.py);
 - the tree: the pivot mode's mount point, or the chroot mode's materialized
-  trees (trees/store.py) and their cells;
+  trees (trees/tree_store.py) and their cells;
 - /tmp: the watcher and the caps of each run's directory (tmp/caps.py,
   tmp/shared_tmp.py), and the serial schedule's scratch sweep (tmp/scratch.py).
 
@@ -40,7 +40,7 @@ from runtimes.jail.service.uids import UidPool, UidPoolExhausted
 from runtimes.jail.tmp.caps import RunDirectories, TmpWatcher
 from runtimes.jail.tmp.scratch import Scratch
 from runtimes.jail.tmp.shared_tmp import SharedRunDirectories
-from runtimes.jail.trees import store
+from runtimes.jail.trees import tree_store
 from runtimes.jail.zygote_config import Confinement, ZygoteConfig, ZygoteNetwork
 from runtimes.linux import pasta, tempdirs
 from runtimes.linux.egress import EgressFilter, resolvers
@@ -74,7 +74,7 @@ class Provisions:
         self.network: NamespaceNetwork | None = None  # userns without root: the runs' own network namespace
         self.proxy: ProxyEgress | None = None  # egress not filtered, a proxy configured: its port only
         self.unfiltered_why = ""  # userns without pasta, SANDLOT_UNFILTERED_EGRESS=allow: why there is no filter
-        self.trees: store.TreeStore | None = None  # the chroot mode: materialized trees
+        self.trees: tree_store.TreeStore | None = None  # the chroot mode: materialized trees
         self.tmp_watcher: TmpWatcher | None = None  # the chroot and landlock modes: each run's /tmp capped
         self.run_dirs: RunDirectories | SharedRunDirectories | None = None
 
@@ -294,7 +294,7 @@ class Provisions:
         config = config_for(root)
         if root and self.uids is not None:
             # the cells of the next runs' uids (as many as are kept ready, and one), made while the zygote starts:
-            # its first children need them, and would otherwise make them one by one (store.make_run_tmp)
+            # its first children need them, and would otherwise make them one by one (tree_store.make_run_tmp)
             pool.background(asyncio.to_thread(self.make_cells, root, self.upcoming_uids()))
         zygote = ZygoteHandle(python, config, self.environment(), network=self.network)
         zygote.tag = layer
@@ -318,10 +318,10 @@ class Provisions:
 
     # ---- the chroot mode's trees --------------------------------------------------------------------------
 
-    def _open_trees(self) -> store.TreeStore:
+    def _open_trees(self) -> tree_store.TreeStore:
         try:
-            return store.TreeStore(store.trees_dir(self.config.data_dir))
-        except store.TreeUnusable as exc:
+            return tree_store.TreeStore(tree_store.trees_dir(self.config.data_dir))
+        except tree_store.TreeUnusable as exc:
             raise modes.JailRefused(f"the chroot jail's tree cannot be made: {exc}") from exc
 
     def hold_tree(self, spec: dict) -> str:
@@ -331,7 +331,7 @@ class Provisions:
             return ""
         root = self.trees.ensure(spec)
         own = range(self.uids.first, self.uids.first + self.uids.size) if self.uids is not None else range(0)
-        left = store.clear_stale_run_tmps(root, own)
+        left = tree_store.clear_stale_run_tmps(root, own)
         if left:
             log.info("%s: removed what runs of stopped instances left in %s/tmp: %s", self.language, root, left)
         return root
@@ -353,7 +353,7 @@ class Provisions:
     def make_cells(self, root: str, uids: list[int]) -> None:
         """The chroot mode: the cells of these uids in the tree at root, made ahead. Blocking: in a thread."""
         try:
-            store.make_cells(root, uids)
+            tree_store.make_cells(root, uids)
         except OSError as exc:  # each spawn makes its uid's cell itself, and fails with the reason
             log.warning("%s: could not make the next runs' cells ahead in %s: %s", self.language, root, exc)
 

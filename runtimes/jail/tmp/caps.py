@@ -2,7 +2,7 @@
 
 In the other modes a run's /tmp is a tmpfs of its own whose size and inode count the kernel
 enforces (SANDLOT_TMP_SIZE_MB, SANDLOT_TMP_FILES). A default container can mount nothing and set
-no quota, so a run's /tmp is a directory of the tree's filesystem (runtimes/store.py), and:
+no quota, so a run's /tmp is a directory of the tree's filesystem (jail/trees/tree_store.py), and:
 
 - no single file grows past the size cap: the child's RLIMIT_FSIZE (a write past it fails with
   EFBIG, as a full tmpfs fails with ENOSPC);
@@ -35,7 +35,7 @@ no quota, so a run's /tmp is a directory of the tree's filesystem (runtimes/stor
   is also scanned again every RESCAN_EVERY seconds while it lives, events or not, and the blocks a
   mapping has dirtied are in st_blocks from the fault on (ext4 and xfs count delayed allocation). A
   run over its cap however it wrote ends within about RESCAN_EVERY plus a scan. fallocate() takes
-  mode 0 only (seccomp_policy): FALLOC_FL_KEEP_SIZE would allocate past RLIMIT_FSIZE, unseen in the
+  mode 0 only (policy/allowlist.py): FALLOC_FL_KEEP_SIZE would allocate past RLIMIT_FSIZE, unseen in the
   size, and punching holes needs it.
 
 What this cannot give that a tmpfs gives: the caps are enforced after the fact, within a scan's
@@ -65,7 +65,7 @@ from inotify_simple import flags as ev
 
 from runtimes.jail.policy import tree_files
 from runtimes.jail.tmp import held as unnamed
-from runtimes.jail.trees import store
+from runtimes.jail.trees import tree_store
 from runtimes.linux import dirlock
 
 log = logging.getLogger("sandlot.jail")
@@ -546,7 +546,7 @@ def _size(value: int) -> str:
 
 class RunDirectories:
     """Each run's /tmp where it is a directory of its zygote's tree (the chroot mode): the /tmp of the run
-    uid's cell, `<tree>/cells/<uid>/tmp`, 0700 and the uid's (runtimes/store.py), capped while its child
+    uid's cell, `<tree>/cells/<uid>/tmp`, 0700 and the uid's (jail/trees/tree_store.py), capped while its child
     lives, removed once nothing of the uid is left. The child, chrooted into its cell, sees it as /tmp (its
     HOME, TMPDIR and working directory)."""
 
@@ -561,10 +561,10 @@ class RunDirectories:
     def make(self, tree_root: str, uid: int) -> tuple[str, str]:
         """A fresh directory for uid's next run: (the service's path to it, the run's). This instance holds a
         lock on it until remove(): what no live instance holds is a dead one's, for anyone to remove
-        (store.clear_stale_run_tmps). The uid's first run on a tree makes its cell (a few tens of ms: call it
+        (tree_store.clear_stale_run_tmps). The uid's first run on a tree makes its cell (a few tens of ms: call it
         off the event loop)."""
         for _ in range(3):
-            path = store.make_run_tmp(tree_root, uid)
+            path = tree_store.make_run_tmp(tree_root, uid)
             try:
                 self._held[path] = dirlock.lock_shared(path)
                 return path, "/tmp"
@@ -573,7 +573,7 @@ class RunDirectories:
         raise OSError(f"could not make a /tmp directory for uid {uid} in {tree_root}")
 
     def needs_cell(self, tree_root: str, uid: int) -> bool:
-        """Whether make() would make uid's cell first (store.make_cells)."""
+        """Whether make() would make uid's cell first (tree_store.make_cells)."""
         return not os.path.isdir(tree_root + tree_files.cell(uid))
 
     def watch(self, child) -> None:
@@ -604,7 +604,7 @@ class RunDirectories:
     async def remove(self, child) -> None:
         """The child is dead and its uid swept: stop watching, remove the directory (off the event loop:
         a run may leave thousands of directories). The lock is held until it is gone: another instance
-        clearing dead ones' directories (store.clear_stale_run_tmps) would otherwise take it for one and
+        clearing dead ones' directories (tree_store.clear_stale_run_tmps) would otherwise take it for one and
         walk it at the same time, each failing on what the other removed."""
         cap = self._caps.pop(child.pid, None)
         if cap is not None:
@@ -633,6 +633,6 @@ class RunDirectories:
 def _remove_quietly(path: str) -> None:
     try:
         if os.path.lexists(path):
-            store.remove_tree(path)
+            tree_store.remove_tree(path)
     except OSError as exc:
         log.warning("could not remove a run's /tmp %s: %s", path, exc)

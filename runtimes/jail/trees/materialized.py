@@ -1,7 +1,7 @@
 """A run's tree as a real directory, for the chroot mode, where no mount can be made (service side).
 
 The same tree as runtimes/linux/rootfs.py's build_and_enter mounts, built once as files (materialize), and each
-uid's cell in it (make_cell); runtimes/jail/trees/store.py keeps them.
+uid's cell in it (make_cell); runtimes/jail/trees/tree_store.py keeps them.
 """
 
 from __future__ import annotations

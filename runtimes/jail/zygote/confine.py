@@ -23,7 +23,7 @@ by its own uid and capped by the service (tmpcap.py); its RLIMIT_FSIZE is then
 no more than the /tmp cap, and RLIMIT_NPROC counts the processes of its uid.
 
 In every mode the child then stacks a small filter that keeps signals and
-rlimit changes to itself (`_load_filters`, seccomp_policy.fence_for): sharing a
+rlimit changes to itself (`_load_filters`, allowlist.fence_for): sharing a
 uid, the kernel would let it signal the service; with a uid of its own, "not
 permitted" against "no such process" would tell which pids exist.
 """
@@ -39,7 +39,7 @@ import socket
 from dataclasses import dataclass
 
 from runtimes.jail.modes import CHROOT, PIVOT, SHARED, TMPFS, USER_NAMESPACE
-from runtimes.jail.policy import seccomp as seccomp_policy
+from runtimes.jail.policy import allowlist
 from runtimes.jail.policy.tree_files import RUN_HOSTNAME, cell
 from runtimes.jail.zygote_config import Confinement
 from runtimes.linux import landlock, namespaces, syscalls
@@ -200,7 +200,7 @@ def _load_filters(confinement: Confinement, handles: Handles) -> None:
     where every child is pid 1 of its PID namespace), then the mode's stacked filters."""
     if confinement.seccomp:  # no seccomp here: the runner refuses to run, unless the operator opted out of seccomp
         try:
-            (handles.fence or seccomp_policy.fence_program(os.getpid())).load()
+            (handles.fence or allowlist.fence_program(os.getpid())).load()
         except OSError:
             pass  # no seccomp here: the runner refuses to run, unless the operator opted out of seccomp
     for program in handles.stacked:

@@ -40,8 +40,7 @@ from collections.abc import Mapping
 
 from runtimes.jail import protocol
 from runtimes.jail.modes import CHROOT, PIVOT, UID_PER_RUN, USER_NAMESPACE
-from runtimes.jail.policy import proxy_egress
-from runtimes.jail.policy import seccomp as seccomp_policy
+from runtimes.jail.policy import allowlist, proxy_egress
 from runtimes.jail.zygote import runner as runner_contract
 from runtimes.jail.zygote import warmheap
 from runtimes.jail.zygote.confine import Handles, confine, tmpfs_takes_huge_pages
@@ -96,7 +95,7 @@ class Zygote:
         if mode.tree == PIVOT:
             rootfs.build_and_enter(config.tree, config.tree_root)
             self.confinement = dataclasses.replace(self.confinement, tmp_huge_pages=tmpfs_takes_huge_pages())
-        elif mode.tree == CHROOT:  # the tree materialized as a directory (runtimes/jail/trees/store.py), entered once
+        elif mode.tree == CHROOT:  # the tree materialized as a directory (jail/trees/), entered once
             os.chroot(config.tree_root)
             os.chdir("/")
         if in_user_namespace and os.geteuid() == 0:  # root built the tree; nothing after this runs as root
@@ -121,7 +120,7 @@ class Zygote:
             self.landlock = landlock.Prepared(self.confinement.landlock, DEVICES, readable, config.connect_ports)
         self.udp_refused = None  # proxy egress: no datagram socket either (stacked in every child)
         if config.connect_ports is not None and self.confinement.seccomp:
-            self.udp_refused = seccomp_policy.compile_program(proxy_egress.udp_refused())
+            self.udp_refused = allowlist.compile_program(proxy_egress.udp_refused())
         for path in config.import_paths:
             while path in sys.path:
                 sys.path.remove(path)
@@ -149,11 +148,11 @@ class Zygote:
         self.times = self._time_namespaces()  # before any child: see timens.py
         self.report.update(self.runner.warm(self.state))
         if self.confinement.mode.pid_namespace:
-            self.fence = seccomp_policy.fence_program(1)
+            self.fence = allowlist.fence_program(1)
         self.shared_uid_rules = None  # the landlock mode: what Landlock leaves to seccomp (landlock_mode.py)
         if self.confinement.mode.narrow_domain and self.confinement.seccomp:
-            rules = seccomp_policy.shared_uid_rules(self.confinement.landlock)
-            self.shared_uid_rules = seccomp_policy.compile_program(rules)
+            rules = allowlist.shared_uid_rules(self.confinement.landlock)
+            self.shared_uid_rules = allowlist.compile_program(rules)
         if self.confinement.mode.pid_namespace:
             self.runner.as_pid_one(self.state)  # once here, not in every child: each will be a pid 1
         # what each child is lent, the same for all: made once here, not in every child. The signals ignored
