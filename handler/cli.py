@@ -23,7 +23,7 @@ from runtimes.payload import RunOutcome, RunResult
 def layer_manager(settings: Settings) -> LayerManager:
     """The Python and Node.js layer stores, as the settings describe them: the base files, and the packages
     an operator asked for on top of them (kept in the data dir, layers/packages.py)."""
-    from layers.packages import RequestedPackages
+    from layers.requested import RequestedPackages
 
     data = Path(settings.SANDLOT_DATA_DIR) / "layers"
     kept = Path(settings.SANDLOT_DATA_DIR) / "packages"
