@@ -37,31 +37,29 @@ addresses refused by name), out through pasta (runtimes/linux/pasta.py),
 the index, mirror and proxies excepted; pasta ends with the build. Where that
 cannot be had the build shares the host's network, and the log says so.
 
-    python -m layers.isolation '<json plan>'   # execs the build command (or isolation.main)
+This module is the service's side: it makes the build's uid, tree, network and plan, starts the build's own
+process (layers/jailer.py, which confines itself as its plan says, then execs the build command), gives its
+network namespace pasta, echoes its output, and cleans up after it.
 """
 
 from __future__ import annotations
 
-import errno
-import functools
-import json
+import dataclasses
 import logging
 import os
-import select
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
-from runtimes.linux import landlock, namespaces, rootfs, syscalls
-from runtimes.linux.procfs import stat_fields
+from layers.jailer import Plan
+from runtimes.linux import namespaces, rootfs
+from runtimes.linux.pasta import NamespaceNetwork, Pasta
 
 log = logging.getLogger("sandlot.layers")
 
@@ -195,36 +193,41 @@ def _confined(
     spec = rootfs.TreeSpec(tmp_replaced=False)  # the build's /tmp is mounted first, under the binds
     spec.add(*readable, *BUILD_FILES, *rootfs.SYSTEM_FILES)
     spec.add(*rootfs.shared_libraries([os.path.realpath(interpreter), *readable_elves(readable)]))
-    plan = {
-        "spec": spec.to_dict(),
-        "workdir": workdir,
-        "uid": uid if root else os.getuid(),
-        "gid": uid if root else os.getgid(),
-        "user_namespace": not root,
-        "argv": argv,
-        "env": env,
-        "root": tempfile.mkdtemp(prefix="sandlot-build-root-"),
-    }
     network = None if root else _namespace_network(reaches)
+    plan = Plan(
+        argv=tuple(argv),
+        env=env,
+        workdir=workdir,
+        uid=uid if root else os.getuid(),
+        gid=uid if root else os.getgid(),
+        root=tempfile.mkdtemp(prefix="sandlot-build-root-"),
+        spec=spec.to_dict(),
+        user_namespace=not root,
+        netns_ruleset=network.ruleset() if network else "",
+    )
     if not root:
-        os.chmod(plan["root"], 0o755)
-        plan["netns_ruleset"] = network.ruleset() if network else ""
+        os.chmod(plan.root, 0o755)
     try:
         if network is None:
             return _run_and_echo(_confining(interpreter, plan), dict(os.environ), "/", on_output)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        plan["netns_socket"] = theirs.fileno()
-        with ours, theirs:
-            return _run_and_echo(
-                _confining(interpreter, plan),
-                dict(os.environ),
-                "/",
-                on_output,
-                pass_fds=(theirs.fileno(),),
-                started=lambda: (theirs.close(), _give_way_out(network, ours)),
-            )
+        pastas: list[Pasta | None] = []
+        try:
+            with ours, theirs:
+                return _run_and_echo(
+                    _confining(interpreter, dataclasses.replace(plan, netns_socket=theirs.fileno())),
+                    dict(os.environ),
+                    "/",
+                    on_output,
+                    pass_fds=(theirs.fileno(),),
+                    started=lambda: (theirs.close(), pastas.append(_give_way_out(network, ours))),
+                )
+        finally:
+            for pasta in pastas:  # pasta ends with the build
+                if pasta is not None:
+                    pasta.stop()
     finally:
-        os.rmdir(plan["root"])
+        os.rmdir(plan.root)
 
 
 def _namespace_network(reaches: tuple[str, ...]):
@@ -232,7 +235,6 @@ def _namespace_network(reaches: tuple[str, ...]):
     through pasta, the index and proxies excepted; None where that cannot be had (the build then shares the
     host's network, and the log says so)."""
     from runtimes.linux.egress import proxy_endpoints
-    from runtimes.linux.pasta import NamespaceNetwork
     from runtimes.linux.protections import platform_protections
 
     record = platform_protections()
@@ -245,47 +247,31 @@ def _namespace_network(reaches: tuple[str, ...]):
 
 
 NETNS_TIMEOUT = 10.0
-_pastas: list[subprocess.Popen] = []
 
 
-def _give_way_out(network, control: socket.socket) -> None:
-    """The build's namespaces (sent by its first process) get pasta; the build goes on once pasta is ready.
-    pasta ends with the build (stop_pasta, after the build) or with the service (its parent-death signal)."""
-    from runtimes.linux.pasta import _die_with_parent
-
+def _give_way_out(network: NamespaceNetwork, control: socket.socket) -> Pasta | None:
+    """The build's namespaces (sent by its first process: namespaces.join_network) get pasta; the build goes on
+    once pasta is ready (or without a way out). pasta ends with the build (stopped by _confined) or with the
+    service (its parent-death signal)."""
     control.settimeout(NETNS_TIMEOUT)
     try:
         _message, fds, _flags, _address = socket.recv_fds(control, 16, 2)
     except OSError:
-        return  # the bootstrap failed before its namespaces existed: its output says why
-    if len(fds) != 2:
+        return None  # the bootstrap failed before its namespaces existed: its output says why
+    try:
+        if len(fds) != 2:
+            return None
+        try:
+            pasta = Pasta.attach_blocking(network, fds[0], fds[1])
+        except OSError as exc:
+            log.warning("layer build's network: pasta did not start; the build has no way out")
+            control.send(namespaces.NET_FAILED + str(exc).encode())
+            return None
+        control.send(namespaces.NET_READY)
+        return pasta
+    finally:
         for fd in fds:
             os.close(fd)
-        return
-    ready, written = os.pipe2(os.O_CLOEXEC)
-    try:
-        process = subprocess.Popen(
-            network.pasta_command(fds[0], fds[1], f"/proc/self/fd/{written}"),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={},
-            cwd="/",
-            pass_fds=(fds[0], fds[1], written),
-            preexec_fn=functools.partial(_die_with_parent, os.getpid()),
-        )
-        _pastas.append(process)
-        os.close(written)
-        written = -1
-        if select.select([ready], [], [], NETNS_TIMEOUT)[0] and os.read(ready, 64):
-            control.send(b"g")
-        else:
-            log.warning("layer build's network: pasta did not start; the build has no way out")
-            control.send(b"n")
-    finally:
-        for fd in (*fds, ready, written):
-            if fd >= 0:
-                os.close(fd)
 
 
 def _check_uid(uid: int) -> None:
@@ -308,27 +294,26 @@ def _no_tree_here() -> str:
     return f"user namespaces are refused ({record.errors.get('user_namespaces', 'not available')})"
 
 
-def _plain_plan(argv: list[str], workdir: str, env: dict[str, str]) -> dict:
-    return {"workdir": workdir, "uid": os.getuid(), "gid": os.getgid(), "argv": argv, "env": env, "root": ""}
+def _plain_plan(argv: list[str], workdir: str, env: dict[str, str]) -> Plan:
+    return Plan(argv=tuple(argv), env=env, workdir=workdir, uid=os.getuid(), gid=os.getgid())
 
 
 def _run_without_tree(
     argv: list[str], workdir: str, env: dict[str, str], uid: int, on_output: Callable[[bytes], None] | None
 ) -> subprocess.CompletedProcess:
     """The build as uid with no groups, capabilities or new privileges, its /tmp a directory of its own, under a
-    subreaper of its own that ends every process it left once it has ended (_reap_all)."""
+    subreaper of its own that ends every process it left once it has ended (jailer._reap_all)."""
     private_tmp = tempfile.mkdtemp(prefix="sandlot-build-tmp-")
     os.chown(private_tmp, uid, uid)
-    plan = {
-        "workdir": workdir,
-        "uid": uid,
-        "gid": uid,
-        "argv": argv,
-        "env": {**env, "TMPDIR": private_tmp},
-        "root": "",
-        "writable": [private_tmp],
-        "reap": True,
-    }
+    plan = Plan(
+        argv=tuple(argv),
+        env={**env, "TMPDIR": private_tmp},
+        workdir=workdir,
+        uid=uid,
+        gid=uid,
+        writable=(private_tmp,),
+        reap=True,
+    )
     try:
         return _run_and_echo(_confining(sys.executable, plan), dict(os.environ), "/", on_output)
     finally:
@@ -351,12 +336,12 @@ def _package_root() -> str:
 
 
 # -I ignores PYTHONPATH: this package is found where this process found it, installed or not
-_BOOTSTRAP = "import sys; sys.path.insert(0, sys.argv[1]); from layers import isolation; isolation.main(sys.argv[2])"
+_BOOTSTRAP = "import sys; sys.path.insert(0, sys.argv[1]); from layers import jailer; jailer.main(sys.argv[2])"
 
 
-def _confining(interpreter: str, plan: dict) -> list[str]:
-    """The command that confines itself as plan says, then execs the build."""
-    return [interpreter, "-I", "-c", _BOOTSTRAP, _package_root(), json.dumps(plan)]
+def _confining(interpreter: str, plan: Plan) -> list[str]:
+    """The command that confines itself as plan says, then execs the build (layers/jailer.py)."""
+    return [interpreter, "-I", "-c", _BOOTSTRAP, _package_root(), plan.to_json()]
 
 
 def _run_and_echo(
@@ -385,189 +370,4 @@ def _run_and_echo(
         if process.poll() is None:
             process.kill()
             process.wait()
-        while _pastas:
-            pasta = _pastas.pop()
-            pasta.kill()
-            pasta.wait()
     return subprocess.CompletedProcess(argv, process.returncode, b"".join(lines), b"")
-
-
-def _confine_and_exec(plan: dict) -> None:
-    syscalls.set_parent_death_signal(signal.SIGKILL)  # the service gone, the build goes too
-    workdir, uid, gid = plan["workdir"], plan["uid"], plan["gid"]
-    if not plan["root"]:  # no namespace to be had
-        filter_ = _untraceable()
-        if plan.get("reap"):
-            # As root: every orphan of the build comes to this process, which outlives it, and is ended with it
-            syscalls.prctl(PR_SET_CHILD_SUBREAPER, 1)
-            build = os.fork()
-            if build:
-                status = _wait_for(build)
-                _reap_all()
-                os._exit(_exit_code(status))
-        _drop(uid, gid, in_user_namespace=False)
-        _restrict((workdir, *plan.get("writable", ())), filter_)
-        os.chdir(workdir)
-        os.execve(plan["argv"][0], plan["argv"], plan["env"])
-    if plan["user_namespace"]:
-        proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        netns = plan.get("netns_socket", -1) >= 0
-        syscalls.unshare(syscalls.CLONE_NEWUSER | syscalls.CLONE_NEWPID | (syscalls.CLONE_NEWNET if netns else 0))
-        namespaces.map_own_ids(proc, uid, gid)
-        if netns:
-            _join_network(plan, proc)
-        os.close(proc)
-    else:
-        syscalls.unshare(syscalls.CLONE_NEWPID)
-    first = os.fork()  # pid 1 of the build's namespace: when it exits, the kernel kills the rest
-    if first:
-        os._exit(_exit_code(_wait_for(first)))
-    syscalls.set_parent_death_signal(signal.SIGKILL)
-    filter_ = _untraceable()
-    rootfs.build_and_enter(plan["spec"], plan["root"], writable=(workdir,), tmp_options="size=2g,mode=1777")
-    _drop(uid, gid, in_user_namespace=plan["user_namespace"])
-    _restrict((workdir, "/tmp"), filter_)
-    build = os.fork()
-    if build == 0:
-        try:
-            os.chdir(workdir)
-            os.execve(plan["argv"][0], plan["argv"], plan["env"])
-        finally:
-            os._exit(127)
-    os._exit(_exit_code(_wait_for(build)))
-
-
-def _join_network(plan: dict, proc: int) -> None:
-    """In the build's new network namespace: the runs' egress rules, then pasta from the service (which needs
-    the namespaces' fds: this process is not dumpable, its /proc/<pid>/ns closed to it)."""
-    from runtimes.linux import nftables
-
-    nftables.run(plan["netns_ruleset"])
-    control = socket.socket(fileno=plan["netns_socket"])
-    spaces = [os.open(f"self/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc) for kind in ("user", "net")]
-    try:
-        socket.send_fds(control, [b"n"], spaces)
-    finally:
-        for fd in spaces:
-            os.close(fd)
-    answer = control.recv(16)
-    control.close()
-    if answer != b"g":
-        sys.stderr.write("sandlot: the build's network namespace has no way out (pasta did not start)\n")
-
-
-def _wait_for(pid: int) -> int:
-    """Reap every child (orphans come to pid 1) until pid has ended; its wait status."""
-    while True:
-        try:
-            ended, status = os.wait()
-        except ChildProcessError:
-            return 1 << 8
-        if ended == pid:
-            return status
-
-
-PR_SET_CHILD_SUBREAPER = 36
-REAP_ROUNDS = 5000
-
-
-def _children() -> list[int]:
-    me, found = os.getpid(), []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            if int(stat_fields(stat)[1]) == me:
-                found.append(int(entry))
-    return found
-
-
-def _reap_all() -> None:
-    """SIGKILL every child of this subreaper (the build's orphans come to it) and reap them, until none is left.
-    A process of the build cannot signal this one (root's), nor leave the subreaper's care: only its death would
-    send orphans to init, and then its parent-death signal has ended the build's first process too."""
-    for _ in range(REAP_ROUNDS):
-        for pid in _children():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
-        except ChildProcessError:
-            return  # no child left, live or dead
-        time.sleep(0.001)
-    sys.stderr.write("sandlot: processes of the build kept appearing; some may be left\n")
-
-
-def _exit_code(status: int) -> int:
-    code = os.waitstatus_to_exitcode(status)
-    return code if code >= 0 else 128 - code
-
-
-def _drop(uid: int, gid: int, in_user_namespace: bool) -> None:
-    """No groups, no capabilities, no new privileges; pdeathsig armed again after the credential change."""
-    if in_user_namespace:
-        namespaces.drop_bounding_set()
-        namespaces.clear_capabilities()
-    else:
-        if os.geteuid() == 0:
-            os.setgroups([])
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
-    syscalls.set_parent_death_signal(signal.SIGKILL)
-    syscalls.set_no_new_privs()
-
-
-def _restrict(writable: tuple[str, ...], filter_) -> None:
-    """Landlock (writes only to the build's own places) where the kernel has it; seccomp: no ptrace, no
-    process_vm_* (no reaching into another process of the same uid)."""
-    try:
-        abi = landlock.abi_version()
-    except OSError:
-        abi = 0
-    if abi:
-        devices = tuple(d for d in rootfs.DEVICES if os.path.exists(d))
-        landlock.restrict(abi, tuple(p for p in writable if os.path.isdir(p)), devices)
-    else:
-        sys.stderr.write("sandlot: no Landlock here: the build's writes are bounded by its uid and tree alone\n")
-    if filter_ is None:
-        sys.stderr.write("sandlot: libseccomp is missing: the build runs without its seccomp filter\n")
-        return
-    try:
-        filter_.load()
-    except OSError as exc:  # a platform refusing seccomp filters (an outer profile): as builds always ran there
-        sys.stderr.write(f"sandlot: the build's seccomp filter could not be loaded here ({exc})\n")
-
-
-def _untraceable():
-    """The build's seccomp filter (made before the build's tree is entered: libseccomp is not in it), or None."""
-    try:
-        import pyseccomp
-    except (ImportError, RuntimeError):
-        return None
-    from runtimes.linux.seccomp import all_but
-
-    flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
-    for name in UNTRACEABLE:
-        flt.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
-    # no socket past the egress rules: MPTCP (262), SCTP, UDP-Lite... are not TCP or UDP to Landlock or nft
-    for mask, value in all_but(set(SOCKET_PROTOCOLS), 1 << 32):
-        flt.add_rule(pyseccomp.ERRNO(errno.EPERM), "socket", pyseccomp.Arg(2, pyseccomp.MASKED_EQ, mask, value))
-    return flt
-
-
-UNTRACEABLE = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp")
-SOCKET_PROTOCOLS = (0, 6, 17)  # a type's default, TCP, UDP
-
-
-def main(plan: str) -> None:
-    _confine_and_exec(json.loads(plan))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1])

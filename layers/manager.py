@@ -21,13 +21,10 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from layers.builds import SWITCHING, Build
+from layers.requested import RequestedPackages
 from layers.store import LayerBuildError, LayerStore, Requested
-
-if TYPE_CHECKING:
-    from layers.packages import RequestedPackages
 
 log = logging.getLogger("sandlot.layers")
 
@@ -46,7 +43,7 @@ def _lower_priority() -> None:
 class Layer:
     store: LayerStore
     list_installed: Callable[[str], list[dict[str, str]]]
-    packages: RequestedPackages | None = None  # what an operator asked for on top of the base (layers/packages.py)
+    packages: RequestedPackages | None = None  # what an operator asked for on top of the base (layers/requested.py)
     base_names: Callable[[], set[str]] = set  # the packages the base file names
     base_file: Callable[[], str] = str  # the base file's path, for the operator
 

@@ -289,6 +289,45 @@ def test_configured_paths_are_the_configuration_not_npms_comments(tmp_path):
     assert isolation.configured_paths(["cat", str(listing)]) == ["/etc/ssl/certs/ca-certificates.crt"]
 
 
+def test_a_builds_plan_is_parsed_once_and_what_it_cannot_follow_is_refused():
+    """The jailer's one argument (layers/jailer.py): what the service writes comes back the same; anything else is
+    refused before any step is taken."""
+    from layers.jailer import Plan, PlanError
+
+    plain = Plan(argv=("/bin/true",), env={}, workdir="/w", uid=1, gid=1, writable=("/t",), reap=True)
+    tree = Plan(
+        argv=("/bin/true", "-x"),
+        env={"A": "b"},
+        workdir="/w",
+        uid=2,
+        gid=2,
+        root="/r",
+        spec={"binds": ["/usr"]},
+        user_namespace=True,
+        netns_ruleset="table inet t {}",
+        netns_socket=5,
+    )
+    for plan in (plain, tree):
+        assert Plan.parse(plan.to_json()) == plan
+    good = json.loads(plain.to_json())
+    for bad in (
+        "[]",
+        "not json",
+        json.dumps({**good, "argv": "/bin/true"}),
+        json.dumps({**good, "argv": []}),
+        json.dumps({**good, "uid": "1"}),
+        json.dumps({**good, "workdir": "w"}),
+        json.dumps({**good, "env": {"A": 1}}),
+        json.dumps({**good, "surprise": 1}),
+        json.dumps({key: value for key, value in good.items() if key != "workdir"}),
+        json.dumps({**good, "spec": {}}),  # a tree's spec without a tree
+        json.dumps({**json.loads(tree.to_json()), "user_namespace": False}),  # a network namespace without one
+        json.dumps({**json.loads(tree.to_json()), "reap": True}),
+    ):
+        with pytest.raises(PlanError):
+            Plan.parse(bad)
+
+
 def test_layers_build_and_serve_with_the_root_directory_as_working_directory(tmp_path, wheelhouse, data_dir):
     """The image's `WORKDIR /`: both layers build (the Node.js one after the Python one) and serve."""
     requirements = tmp_path / "requirements.txt"

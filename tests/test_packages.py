@@ -21,7 +21,7 @@ import pytest
 from service import API_KEY, Service
 
 from layers import specs
-from layers.packages import RequestedPackages
+from layers.requested import RequestedPackages
 
 ADMIN_KEY = "admin-" + os.urandom(8).hex()
 MISSING = "sandlot-no-such-package-" + os.urandom(3).hex()  # not on the index: its build fails

@@ -17,14 +17,17 @@ import json
 import struct
 from types import MappingProxyType
 
+from runtimes.linux import namespaces
+
 FORK = b"F"  # service -> zygote: uid, tmpdir, variant (see fork_request); fds: stdin_r, stdout_w, stderr_w, ready_w
 FORKED = b"C"  # zygote -> service: pid; fds: pidfd
 FORK_FAILED = b"E"  # zygote -> service: reason
 EXITED = b"X"  # zygote -> service: pid, killed-by-signal flag, code or signal number
 READY = b"R"  # zygote -> service: JSON report of the protections in force
-NET_ATTACH = b"N"  # zygote -> service (before READY): pasta may come; fds: its user and network namespaces
-NET_READY = b"n"  # service -> zygote: pasta has configured it
-NET_FAILED = b"f"  # service -> zygote: reason it could not
+# zygote -> service (before READY): pasta may come, fds: its user and network namespaces; service -> zygote:
+# pasta has configured it, or the reason it could not. The bytes of runtimes/linux/namespaces.py's join_network,
+# which the layer builds speak too
+NET_ATTACH, NET_READY, NET_FAILED = namespaces.NET_ATTACH, namespaces.NET_READY, namespaces.NET_FAILED
 
 MAX_MESSAGE = 65536
 _PID_STATUS = struct.Struct("<iii")

@@ -29,6 +29,7 @@ import errno
 import os
 import platform
 import signal
+import socket
 
 from runtimes.linux import syscalls
 from runtimes.linux.syscalls import CLONE_NEWPID, CLONE_NEWUSER
@@ -40,6 +41,12 @@ _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _CAPABILITY_VERSION_3 = 0x20080522
 _LAST_CAP = 63  # no /proc/sys in the tree: drop every number, the kernel refuses the ones it does not know
+
+# The network join (join_network), on the control socket between a process in a new user + network namespace and
+# whoever starts pasta on it (runtimes/linux/pasta.py): the same bytes as the jail's protocol (NET_*).
+NET_ATTACH = b"N"  # the namespaces' owner -> the service: pasta may come; fds: its user and network namespaces
+NET_READY = b"n"  # the service -> the owner: pasta has configured them
+NET_FAILED = b"f"  # the service -> the owner: pasta could not (why follows)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc_holding_gil = ctypes.PyDLL(None, use_errno=True)  # the GIL stays held across clone(), as in os.fork
@@ -120,6 +127,21 @@ def map_own_ids(proc_fd: int, uid: int, gid: int) -> None:
                 os.close(fd)
     finally:
         _libc.prctl(_PR_SET_DUMPABLE, ctypes.c_ulong(0), 0, 0, 0)
+
+
+def join_network(control: socket.socket, proc_fd: int, max_message: int = 65536) -> bytes:
+    """In a user and network namespace just made (its egress rules installed): send both to the service over
+    control (NET_ATTACH, their fds: this process is not dumpable, its /proc/<pid>/ns closed to others), for
+    pasta to be attached to them; the service's answer (NET_READY, NET_FAILED and why, or b"" if it is gone).
+
+    proc_fd: an open /proc (map_own_ids)."""
+    spaces = [os.open(f"self/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc_fd) for kind in ("user", "net")]
+    try:
+        socket.send_fds(control, [NET_ATTACH], spaces)
+    finally:
+        for fd in spaces:
+            os.close(fd)
+    return control.recv(max_message)
 
 
 def drop_bounding_set() -> None:

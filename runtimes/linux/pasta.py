@@ -35,10 +35,12 @@ import functools
 import ipaddress
 import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 
 from runtimes.linux import syscalls
@@ -186,6 +188,36 @@ class Pasta:
         Nothing of it is on disk, so nothing can be left behind however the service ends: its pid
         "file" is a pipe (pasta writes its pid there once the namespace is configured) and its stderr
         an unlinked file."""
+        pasta, ready = cls._start(network, userns, netns)
+        try:
+            await pasta._configured(ready)
+        except BaseException:
+            pasta.stop()
+            raise
+        finally:
+            os.close(ready)
+        return pasta
+
+    @classmethod
+    def attach_blocking(cls, network: NamespaceNetwork, userns: int, netns: int) -> Pasta:
+        """attach, for a caller with no event loop (a layer build's thread): blocks until pasta has configured
+        the namespaces (fds), or raises OSError as attach does."""
+        pasta, ready = cls._start(network, userns, netns)
+        try:
+            deadline = time.monotonic() + ATTACH_TIMEOUT
+            while not _read(ready):
+                pasta._check(time.monotonic() > deadline)
+                select.select([ready], [], [], 0.005)
+        except BaseException:
+            pasta.stop()
+            raise
+        finally:
+            os.close(ready)
+        return pasta
+
+    @classmethod
+    def _start(cls, network: NamespaceNetwork, userns: int, netns: int) -> tuple[Pasta, int]:
+        """pasta started on the namespaces, and the read end of its pid pipe (non-blocking; the caller closes it)."""
         ready, written = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             errors = tempfile.TemporaryFile()  # noqa: SIM115 - kept as a bare fd, closed in stop()
@@ -206,28 +238,26 @@ class Pasta:
                 raise OSError(f"pasta could not be started: {exc}") from exc
             pasta = cls(process, os.dup(errors.fileno()))
             errors.close()
-            os.close(written)
-            written = -1
-            try:
-                await pasta._configured(ready)
-            except BaseException:
-                pasta.stop()
-                raise
+        except BaseException:
+            os.close(ready)
+            raise
         finally:
-            for fd in (ready, written):
-                if fd >= 0:
-                    os.close(fd)
-        return pasta
+            os.close(written)
+        return pasta, ready
 
     async def _configured(self, ready: int) -> None:
         """Wait for pasta's pid on the pipe: it writes it once the namespace is configured."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ATTACH_TIMEOUT
         while not _read(ready):
-            if self.process.poll() is not None or loop.time() > deadline:
-                why = self.failure() if self.process.returncode is not None else "timeout"
-                raise OSError(f"pasta could not set up the runs' network: {why}")
+            self._check(loop.time() > deadline)
             await asyncio.sleep(0.005)
+
+    def _check(self, late: bool) -> None:
+        """Not configured yet: raise if pasta has ended or is late."""
+        if self.process.poll() is not None or late:
+            why = self.failure() if self.process.returncode is not None else "timeout"
+            raise OSError(f"pasta could not set up the runs' network: {why}")
 
     def failure(self) -> str:
         """What pasta said before it ended (its stderr), or how it ended."""

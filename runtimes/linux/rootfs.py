@@ -1,4 +1,4 @@
-"""The read-only root a run sees (and an isolated layer build: layers/isolation.py).
+"""The read-only root a run sees (and an isolated layer build: layers/isolation.py, layers/jailer.py).
 
 Service side, `TreeSpec` lists what the tree holds: host paths bound read-only at
 the same place (so that modules a zygote imported before it confined itself keep

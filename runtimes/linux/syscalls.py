@@ -1,6 +1,6 @@
 """Thin ctypes wrappers for the Linux calls Python 3.11 lacks (mounts, namespaces, prctl, seccomp).
 
-Shared by the jail and by the isolated layer build (layers/isolation.py).
+Shared by the jail and by the isolated layer build (layers/jailer.py).
 Everything here is imported by the zygote before it confines itself, so it must
 only use the standard library.
 """

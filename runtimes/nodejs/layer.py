@@ -38,7 +38,7 @@ def managed_layer(settings, data_dir: Path) -> Layer | None:
     data_dir/layers/nodejs, built from the package.json, with the packages an operator asked for on top (kept in
     data_dir/packages)."""
     from layers.manager import Layer
-    from layers.packages import RequestedPackages
+    from layers.requested import RequestedPackages
     from layers.store import LayerStore
 
     node = os.path.realpath(settings.NODEJS_PATH)

@@ -44,7 +44,7 @@ def managed_layer(settings, data_dir: Path) -> Layer:
     """The Python layer of a service (settings: the service's): its store under data_dir/layers/python, built
     from the requirements file, with the packages an operator asked for on top (kept in data_dir/packages)."""
     from layers.manager import Layer
-    from layers.packages import RequestedPackages
+    from layers.requested import RequestedPackages
     from layers.store import LayerStore
 
     python = os.path.realpath(settings.PYTHON_PATH)

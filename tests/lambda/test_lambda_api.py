@@ -122,8 +122,8 @@ def test_importing_the_api_function_needs_no_jail():
     """It ships as a zip: no libseccomp, no ctypes wrappers, no node."""
     code = (
         "import sys, handler.lambda_function\n"
-        "bad = sorted(m for m in sys.modules if m in ('pyseccomp', 'ctypes', 'layers.isolation', 'layers.manager')"
-        " or m.startswith('runtimes.jail'))\n"
+        "bad = sorted(m for m in sys.modules if m in ('pyseccomp', 'ctypes', 'layers.manager')"
+        " or m.startswith(('runtimes.jail', 'layers.isolation', 'layers.jailer')))\n"
         "print(bad)\n"
     )
     env = {

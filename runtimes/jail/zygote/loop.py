@@ -132,14 +132,8 @@ class Zygote:
         _value, error = in_child(lambda: nftables.run(ruleset))  # libnftables never mapped into the zygote
         if error:
             raise OSError(error)
-        # pasta joins them through these (the zygote is not dumpable: its /proc/<pid>/ns is closed to others)
-        spaces = [os.open(f"self/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=self.proc) for kind in ("user", "net")]
-        try:
-            socket.send_fds(self.control, [protocol.NET_ATTACH], spaces)
-        finally:
-            for fd in spaces:
-                os.close(fd)
-        answer = self.control.recv(protocol.MAX_MESSAGE)
+        # pasta joins them through descriptors (the zygote is not dumpable: its /proc/<pid>/ns is closed to others)
+        answer = namespaces.join_network(self.control, self.proc, protocol.MAX_MESSAGE)
         # NET_FAILED: the namespace keeps no way out; the service refuses runs with network, serves the others
         if answer[:1] not in (protocol.NET_READY, protocol.NET_FAILED):
             raise OSError("no network for the runs: the service is gone")
