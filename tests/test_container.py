@@ -192,7 +192,7 @@ def test_every_shared_case_in_a_default_container(container, case):
 
 # what a run sees of the tree: its interpreter's files, the layer, certificates, zoneinfo, four devices
 CHROOT_CASES = {
-    # runs are dumpable to their uid (tmpcap, unnamed.py): a core_pattern piping to the host's handler (apport,
+    # runs are dumpable to their uid (tmp/caps.py, tmp/held.py): a core_pattern piping to the host's handler (apport,
     # systemd-coredump) would be handed a crashing run's memory at RLIMIT_CORE 0; 1 stops that as it stops a file
     "no core dump, not even to a core_pattern's program": (
         "import resource\nprint(resource.getrlimit(resource.RLIMIT_CORE))",
@@ -395,7 +395,7 @@ def test_what_a_run_plants_in_its_tmp_never_meets_the_next_run_of_its_uid(contai
     assert planted & {int(uid) for uid, _listing in seen}, "no uid came back: the case proves nothing"
 
 
-# Files a run holds after their names went: no directory shows them, its /proc entries do (tmpcap, unnamed.py).
+# Files a run holds after their names went: no directory shows them, its /proc entries do (tmp/caps.py, tmp/held.py).
 # 120 MiB against the 64 MiB cap, each file within RLIMIT_FSIZE; before, only the disk floor stood behind them.
 HELD_UNNAMED = {
     ("python3", "deleted while open"): (

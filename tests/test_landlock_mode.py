@@ -523,7 +523,7 @@ def test_the_service_and_its_zygotes_are_not_dumpable_and_no_run_opens_a_ready_c
     """Sharing their uid with the runs, the service's and the zygotes' /proc entries (environment, memory,
     descriptors) belong to root: closed to a run even where Landlock's own ptrace rule were missing. A ready
     child is dumpable to the uid (a node child since it exec'ed node; every child since the watcher reads its
-    descriptor table for files held after their names went, unnamed.py): what closes it to a run is its
+    descriptor table for files held after their names went, tmp/held.py): what closes it to a run is its
     Landlock domain (and the run's, which has no /proc at all), asserted here from a run."""
     processes = [pod.process.pid, *descendants(pod.process.pid)]
     zygotes = [

@@ -567,7 +567,7 @@ def descriptor_tables() -> dict:
 
 
 def test_every_thread_of_a_run_shares_its_descriptor_table():
-    """The watcher reads a run's /proc/<pid>/fd for files held after their names went (unnamed.py): a thread
+    """The watcher reads a run's /proc/<pid>/fd for files held after their names went (tmp/held.py): a thread
     with a table of its own would hold them out of its sight."""
     assert in_filter(True, descriptor_tables) == {
         "clone thread, shared table": "EINVAL",  # admitted by the filter, refused by the kernel (no SIGHAND)

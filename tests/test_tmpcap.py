@@ -742,14 +742,14 @@ time.sleep(5)
 
 
 def test_space_preallocated_past_the_size_is_counted(run_dir):
-    """fallocate(KEEP_SIZE) passes RLIMIT_FSIZE (runs refuse it: seccomp_policy); here, without the filter, the
+    """fallocate(KEEP_SIZE) passes RLIMIT_FSIZE (runs refuse it: policy/allowlist.py); here, without the filter, the
     blocks it allocated are counted all the same (st_blocks, not the size), with no write event after."""
     result = watch_run(run_dir, PREALLOCATED, 16 * MIB, 2048)
     assert result["ended"] == ["error: /tmp size limit exceeded (16 MiB)"] and result["killed"], result
     assert result["elapsed"] < 0.2 + 0.5 + 0.5, result["elapsed"]
 
 
-# ---- files held after their names went, counted from the run's own /proc entries (unnamed.py) --------------
+# ---- files held after their names went, counted from the run's own /proc entries (tmp/held.py) --------------
 
 HELD_PAST_THE_CAP = """
 time.sleep(0.2)  # the runtime watches a run's directory before the run begins

@@ -20,7 +20,7 @@ filtered), never the mode's name. Adding a mode adds a row here.
   CLONE_NEW*). A uid per run from the instance's block; the zygote chroots once
   into the tree materialized as a real directory (runtimes/jail/trees/tree_store.py); a /tmp
   directory of the run's own in it, capped by RLIMIT_FSIZE and the service's
-  watcher (tmpcap.py); every process of a run ended through pidfds and a sweep
+  watcher (tmp/caps.py); every process of a run ended through pidfds and a sweep
   of its uid before the uid goes back; nft egress by uid where NET_ADMIN is
   granted, else none (SANDLOT_UNFILTERED_EGRESS says what runs asking for
   network get: policy/network_access.py).

@@ -79,8 +79,8 @@ class Confinement:
     no_new_privs: bool = True  # PR_SET_NO_NEW_PRIVS
     seccomp: bool = True  # a seccomp filter (the signal fence, the runner's allow-list)
     hostname: bool = True  # sethostname in the run's UTS namespace (cosmetic: skipped where refused)
-    # its /tmp is a directory the service caps (tmpcap.py): the run is dumpable to its own uid, whose ids the
-    # service takes to read its /proc fd table and maps for files whose names went (unnamed.py)
+    # its /tmp is a directory the service caps (tmp/caps.py): the run is dumpable to its own uid, whose ids the
+    # service takes to read its /proc fd table and maps for files whose names went (tmp/held.py)
     watched: bool = False
 
     @classmethod

@@ -10,7 +10,7 @@ refused too, Sandlot's own port and services bound to 0.0.0.0 included. The
 resolvers of resolv.conf (port 53) and the configured proxies stay reachable;
 operators can allow more ranges. Without nft the rules are not in force, and the
 health detail says so. Without root the same rules (`egress_rules`) hold every
-socket of a network namespace of the runs' own instead (userspace_net.py).
+socket of a network namespace of the runs' own instead (pasta.py).
 """
 
 from __future__ import annotations

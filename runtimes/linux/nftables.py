@@ -1,7 +1,7 @@
 """An nftables ruleset installed in the caller's network namespace through libnftables (ctypes).
 
 Used where the `nft` command cannot be: a zygote without root installs the egress rules of its
-own network namespace (userspace_net.py) while it holds CAP_NET_ADMIN there, which an exec'ed
+own network namespace (pasta.py) while it holds CAP_NET_ADMIN there, which an exec'ed
 `nft` would lose (its uid is not 0 in that user namespace). Callers load it in a forked child
 (protections.in_child), so it is never mapped into the zygote, whose address space every fork copies.
 

@@ -3,7 +3,7 @@
 Without root the host's nftables are out of reach (egress.py's table needs CAP_NET_ADMIN on the
 host), and a run in the host's network stack could reach its loopback, its own addresses and
 its private networks. So a `userns` zygote without root unshares a network namespace with its
-user namespace (zygote.py `confine_tree`); all its children, and so every run, live in it. There:
+user namespace (zygote/loop.py, `enter_tree`); all its children, and so every run, live in it. There:
 
 - the zygote installs the egress rules while it holds CAP_NET_ADMIN in its own user namespace
   (nftables.py): the same refusals as root's (egress.py), for every socket of the namespace, plus

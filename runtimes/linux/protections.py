@@ -61,13 +61,13 @@ class Protections:
     cgroups: bool  # a cgroup hierarchy (v1 pids controller, or v2) this process may create groups in
     writable: tuple[str, ...] = ()  # which of WRITABLE_CANDIDATES this process can write to
     # Egress filtering without the host's nftables: a network namespace of our own (in a new user
-    # namespace without root) takes nft rules, and /dev/net/tun opens (pasta's link to it; userspace_net.py)
+    # namespace without root) takes nft rules, and /dev/net/tun opens (pasta's link to it; pasta.py)
     netns_egress: bool = False
     # nft rules in this process's own network namespace (CAP_NET_ADMIN there: root on a host, or a container
     # granted NET_ADMIN): the egress rules by uid of the `full` and `chroot` modes can be installed
     host_nft: bool = False
     # device nodes can be made and opened (CAP_MKNOD, a filesystem without nodev, a device cgroup that lets
-    # null through): a tree materialized as a directory gets real /dev nodes, else stand-ins (tree.py)
+    # null through): a tree materialized as a directory gets real /dev nodes, else stand-ins (jail/trees/)
     mknod: bool = False
     # A time namespace per run (Linux >= 5.6, CAP_SYS_ADMIN and CAP_SYS_TIME over our user namespace, or
     # one of our own without root): its CLOCK_MONOTONIC and CLOCK_BOOTTIME start at zero (linux/timens.py)

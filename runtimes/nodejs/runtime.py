@@ -88,7 +88,7 @@ class NodeRuntime(JailedRuntime):
 
     def _node_in(self, tree_root: str) -> str:
         """The node binary to build a snapshot with: the tree's own where it is a copy (the chroot jail on a
-        container's overlayfs, trees.py), the one every run execs, so that the page cache holds one node binary
+        container's overlayfs, jail/trees/), the one every run execs, so that the page cache holds one node binary
         (about 65 MB of it), not the image's too; else the image's."""
         if tree_root:
             copy = tree_root + os.path.realpath(self.node)

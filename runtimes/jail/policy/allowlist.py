@@ -483,7 +483,7 @@ def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) 
     for number in extra:
         flt.add_rule(pyseccomp.ALLOW, number)
     # threads share one descriptor table (pthread_create's flags), which the service reads for files a run holds
-    # after their names went (unnamed.py): no thread of a table of its own, by clone or by close_range
+    # after their names went (tmp/held.py): no thread of a table of its own, by clone or by close_range
     thread = CLONE_THREAD | CLONE_FILES
     engine.allow(flt, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, thread, thread))
     engine.allow(flt, "close_range", pyseccomp.Arg(2, pyseccomp.MASKED_EQ, CLOSE_RANGE_UNSHARE, 0))

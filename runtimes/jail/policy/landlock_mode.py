@@ -15,7 +15,7 @@ and nothing else of the filesystem: not /proc (no listing of processes, no /proc
 another run), not /dev/shm, not the data dir. Landlock's ptrace rule keeps every process outside the domain
 from being traced, or having its memory, descriptors or environment opened, by the run.
 
-What Landlock does not check, the seccomp filter of the runner refuses (`seccomp_policy.shared_uid_rules`):
+What Landlock does not check, the seccomp filter of the runner refuses (`allowlist.shared_uid_rules`):
 
 - at every ABI: chmod and utime by path (Landlock has no right for a file's mode or times: a run could make
   the service's data dir unreadable to the service itself), and growing a pipe (F_SETPIPE_SZ: pipe buffers

@@ -61,7 +61,7 @@ class LanguageHooks:
         return {
             "require_seccomp": self.config.require_seccomp,
             "extra_syscalls": tuple(self.config.extra_syscalls),
-            "seccomp": bool(self.platform is None or self.platform.seccomp),  # seccomp_policy.prepared
+            "seccomp": bool(self.platform is None or self.platform.seccomp),  # allowlist.prepared
         }
 
     def encode(self, request: RunRequest, timeout: float, network_refused: str = "") -> bytes:

@@ -180,7 +180,7 @@ class Provisions:
 
     @property
     def counts_held(self) -> bool:
-        """Whether the watcher counts what runs hold open or mapped after the names went (tmpcap, unnamed.py):
+        """Whether the watcher counts what runs hold open or mapped after the names went (tmp/caps.py, tmp/held.py):
         where their /tmp is a directory it caps, and they can be made dumpable to their own uid."""
         capped = self.mode.tree == modes.CHROOT or self.mode.narrow_domain
         return capped and bool(getattr(self.platform, "dumpable", True))

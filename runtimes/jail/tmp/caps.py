@@ -25,7 +25,7 @@ no quota, so a run's /tmp is a directory of the tree's filesystem (jail/trees/tr
   watches run out (fs.inotify.max_user_watches), the run's directory is scanned on a timer instead.
 - a file deleted while still open, or made with O_TMPFILE, holds blocks no directory shows. Once the
   run is confined, every scan also counts what its process holds open or mapped whose last name went,
-  from its own /proc entries (unnamed.py: the run is dumpable to its uid, the scan thread takes its
+  from its own /proc entries (tmp/held.py: the run is dumpable to its uid, the scan thread takes its
   filesystem ids to read them; a run whose entries cannot be read is ended). What that cannot see (a
   descriptor in flight in a socketpair's queue) is capped per file by RLIMIT_FSIZE and in number by
   RLIMIT_NOFILE, and any run that has changed anything in its directory counts as one that may hold
@@ -89,7 +89,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 class Usage:
     bytes: int = 0  # blocks allocated to the run's own inodes, once each (directories: past their first block)
     files: int = 0  # names below the top directory (each hard link one, as on tmpfs)
-    unnamed: int = 0  # of bytes, what the run holds open or mapped whose last name went (unnamed.py)
+    unnamed: int = 0  # of bytes, what the run holds open or mapped whose last name went (tmp/held.py)
     over_files: bool = False  # the scan stopped because files passed the cap
 
 
@@ -552,7 +552,7 @@ class RunDirectories:
 
     def __init__(self, watcher: TmpWatcher, max_bytes: int, max_files: int, counts_held: bool = True):
         self.watcher = watcher
-        self.counts_held = counts_held  # runs are dumpable to their uid (Confinement.watched): unnamed.py reads them
+        self.counts_held = counts_held  # runs are dumpable to their uid (Confinement.watched): tmp/held.py reads them
         self.max_bytes = max_bytes
         self.max_files = max_files
         self._caps: dict[int, TmpCap] = {}  # child pid -> its directory's cap

@@ -1,6 +1,6 @@
 """Files a run holds that no directory shows: open, or mapped, after their last name went.
 
-Where a run's /tmp is a plain directory (tmpcap.py), a file deleted while still open, or made with O_TMPFILE,
+Where a run's /tmp is a plain directory (tmp/caps.py), a file deleted while still open, or made with O_TMPFILE,
 keeps its blocks on the disk until the run lets it go, and a walk of the directory never finds it. The run's
 own /proc entries do: `/proc/<pid>/fd` names every file it holds open (one table for all its threads: its
 seccomp filter admits clone only with CLONE_FILES and close_range never with CLOSE_RANGE_UNSHARE), and a

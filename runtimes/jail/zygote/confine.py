@@ -18,8 +18,8 @@ of user code.
 Where /tmp is a directory (no mount namespace) the child works in a directory
 of its own: under the service's (a Lambda function), or, in the chroot mode,
 /tmp of its uid's cell in the materialized tree its zygote chrooted into (the
-child chroots on into the cell, as root, before it drops root: trees.py), owned
-by its own uid and capped by the service (tmpcap.py); its RLIMIT_FSIZE is then
+child chroots on into the cell, as root, before it drops root: jail/trees/), owned
+by its own uid and capped by the service (tmp/caps.py); its RLIMIT_FSIZE is then
 no more than the /tmp cap, and RLIMIT_NPROC counts the processes of its uid.
 
 In every mode the child then stacks a small filter that keeps signals and
@@ -112,7 +112,7 @@ def _enter_own_places(confinement: Confinement, uid: int) -> None:
     mode = confinement.mode
     if mode.tree == PIVOT and confinement.hostname:
         socket.sethostname(RUN_HOSTNAME)  # in a UTS namespace of its own
-    if mode.tree == CHROOT:  # from its zygote's tree into its uid's cell, whose /tmp is its own (trees.py)
+    if mode.tree == CHROOT:  # from its zygote's tree into its uid's cell, whose /tmp is its own (jail/trees/)
         os.chroot(cell(uid))
         os.chdir("/")
 
@@ -182,7 +182,7 @@ def _limit(confinement: Confinement) -> None:
     # may leave it for the host.
     resource.setrlimit(resource.RLIMIT_CORE, (1, 1))
     resource.setrlimit(resource.RLIMIT_NOFILE, (confinement.max_open_files, confinement.max_open_files))
-    # a directory for /tmp is capped by the service after the fact (tmpcap.py): no single file may pass the cap
+    # a directory for /tmp is capped by the service after the fact (tmp/caps.py): no single file may pass the cap
     file_bytes = confinement.max_file_bytes
     if mode.tmp != TMPFS:
         file_bytes = min(file_bytes, confinement.tmp_size_bytes)
