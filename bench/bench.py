@@ -236,7 +236,7 @@ def describe(command: str) -> str:
         return "service"
     if "handler/pid_one.py" in command:
         return "pid 1 of the container (pid_one.py)"
-    if "runtimes.jail.zygote.loop" in command:
+    if "runtimes.jail.zygote" in command:  # runtimes.jail.zygote.loop, or a release before the layout
         return "zygote or its child (" + ("nodejs" if "runtimes.nodejs.runner" in command else "python3") + ")"
     return command[:40]
 

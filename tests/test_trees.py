@@ -82,8 +82,8 @@ def pivot_listing(spec: dict, scratch: str) -> dict[str, tuple]:
     return {path: tuple(value) for path, value in json.loads(out.stdout).items()}
 
 
-def runtime_specs() -> dict[str, dict]:
-    python_layer = tempfile.mkdtemp(prefix="sandlot-layer-", dir="/var/tmp")
+def runtime_specs(place: str) -> dict[str, dict]:
+    python_layer = tempfile.mkdtemp(prefix="sandlot-layer-", dir=place)  # removed with the test's place
     os.makedirs(os.path.join(python_layer, "probe"))
     with open(os.path.join(python_layer, "probe", "__init__.py"), "w") as f:
         f.write("VALUE = 1\n")
@@ -97,7 +97,7 @@ def runtime_specs() -> dict[str, dict]:
 @needs_root
 @pytest.mark.parametrize("language", ["python3", "nodejs"])
 def test_the_materialized_tree_holds_exactly_what_the_pivot_tree_shows(language, place):
-    specs = runtime_specs()
+    specs = runtime_specs(place)
     if language not in specs:
         pytest.skip("no node here")
     spec = specs[language]
@@ -216,7 +216,7 @@ os.execv({python!r}, [{python!r}, "-I", "-S", "-c",
 
 @needs_root
 def test_a_run_uid_in_the_tree_writes_only_its_own_tmp_and_the_interpreter_runs(place):
-    spec = runtime_specs()["python3"]
+    spec = runtime_specs(place)["python3"]
     store = trees.TreeStore(os.path.join(place, "trees"))
     root = store.ensure(spec)
     try:
