@@ -170,9 +170,9 @@ WITH_TUN = dataclasses.replace(NOBODY, netns_egress=True)
 )
 def test_network_without_root_is_served_only_where_pasta_can_work(record, pasta, refused):
     """Runs with network without root: served through pasta, or refused with the reason, never unfiltered."""
-    from runtimes.linux.pasta import plan
+    from runtimes.linux.pasta import namespace_network
 
-    network = plan(record, pasta, (), ())
+    network = namespace_network(record, pasta, (), ())
     assert network.in_force is (not refused)
     assert (refused in network.refused) if refused else network.refused == ""
     assert network.netns is record.net_namespaces  # runs without network never share the host's stack

@@ -150,7 +150,9 @@ _NEEDS = (
 )
 
 
-def plan(record: Protections, pasta: str, allow: tuple[str, ...], proxies: tuple[str, ...]) -> NamespaceNetwork:
+def namespace_network(
+    record: Protections, pasta: str, allow: tuple[str, ...], proxies: tuple[str, ...]
+) -> NamespaceNetwork:
     """The runs' network for a `userns` runtime without root, from the protections record and settings."""
     for mechanism, need in _NEEDS:
         if not getattr(record, mechanism):

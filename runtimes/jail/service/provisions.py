@@ -201,7 +201,7 @@ class Provisions:
         """userns without root: a network namespace per zygote, with pasta and nft in it, or network runs refused."""
         if self.mode.egress != modes.NETNS_PASTA or self.platform is None:
             return None
-        network = pasta.plan(self.platform, self.config.pasta, self.config.egress_allow, self.proxies())
+        network = pasta.namespace_network(self.platform, self.config.pasta, self.config.egress_allow, self.proxies())
         if network.refused and self.config.unfiltered_egress == network_access.ALLOW:
             # the operator chose unfiltered egress: the runs keep the host's network, no namespace of their own
             self.unfiltered_why = network.refused.removeprefix(REFUSED_PREFIX)
