@@ -503,3 +503,34 @@ def test_an_added_sdist_whose_setup_py_starts_a_daemon_finds_nothing_and_leaves_
                 os.kill(pid, 9)
             except ProcessLookupError:
                 pass
+
+
+def test_a_builds_filter_admits_plain_tcp_and_udp_only():
+    """The build's seccomp filter (layers/jailer.py): no MPTCP, SCTP or UDP-Lite socket, which the build's
+    egress rules (Landlock's TCP ports, nft) would not see; TCP, UDP and unix sockets as before."""
+    from layers import jailer
+    from runtimes.linux.protections import in_child
+    from runtimes.linux.syscalls import set_no_new_privs
+
+    def attempts() -> str:
+        set_no_new_privs()
+        jailer._untraceable().load()
+        seen = []
+        for family, kind, protocol in (
+            (2, 1, 0),
+            (2, 1, 6),
+            (10, 2, 17),
+            (1, 1, 0),
+            (2, 1, 262),
+            (2, 1, 132),
+            (2, 2, 136),
+        ):
+            try:
+                socket.socket(family, kind, protocol).close()
+                seen.append("opened")
+            except OSError as exc:
+                seen.append(str(exc.errno))
+        return " ".join(seen)
+
+    value, error = in_child(attempts)
+    assert error == "" and value == "opened opened opened opened 1 1 1", (value, error)
