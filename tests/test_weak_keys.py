@@ -26,14 +26,19 @@ WEAK = {
 
 
 def serve(**env: str) -> subprocess.CompletedProcess:
+    """`sandlot serve` as far as it goes: a refusal exits before any layer is built (in a second or two); a service
+    that is still up after 30 s was not refused, and is ended."""
     svc = Service(**env)
-    return subprocess.run(
-        [sys.executable, "-m", "handler.cli", "serve", "--port", str(svc.port)],
-        env=svc.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "handler.cli", "serve", "--port", str(svc.port)],
+            env=svc.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"not refused: still serving after 30 s\n{exc.stderr}")
 
 
 def refused_in_one_line(result: subprocess.CompletedProcess) -> str:
