@@ -78,9 +78,11 @@ def serve(args: argparse.Namespace) -> int:
         overrides["SANDLOT_HOST"] = args.host
     settings = load_settings(**overrides)
     log_config = logs.configure(settings.SANDLOT_LOG_FORMAT, settings.SANDLOT_LOG_LEVEL)
-    if not settings.API_KEY:
+    if "API_KEY" not in settings.model_fields_set:  # unset (set but empty is refused below)
         settings.API_KEY = secrets.token_urlsafe(32)
         print(f"sandlot: API_KEY is not set; this run's key is {settings.API_KEY}", file=sys.stderr, flush=True)
+    if warning := settings.check_keys():  # SettingsError: refused, one line on stderr (main)
+        logging.getLogger("sandlot.settings").warning("%s", warning)
     syscalls.set_dumpable(False)  # our /proc entries (environment, memory) belong to root from here on
     layers = None
     refused: dict[str, str] = {}

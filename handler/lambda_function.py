@@ -15,15 +15,22 @@ jail module (a test checks it).
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from mangum import Mangum
 
 from handler import envelope, run_path
 from handler.app import create_app
 from handler.lambda_invoker import LambdaInvoker
-from handler.settings import load_settings
+from handler.settings import SettingsError, load_settings
 
 settings = load_settings(SANDLOT_BACKEND="lambda")
+try:
+    _key_warning = settings.check_keys()  # the template's ApiKey: no key anyone knows, or the init fails
+except SettingsError as exc:
+    raise SystemExit(f"sandlot: {exc}") from None  # one line on stderr, exit status 1: the init error says so
+if _key_warning:
+    logging.getLogger("sandlot.settings").warning("%s", _key_warning)
 invoker = LambdaInvoker.from_settings(settings, probe_at_start=False)  # no lifespan here: ready at once
 invoker.connect()  # one boto3 client for the life of the instance
 app = create_app(settings, invoker)

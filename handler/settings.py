@@ -45,6 +45,30 @@ class SettingsError(ValueError):
     pass
 
 
+MIN_KEY_LENGTH = 16
+# Keys anyone can know: the placeholders this repository ships (Kubernetes manifests, conf/config.yaml.example,
+# infra/events/) and Dify's default (its docker-compose and .env.example set SANDBOX_API_KEY=dify-sandbox).
+KNOWN_KEYS = frozenset({"dify-sandbox", "replace-me-with-a-long-random-key", "change-me", "replace-with-your-api-key"})
+_ALLOW_WEAK = "SANDLOT_ALLOW_INSECURE_API_KEY"
+
+
+def weak_key_reason(name: str, key: str) -> str | None:
+    """Why `key` cannot guard the service (empty, short, or one anyone knows), or None. The key itself is named
+    only where it is public already."""
+    if not key:
+        return f"{name} is empty"
+    if key.strip().lower() == "dify-sandbox":
+        return (
+            f"{name} is 'dify-sandbox', Dify's default key that anyone can look up (in Dify's docker/.env set "
+            "SANDBOX_API_KEY, which its api and worker send too)"
+        )
+    if key.strip().lower() in KNOWN_KEYS:
+        return f"{name} is {key.strip()!r}, a placeholder or default key that anyone can look up"
+    if len(key) < MIN_KEY_LENGTH:
+        return f"{name} is {len(key)} characters long, shorter than {MIN_KEY_LENGTH}"
+    return None
+
+
 def parse_metrics_setting(value: str) -> tuple[str, str, int]:
     """("key"|"off"|"address", host, port) from SANDLOT_METRICS, or ValueError saying what is accepted."""
     if value in ("key", "off"):
@@ -92,7 +116,9 @@ class Settings(RuntimeSettings):
 
     # dify-sandbox's settings
     API_KEY: str = Field(
-        "", description="the `X-Api-Key` clients must send; `sandlot serve` prints a random one when unset"
+        "",
+        description="the `X-Api-Key` clients must send: 16 characters or more, not a known placeholder (start-up "
+        "refuses those, `dify-sandbox` included); `sandlot serve` prints a random one when unset",
     )
     SANDBOX_PORT: int = Field(8194, ge=1, le=65535, description="port")
     MAX_WORKERS: int = Field(
@@ -137,6 +163,11 @@ class Settings(RuntimeSettings):
         "options); by default only a name and a version constraint",
     )
     SANDLOT_MAX_BODY_BYTES: int = Field(5 * 1024 * 1024, ge=1024, description="request body cap")
+    SANDLOT_ALLOW_INSECURE_API_KEY: bool = Field(
+        False,
+        description="serve with an `API_KEY` (or `SANDLOT_ADMIN_KEY`) that is empty, shorter than 16 characters, or "
+        "a known placeholder such as Dify's `dify-sandbox`, logging a warning; by default start-up refuses it",
+    )
     SANDLOT_QUEUE_TIMEOUT: float = Field(30, gt=0, description="longest wait for a worker before HTTP 503, seconds")
 
     # the lambda backend: the runtime functions (names or ARNs); boto3's own configuration for the rest
@@ -170,6 +201,30 @@ class Settings(RuntimeSettings):
     SANDLOT_LOG_DEBUG: bool = Field(
         False, description="also log each run's code, stdin, stdout and stderr (tenants' data: for debugging only)"
     )
+
+    def key_problems(self) -> list[str]:
+        """Why the keys set cannot guard the service (API_KEY, and SANDLOT_ADMIN_KEY where set): empty where they
+        can. An API_KEY left unset is not checked here: `sandlot serve` makes a random one."""
+        keys = {"API_KEY": self.API_KEY, "SANDLOT_ADMIN_KEY": self.SANDLOT_ADMIN_KEY}
+        return [
+            reason
+            for name, key in keys.items()
+            if (name == "API_KEY" or key) and (reason := weak_key_reason(name, key))
+        ]
+
+    def check_keys(self) -> str | None:
+        """SettingsError where a key is weak and the operator has not allowed it; where allowed, the warning to
+        log once; None where the keys are fine."""
+        problems = self.key_problems()
+        if not problems:
+            return None
+        what = "; ".join(problems)
+        if not self.SANDLOT_ALLOW_INSECURE_API_KEY:
+            raise SettingsError(
+                f"refusing to serve: {what}. Set a random key of {MIN_KEY_LENGTH} characters or more "
+                f"(openssl rand -hex 24), or {_ALLOW_WEAK}=true to serve with this one anyway"
+            )
+        return f"{what}: serving anyway ({_ALLOW_WEAK}=true); anyone who can reach the port can run code"
 
     def keeps_layers(self) -> bool:
         return self.SANDLOT_BACKEND == "local"  # the lambda backend's layers are baked into the functions' images

@@ -141,16 +141,14 @@ check_kube() { # check_kube NAME EXPECTED_MODE MANIFEST [runAsUser]: `podman kub
     podman secret rm sandlot-api-key >/dev/null 2>&1 || true
     mkdir -p "$STATE/seccomp"
     runtime_default_profile "$STATE/seccomp/runtime-default.json"
-    # What a cluster does that podman's kube play does not, done here and nothing else: the Secret (podman
-    # 4.3 stores a Secret document it plays in a form its own env lookup then cannot read: made here as a
-    # podman secret of the form it reads), a host port on loopback to reach the pod, the RuntimeDefault
+    # What a cluster does that podman's kube play does not, done here and nothing else: the Secret the
+    # operator creates with kubectl (made here as a podman secret of the form podman 4.3's env lookup reads;
+    # the manifests hold no key), a host port on loopback to reach the pod, the RuntimeDefault
     # profile (by annotation), and for the restricted variant the uid OpenShift would pick.
     key=$(NAME="$name" MANIFEST="$manifest" PLAYED="$played" PORT="$port" RUN_AS="$user" python3 - <<'EOF'
 import base64, json, os, re
-docs = open(os.environ["MANIFEST"]).read().split("\n---\n")
-secret = next(d for d in docs if "kind: Secret" in d)
-key = re.search(r"^  api-key: (\S+)", secret, re.M).group(1)
-played = [d for d in docs if d is not secret]
+played = open(os.environ["MANIFEST"]).read().split("\n---\n")
+key = "kube-" + os.urandom(16).hex()  # the operator's Secret: the manifests hold no key
 for i, doc in enumerate(played):
     if "kind: Deployment" in doc:
         doc = doc.replace("              containerPort: 8194", "              containerPort: 8194\n"

@@ -106,7 +106,8 @@ def test_compose_replaces_difys_sandbox_service_unchanged():
     assert {"API_KEY", "WORKER_TIMEOUT", "ENABLE_NETWORK", "HTTP_PROXY", "HTTPS_PROXY", "SANDBOX_PORT"} <= set(
         environment
     )
-    assert environment["API_KEY"] == "${SANDBOX_API_KEY:-dify-sandbox}"
+    # Dify's SANDBOX_API_KEY, with no default: compose stops with the message where it is unset (no dify-sandbox)
+    assert environment["API_KEY"].startswith("${SANDBOX_API_KEY:?set SANDBOX_API_KEY ")
     assert environment["SANDBOX_PORT"] == "${SANDBOX_PORT:-8194}"
     for name in environment:
         assert name in Settings.model_fields or name == "GIN_MODE", name

@@ -37,11 +37,11 @@ def test_the_validator_refuses_what_kubernetes_would():
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_a_deployment_a_service_and_the_key_from_a_secret_with_probes_on_health(variant):
     docs = documents(variant)
-    assert set(docs) == {"Secret", "Deployment", "Service"}
+    assert set(docs) == {"Deployment", "Service"}  # the Secret is the operator's (kubectl create secret)
     pod = docs["Deployment"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     key = {e["name"]: e for e in container["env"]}["API_KEY"]
-    assert key["valueFrom"]["secretKeyRef"] == {"name": docs["Secret"]["metadata"]["name"], "key": "api-key"}
+    assert key["valueFrom"]["secretKeyRef"] == {"name": "sandlot-api-key", "key": "api-key", "optional": False}
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"
     assert container["livenessProbe"] and container["resources"]["requests"]["memory"]
     assert docs["Service"]["metadata"]["name"] == "sandbox"  # Dify's CODE_EXECUTION_ENDPOINT: http://sandbox:8194

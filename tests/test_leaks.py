@@ -179,6 +179,22 @@ def test_the_zygote_is_replaced_after_its_maximum_age():
         svc.stop()
 
 
+def test_the_zygote_is_replaced_after_its_maximum_forks():
+    """Runs share a hash secret only within a zygote's SANDLOT_ZYGOTE_MAX_FORKS children: past them, a new
+    interpreter (a new PYTHONHASHSEED, a new address layout) serves."""
+    svc = Service(SANDLOT_ZYGOTE_MAX_FORKS="10", MAX_WORKERS="1").start()
+    try:
+        code = "print(hash('sandlot'))"
+        seen = [run(svc, code)["stdout"]]
+        for _ in range(40):
+            seen.append(run(svc, code)["stdout"])
+            if len(set(seen)) > 1:
+                break
+        assert len(set(seen)) > 1, "one hash secret over 41 runs with a zygote replaced every 10 forks"
+    finally:
+        svc.stop()
+
+
 def test_zygote_max_age_is_a_setting(monkeypatch):
     monkeypatch.setenv("SANDLOT_ZYGOTE_MAX_AGE", "-1")
     with pytest.raises(SettingsError, match="SANDLOT_ZYGOTE_MAX_AGE"):

@@ -129,6 +129,7 @@ def test_importing_the_api_function_needs_no_jail():
     env = {
         "PATH": "/usr/bin:/bin",
         "SANDLOT_CONFIG": "/nonexistent/config.yaml",
+        "API_KEY": API_KEY,  # the function's init refuses an empty key
         "AWS_REGION": "us-east-1",
         "AWS_DEFAULT_REGION": "us-east-1",
         "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
