@@ -99,7 +99,8 @@ def test_the_landlock_jail_fails_closed(record, requested, why):
 
 def test_what_seccomp_holds_for_each_abi():
     assert landlock_mode.what_seccomp_adds(7) == [
-        "chmod and utime by path",
+        "a file's mode, times, owner and extended attributes, by path and by descriptor",
+        "directories its owner cannot list (mkdir's mode, the umask)",
         "pipes grown past their default size (buffers counted per uid)",
     ]
     assert "truncate by path" not in landlock_mode.what_seccomp_adds(3)
@@ -284,9 +285,20 @@ def test_a_run_still_uses_its_own_directory_and_the_layer(places):
             (os.path.dirname(places["own_run"]),)
         )
         allowlist.compile_program(allowlist.shared_uid_rules(KERNEL_ABI)).load()
-        with open(os.path.join(os.path.dirname(places["own_run"]), "new.txt"), "w") as f:
+        own_dir = os.path.dirname(places["own_run"])
+        with open(os.path.join(own_dir, "new.txt"), "w") as f:
             f.write("x")
-            os.fchmod(f.fileno(), 0o600)  # a mode set by descriptor: allowed
+            try:  # a mode set by descriptor: refused (seccomp sees no path: its own files are refused too)
+                os.fchmod(f.fileno(), 0o600)
+                return "fchmod worked"
+            except PermissionError:
+                pass
+        os.makedirs(os.path.join(own_dir, "a", "b"))  # mkdir's default mode (0777) keeps the owner's r and x
+        try:
+            os.mkdir(os.path.join(own_dir, "unlistable"), 0o300)
+            return "an unlistable directory was made"
+        except PermissionError:
+            pass
         return own()
 
     value, error = in_child(attempt)

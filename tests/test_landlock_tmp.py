@@ -110,3 +110,40 @@ def test_writing_where_the_note_says_works(pod, language):
     assert envelope["code"] == 0, envelope
     out = envelope["data"]["stdout"].replace('"', "'").replace(", ", ",")
     assert out == "['a.pdf','b.pdf','c.pdf']\n", envelope["data"]
+
+
+EVERYDAY_TMP = {
+    "python3": (
+        "import os, shutil, tempfile\n"
+        "with tempfile.NamedTemporaryFile('w', delete=False, suffix='.csv') as f:\n"
+        "    f.write('a,b\\n')\n"
+        "d = tempfile.mkdtemp()\n"
+        "shutil.copyfile(f.name, os.path.join(d, 'copy.csv'))\n"
+        "os.makedirs('out/reports/2024', exist_ok=True)\n"
+        "with tempfile.TemporaryDirectory() as t:\n"
+        "    open(os.path.join(t, 'x'), 'w').write('x')\n"
+        "shutil.rmtree(d)\n"
+        "print(sorted(os.listdir('out')), os.path.exists(d))\n"
+    ),
+    "nodejs": (
+        "const fs = require('fs'), os = require('os'), path = require('path');\n"
+        "const d = fs.mkdtempSync(path.join(os.tmpdir(), 'x-'));\n"
+        "fs.writeFileSync(path.join(d, 'a.csv'), 'a,b\\n');\n"
+        "fs.copyFileSync(path.join(d, 'a.csv'), path.join(d, 'copy.csv'));\n"
+        "fs.mkdirSync('out/reports/2024', {recursive: true});\n"
+        "fs.rmSync(d, {recursive: true});\n"
+        "console.log(JSON.stringify([fs.readdirSync('out'), fs.existsSync(d)]));\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("language", list(EVERYDAY_TMP))
+def test_everyday_tmp_use_keeps_working(pod, language):
+    """What the landlock jail's refusals of a file's mode and times (through descriptors too) leave working:
+    temporary files and directories, copies of files' contents, nested directories, removal (issue 41)."""
+    envelope = pod.run(EVERYDAY_TMP[language], language)
+    assert envelope["code"] == 0 and envelope["data"]["exit_code"] == 0, envelope
+    assert envelope["data"]["stdout"].replace('"', "'").replace(", ", ",") in (
+        "['reports'] False\n",
+        "[['reports'],false]\n",
+    ), envelope["data"]

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -38,6 +37,7 @@ from runtimes.jail.service.execution import kill
 from runtimes.jail.service.supervisor import Child, ZygoteHandle
 from runtimes.jail.service.uids import UidPool, UidPoolExhausted
 from runtimes.jail.tmp.caps import RunDirectories
+from runtimes.linux import removal
 from runtimes.payload import Unavailable
 
 log = logging.getLogger("sandlot.jail")
@@ -365,7 +365,7 @@ class ChildPool:
         if tmpdir and self._run_dirs is not None:
             self._run_dirs.discard(tmpdir)  # removed already, unless the child never came to be
         elif tmpdir:
-            shutil.rmtree(tmpdir, ignore_errors=True)  # fd-based: never follows a planted link
+            removal.remove_quietly(tmpdir)  # never follows a planted link; restores modes a run took away
         if self._uids is not None:
             self._uids.release(uid)
 
