@@ -388,10 +388,12 @@ METADATA_ATTEMPTS = (
     "            changed.append(f'{{name}} {{target}}')\n"
     "print(json.dumps({{'changed': changed, 'targets': len(fds)}}))\n"
 )
+# the layer file's mode and times, its directory's mode (in the chroot jail each uid's cell has directories of
+# its own, with times of their own; the files are the tree's)
 METADATA_SEEN = (
     "import json, os, requests\n"
-    "paths = [requests.__file__, os.path.dirname(requests.__file__)]\n"
-    "print(json.dumps([[os.stat(p).st_mode, os.stat(p).st_mtime_ns, os.stat(p).st_ctime_ns] for p in paths]))\n"
+    "f, d = os.stat(requests.__file__), os.stat(os.path.dirname(requests.__file__))\n"
+    "print(json.dumps([f.st_mode, f.st_mtime_ns, f.st_ctime_ns, d.st_mode]))\n"
 )
 NODE_METADATA_ATTEMPTS = (
     "const fs = require('fs');\n"
