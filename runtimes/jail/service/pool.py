@@ -220,6 +220,7 @@ class ChildPool:
         owner = self._owner.pop(child.pid)
         if self._thread_cap is not None:
             self._thread_cap.unwatch(child)  # before its pidfd closes: its pid may be another's from then on
+            child.on_run = None  # the closure refers to the child: no cycle left for the collector
         child.close()
         if self._sweep_uids and self._uids is not None:
             await sweep.sweep(child.uid)  # nothing of the run's uid may outlive its turn with it
