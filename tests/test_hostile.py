@@ -341,3 +341,95 @@ def test_no_socket_but_plain_tcp_udp_and_unix_pairs(service):
     """A run with network opens TCP and UDP sockets only: no MPTCP, SCTP or UDP-Lite (Landlock's TCP rules and
     proxy egress do not see them), no socketpair but unix, no io_uring to open sockets past the filter."""
     assert run(service, SOCKETS, enable_network=True)["stdout"] == sockets_seen(service)
+
+
+# A run tries to change the shared files' modes, times, owner and extended attributes through descriptors it may
+# open read-only: the layer's requests/__init__.py, the layer's requests/ directory, Node's wrapper (the tree's, or
+# the install's where there is no tree). In the landlock jail these are the service's uid's, which every run
+# shares: one run's fchmod(fd, 0) made `import requests` fail for every later tenant (issue 41).
+METADATA_ATTEMPTS = (
+    "import ctypes, json, os, requests\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "wrappers = ['/opt/sandlot/wrapper.js', {wrapper!r}]\n"
+    "targets = [requests.__file__, os.path.dirname(requests.__file__)]\n"
+    "targets += [w for w in wrappers if os.path.exists(w)][:1]\n"
+    "def fchown(fd): os.fchown(fd, os.getuid(), os.getgid())\n"
+    "def futimens(fd): os.utime(fd, (1, 1))\n"
+    "def utimensat_fd(fd):\n"  # utimensat(fd, NULL, times, 0): what futimens is
+    "    if libc.syscall(280, fd, None, None, 0): raise OSError(ctypes.get_errno(), 'utimensat')\n"
+    "def utimensat_empty(fd):\n"  # utimensat(fd, '', NULL, AT_EMPTY_PATH)
+    "    if libc.syscall(280, fd, b'', None, 0x1000): raise OSError(ctypes.get_errno(), 'utimensat')\n"
+    "def fchmodat_empty(fd):\n"  # fchmodat2(fd, '', 0, AT_EMPTY_PATH)
+    "    if libc.syscall(452, fd, b'', 0, 0x1000): raise OSError(ctypes.get_errno(), 'fchmodat2')\n"
+    "def fsetxattr(fd): os.setxattr(fd, 'user.sandlot', b'x')\n"
+    "def fremovexattr(fd): os.removexattr(fd, 'user.sandlot')\n"
+    "attempts = {{'fchmod': lambda fd: os.fchmod(fd, 0), 'fchown': fchown, 'futimens': futimens,\n"
+    "            'utimensat by fd': utimensat_fd, 'utimensat AT_EMPTY_PATH': utimensat_empty,\n"
+    "            'fchmodat2 AT_EMPTY_PATH': fchmodat_empty, 'fsetxattr': fsetxattr, 'fremovexattr': fremovexattr,\n"
+    "            'chmod': lambda fd: os.chmod(f'/proc/self/fd/{{fd}}', 0)}}\n"
+    "def seen(fd):\n"  # what a change would show: ctime moves with any change of mode, owner, times, xattrs
+    "    st = os.fstat(fd)\n"
+    "    return (st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns, st.st_ctime_ns)\n"
+    "changed = []\n"
+    "fds = {{}}\n"  # all opened first: an fchmod(fd, 0) that worked would keep the next open out
+    "for target in targets:\n"
+    "    try:\n"
+    "        fds[target] = os.open(target, os.O_RDONLY)\n"
+    "    except PermissionError:\n"
+    "        pass\n"  # a Python run's domain may not read Node's wrapper (the landlock jail)
+    "for target, fd in fds.items():\n"
+    "    for name, attempt in attempts.items():\n"
+    "        before = seen(fd)\n"
+    "        try:\n"
+    "            attempt(fd)\n"  # refused, or (fchmod in the landlock jail) answered without a change
+    "        except OSError:\n"
+    "            pass\n"
+    "        if seen(fd) != before:\n"
+    "            changed.append(f'{{name}} {{target}}')\n"
+    "print(json.dumps({{'changed': changed, 'targets': len(fds)}}))\n"
+)
+# the layer file's mode and times, its directory's mode (in the chroot jail each uid's cell has directories of
+# its own, with times of their own; the files are the tree's)
+METADATA_SEEN = (
+    "import json, os, requests\n"
+    "f, d = os.stat(requests.__file__), os.stat(os.path.dirname(requests.__file__))\n"
+    "print(json.dumps([f.st_mode, f.st_mtime_ns, f.st_ctime_ns, d.st_mode]))\n"
+)
+NODE_METADATA_ATTEMPTS = (
+    "const fs = require('fs');\n"
+    "const target = ['/opt/sandlot/wrapper.js', {wrapper!r}].find((p) => {{ try {{ fs.accessSync(p, fs.constants.R_OK);"
+    " return true; }} catch {{ return false; }} }});\n"
+    "const changed = [];\n"
+    "for (const [name, attempt] of [['fchmod', (fd) => fs.fchmodSync(fd, 0)],\n"
+    "    ['futimes', (fd) => fs.futimesSync(fd, 1, 1)],\n"
+    "    ['fchown', (fd) => fs.fchownSync(fd, process.getuid(), process.getgid())]]) {{\n"
+    "  const fd = fs.openSync(target, 'r');\n"
+    "  const seen = () => {{ const s = fs.fstatSync(fd, {{bigint: true}}); return `${{s.mode}} ${{s.ctimeNs}}`; }};\n"
+    "  const before = seen();\n"
+    "  try {{ attempt(fd); }} catch (e) {{}}\n"
+    "  if (seen() !== before) changed.push(name);\n"
+    "  fs.closeSync(fd);\n"
+    "}}\n"
+    "const st = fs.statSync(target);\n"
+    "console.log(JSON.stringify({{changed, mode: st.mode, mtime: st.mtimeMs}}));\n"
+)
+
+
+def test_a_run_cannot_change_the_shared_files(service):
+    """Every attempt fails, and the next run still imports requests and sees the same modes, times and xattrs."""
+    import json
+    import os
+
+    wrapper = os.path.join(getattr(service, "source", "/nonexistent"), "runtimes", "nodejs", "wrapper.js")
+    before = run(service, METADATA_SEEN)["stdout"]
+    data = run(service, METADATA_ATTEMPTS.format(wrapper=wrapper))
+    assert data["exit_code"] == 0, data
+    result = json.loads(data["stdout"])
+    assert result["changed"] == [] and result["targets"] >= 2, data
+    assert run(service, METADATA_SEEN)["stdout"] == before
+    node = run(service, NODE_METADATA_ATTEMPTS.format(wrapper=wrapper), language="nodejs")
+    first = json.loads(node["stdout"])
+    assert first["changed"] == [], node
+    again = json.loads(run(service, NODE_METADATA_ATTEMPTS.format(wrapper=wrapper), language="nodejs")["stdout"])
+    assert (again["mode"], again["mtime"]) == (first["mode"], first["mtime"])
+    assert run(service, "import requests; print(requests.__name__)")["stdout"] == "requests\n"

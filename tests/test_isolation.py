@@ -269,3 +269,10 @@ def layers_out_of_view(jail) -> None:
         "console.log(JSON.stringify(require.resolve.paths('x').filter(p => p.includes('layer'))))"
     )
     assert output(jail, code, language="nodejs") == 'false false\n["/opt/sandlot/layer/node_modules"]\n'
+
+
+def test_a_run_cannot_change_the_shared_files(jail):
+    """The hostile corpus' case (issue 41) in these modes: the layer is mounted read-only, or another uid's."""
+    import test_hostile
+
+    test_hostile.test_a_run_cannot_change_the_shared_files(jail)

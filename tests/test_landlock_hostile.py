@@ -35,6 +35,7 @@ APPLICABLE = [
     "test_service_survives_a_burst_of_hostile_runs",
     "test_ipc_objects_cannot_be_made",
     "test_no_socket_but_plain_tcp_udp_and_unix_pairs",
+    "test_a_run_cannot_change_the_shared_files",
 ]
 for _name in APPLICABLE:
     globals()[_name] = getattr(test_hostile, _name)

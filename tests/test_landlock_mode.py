@@ -99,7 +99,8 @@ def test_the_landlock_jail_fails_closed(record, requested, why):
 
 def test_what_seccomp_holds_for_each_abi():
     assert landlock_mode.what_seccomp_adds(7) == [
-        "chmod and utime by path",
+        "a file's mode, times, owner and extended attributes, by path and by descriptor",
+        "directories its owner cannot list (mkdir's mode, the umask)",
         "pipes grown past their default size (buffers counted per uid)",
     ]
     assert "truncate by path" not in landlock_mode.what_seccomp_adds(3)
@@ -284,9 +285,19 @@ def test_a_run_still_uses_its_own_directory_and_the_layer(places):
             (os.path.dirname(places["own_run"]),)
         )
         allowlist.compile_program(allowlist.shared_uid_rules(KERNEL_ABI)).load()
-        with open(os.path.join(os.path.dirname(places["own_run"]), "new.txt"), "w") as f:
+        own_dir = os.path.dirname(places["own_run"])
+        with open(os.path.join(own_dir, "new.txt"), "w") as f:
             f.write("x")
-            os.fchmod(f.fileno(), 0o600)  # a mode set by descriptor: allowed
+            mode = os.fstat(f.fileno()).st_mode
+            os.fchmod(f.fileno(), 0o600)  # answered without a change (seccomp sees no path: its own files too)
+            if os.fstat(f.fileno()).st_mode != mode:
+                return "fchmod changed a mode"
+        os.makedirs(os.path.join(own_dir, "a", "b"))  # mkdir's default mode (0777) keeps the owner's r and x
+        try:
+            os.mkdir(os.path.join(own_dir, "unlistable"), 0o300)
+            return "an unlistable directory was made"
+        except PermissionError:
+            pass
         return own()
 
     value, error = in_child(attempt)
@@ -549,3 +560,50 @@ def test_the_service_and_its_zygotes_are_not_dumpable_and_no_run_opens_a_ready_c
 def _parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat", "rb") as f:
         return int(stat_fields(f.read())[1])
+
+
+THREAD_BOMB = {
+    "python3": (
+        "import threading\n"
+        "threading.stack_size(64 * 1024)\n"  # 3,000 of them fit the default memory limit
+        "stop = threading.Event()\n"
+        "for i in range(3000):\n"
+        "    threading.Thread(target=stop.wait, daemon=True).start()\n"
+        "    if i % 50 == 0:\n"
+        "        print(i, flush=True)\n"
+        "print('all started', flush=True)\n"
+        "stop.wait(5)\n"
+    ),
+    "nodejs": (
+        "const { Worker } = require('worker_threads');\n"
+        "for (let i = 0; i < 200; i++) {\n"
+        "  new Worker('setInterval(() => {}, 1000)', { eval: true, resourceLimits: { maxOldGenerationSizeMb: 4 } });\n"
+        "}\n"
+        "console.log('all started');\n"
+        "setTimeout(() => process.exit(0), 5000);\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("language", list(THREAD_BOMB))
+def test_a_runs_threads_are_capped(pod, language):
+    """RLIMIT_NPROC would count every task of the uid the runs share with the service: the service counts each
+    run's threads instead (jail/service/thread_cap.py), and ends one past the limit the other modes give (64)
+    with a clear error. Before: one run started 3,000 threads. The service keeps serving."""
+    envelope = pod.run(THREAD_BOMB[language], language, timeout=20)
+    assert envelope["code"] == 0, envelope
+    data = envelope["data"]
+    assert "all started" not in data["stdout"], data
+    assert "error: thread limit exceeded (64 threads)" in data["error"], data
+    assert data["duration"] < 10, "ended by its timeout, not by the limit"
+    assert _out(pod.run("print('alive')")) == "alive\n"
+    assert _out(pod.run("console.log('alive')", "nodejs")) == "alive\n"
+
+
+def test_runs_with_threads_below_the_limit_are_not_ended(pod):
+    code = (
+        "import threading, concurrent.futures\n"
+        "with concurrent.futures.ThreadPoolExecutor(32) as pool:\n"
+        "    print(sum(pool.map(lambda x: __import__('time').sleep(0.2) or x, range(64))))\n"
+    )
+    assert _out(pod.run(code)) == f"{sum(range(64))}\n"

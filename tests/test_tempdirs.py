@@ -48,3 +48,54 @@ def test_a_process_that_exits_removes_what_it_made(tmp_path):
     made = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert made.stdout.strip().startswith(str(tmp_path))
     assert list(tmp_path.iterdir()) == []
+
+
+def _locked_tree(top) -> None:
+    """What a run of the remover's uid may leave: directories their owner cannot list, search or write, deep, a
+    symlink to somewhere else that must not be followed."""
+    deep = top / "a" / "b" / "c"
+    deep.mkdir(parents=True)
+    (deep / "f").write_bytes(b"x" * 4096)
+    (top / "a" / "link").symlink_to("/etc")
+    (top / "z").mkdir()
+    (top / "z" / "g").write_bytes(b"y")
+    for path, mode in ((deep, 0), (top / "a" / "b", 0o300), (top / "a", 0o500), (top / "z", 0o100)):
+        os.chmod(path, mode)
+
+
+def test_removal_gives_directories_their_owners_bits_back_first():
+    """As the runs' uid without capabilities (the landlock jail, Lambda): a 0300 directory, one made 0, one made
+    read-only go with the rest (issue 41: shutil.rmtree left them, past the run, a SIGTERM and the next start)."""
+    from runtimes.linux import removal
+    from runtimes.linux.protections import in_child
+
+    if os.geteuid() != 0:
+        import pytest
+
+        pytest.skip("needs root to act as another uid (nobody) whose directories root can read anyway")
+    import pathlib
+    import shutil
+    import tempfile
+
+    nobody = 65534
+    base = tempfile.mkdtemp(prefix="sandlot-removal-", dir="/var/tmp")  # a place nobody can reach
+    os.chmod(base, 0o755)
+    os.chown(base, nobody, nobody)  # the runs' parent is the remover's own
+    top = pathlib.Path(base) / "run-x"
+    top.mkdir()
+    os.chown(top, nobody, nobody)
+
+    def as_nobody():
+        os.setgroups([])
+        os.setresgid(nobody, nobody, nobody)
+        os.setresuid(nobody, nobody, nobody)
+        _locked_tree(top)
+        removal.remove_tree(str(top))
+        return os.path.lexists(top)
+
+    try:
+        left, error = in_child(as_nobody)
+        assert not error and left is False, (error, left)
+        assert os.path.isdir("/etc")
+    finally:
+        shutil.rmtree(base)  # root's: whatever is left

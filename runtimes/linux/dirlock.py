@@ -13,8 +13,9 @@ from __future__ import annotations
 import fcntl
 import os
 import secrets
-import shutil
 from collections.abc import Callable
+
+from runtimes.linux import removal
 
 TRASH = ".trash-"
 
@@ -41,7 +42,7 @@ def lock_shared(path: str | os.PathLike) -> int:
 
 
 def _remove(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+    removal.remove_quietly(path)  # a run's directories in it too, whatever modes the run left them
 
 
 def remove_if_unlocked(

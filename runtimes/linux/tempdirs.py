@@ -15,11 +15,10 @@ from __future__ import annotations
 import atexit
 import glob
 import os
-import shutil
 import stat
 import tempfile
 
-from runtimes.linux import dirlock
+from runtimes.linux import dirlock, removal
 
 _own: dict[str, int] = {}  # path -> the descriptor holding its lock
 
@@ -52,7 +51,7 @@ def collect(kind: str, parent: str | None = None) -> list[str]:
 def remove(path: str) -> None:
     """Remove one directory this process made (make), whatever it holds; links are not followed."""
     fd = _own.pop(path, -1)
-    shutil.rmtree(path, ignore_errors=True)
+    removal.remove_quietly(path)  # the runs' directories in it too, whatever modes a run left them
     if fd >= 0:
         os.close(fd)
 

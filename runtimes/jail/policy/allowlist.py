@@ -682,6 +682,34 @@ def prepared(config: RunnerConfig, allow_exec: bool = False) -> tuple[dict[bool,
 CHMOD_BY_PATH = ("chmod", "fchmodat", "fchmodat2")
 F_SETPIPE_SZ = 1031
 UTIME_BY_PATH = ("utime", "utimes", "futimesat")
+# a file's times, owner and extended attributes through a descriptor (or any way at all): the allow-list admits
+# utimensat (futimens) for every mode, and none of the others, which an operator's ALLOWED_SYSCALLS could add;
+# here they are refused whatever that says. fchmod is answered apart (FCHMOD_ANSWER).
+METADATA_ANY_WAY = (
+    "utimensat",
+    "chown",
+    "fchown",
+    "lchown",
+    "fchownat",
+    "setxattr",
+    "lsetxattr",
+    "fsetxattr",
+    "setxattrat",
+    "removexattr",
+    "lremovexattr",
+    "fremovexattr",
+    "removexattrat",
+)
+# a directory the run makes keeps its owner's read and search bits (the service, of the same uid and no
+# capability, must list it to count it against the /tmp cap and to remove it): mkdir's mode must hold them, and
+# the umask may not take them away (mode & ~umask is what the directory gets)
+OWNER_LISTS = 0o500  # S_IRUSR | S_IXUSR
+# fchmod succeeds and changes nothing: libuv's copyfile (Node's fs.copyFile, fs.cp) sets the copy's mode through
+# its descriptor and fails the copy on any error, although the copy already has the source's mode from its open
+# (O_CREAT with that mode); a seccomp filter cannot tell the run's own copy from a shared file, so no descriptor
+# gets its mode changed, and the copy works
+FCHMOD_ANSWER = 0
+MKDIR_MODE_ARG = {"mkdir": 1, "mkdirat": 2}
 LANDLOCK_TRUNCATE_ABI = 3  # LANDLOCK_ACCESS_FS_TRUNCATE
 LANDLOCK_SCOPES_ABI = 6  # LANDLOCK_SCOPE_SIGNAL, LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET
 
@@ -690,22 +718,40 @@ def shared_uid_rules(abi: int) -> pyseccomp.SyscallFilter:
     """What a run sharing the service's uid must not do that its Landlock domain (ABI abi) does not refuse.
 
     Pipes keep their default size (F_SETPIPE_SZ refused): their buffers count against the uid's, shared with the
-    service and every other run. Landlock has no right for a file's mode or times, at any ABI: chmod and utime
-    by path are refused (a run's
-    own files stay settable through their descriptors: fchmod, and utimensat with no path, which is futimens).
+    service and every other run. Landlock has no right for a file's mode, times, owner or extended attributes,
+    at any ABI, and every file a run can open is its uid's (the layer, the Node wrapper, the snapshot: the
+    service made them): chmod and utime are refused by path and through a descriptor alike (futimens and
+    utimensat in every form, AT_EMPTY_PATH included, fchmodat2 too), as are chown and setxattr in every form
+    (the allow-list has none of them; restated here against ALLOWED_SYSCALLS); fchmod succeeds and changes
+    nothing (FCHMOD_ANSWER). A seccomp filter sees no path, so a run's own files in its /tmp are held the same
+    way (docs/security.md says why).
+    A directory it makes keeps its owner's read and search bits (mkdir's mode without them, or a umask that
+    masks them, is refused): the service lists it to count and remove it.
     Below ABI 3 it does not check truncate by path either: refused (ftruncate needs a descriptor opened for
     writing, which the domain checks). Below ABI 6 it has no scopes: kill, tgkill and tkill stay fenced to the
     run's own pid by fence_for, which every child loads; any AF_UNIX socket but socketpair (an abstract socket
     of the service or of another run) is refused here too, besides the allow-list's own refusal of it.
     """
     flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    try:  # a binary tree, as the allow-list's: every system call of a run passes this filter too
+        flt.set_attr(pyseccomp.Attr.CTL_OPTIMIZE, 2)
+    except OSError:
+        pass  # libseccomp older than 2.5
     refuse = pyseccomp.ERRNO(errno.EPERM)
-    for name in (*CHMOD_BY_PATH, *UTIME_BY_PATH):
+    for name in (*CHMOD_BY_PATH, *UTIME_BY_PATH, *METADATA_ANY_WAY):
         try:
             flt.add_rule(refuse, name)
         except (ValueError, OSError):
             pass  # not a system call on this architecture (or unknown to this libseccomp: fchmodat2)
-    flt.add_rule(refuse, "utimensat", pyseccomp.Arg(1, pyseccomp.NE, 0))
+    flt.add_rule(pyseccomp.ERRNO(FCHMOD_ANSWER), "fchmod")
+    for name, index in MKDIR_MODE_ARG.items():
+        for lacking in (0, 0o100, 0o400):  # the mode's owner r and x bits, one or both missing
+            try:
+                flt.add_rule(refuse, name, pyseccomp.Arg(index, pyseccomp.MASKED_EQ, OWNER_LISTS, lacking))
+            except (ValueError, OSError):
+                pass  # no mkdir on this architecture (arm64: mkdirat only)
+    for masked in (0o100, 0o400, 0o500):
+        flt.add_rule(refuse, "umask", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, OWNER_LISTS, masked))
     # pipe buffers are counted per uid (fs.pipe-user-pages-soft, 64 MiB): one run growing its pipes to 1 MiB
     # each reaches it alone, and then every new pipe of the uid, the service's and other runs', gets 8 KiB
     flt.add_rule(refuse, "fcntl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, F_SETPIPE_SZ))

@@ -17,9 +17,13 @@ from being traced, or having its memory, descriptors or environment opened, by t
 
 What Landlock does not check, the seccomp filter of the runner refuses (`allowlist.shared_uid_rules`):
 
-- at every ABI: chmod and utime by path (Landlock has no right for a file's mode or times: a run could make
-  the service's data dir unreadable to the service itself), and growing a pipe (F_SETPIPE_SZ: pipe buffers
-  are counted per uid, and one run could take the whole 64 MiB of it, leaving every new pipe of the uid 8 KiB);
+- at every ABI: a file's mode, times, owner and extended attributes, by path and through a descriptor alike
+  (Landlock has no right for them, and every file a run can open is the uid's: one run's `fchmod(fd, 0)` on
+  the layer's `requests/__init__.py` broke `import requests` for every later tenant, and mode bits and times
+  would carry data from one tenant to the next); a directory made without its owner's read and search bits
+  (mkdir's mode, or a umask masking them: the service, with the same uid and no capability, must list it to
+  cap and remove it); and growing a pipe (F_SETPIPE_SZ: pipe buffers are counted per uid, and one run could
+  take the whole 64 MiB of it, leaving every new pipe of the uid 8 KiB);
 - below ABI 3: truncate by path (no TRUNCATE right: a run could empty any file of its uid it can name);
 - below ABI 6 (no scopes): signals to any other pid (the signal fence every child loads already refuses
   them) and any AF_UNIX socket but socketpair (the allow-list already refuses them), both restated there.
@@ -54,7 +58,11 @@ def readable(spec: TreeSpec) -> list[str]:
 
 def what_seccomp_adds(abi: int) -> list[str]:
     """For the health detail: what the seccomp filter holds in this mode that Landlock at this ABI does not."""
-    held = ["chmod and utime by path", "pipes grown past their default size (buffers counted per uid)"]
+    held = [
+        "a file's mode, times, owner and extended attributes, by path and by descriptor",
+        "directories its owner cannot list (mkdir's mode, the umask)",
+        "pipes grown past their default size (buffers counted per uid)",
+    ]
     if abi < TRUNCATE_ABI:
         held.append("truncate by path")
     if abi < SCOPES_ABI:

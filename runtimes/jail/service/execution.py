@@ -149,6 +149,8 @@ class _Feeder:
 async def execute(child: Child, data: bytes, timeout: float, output_limit: int) -> Outcome:
     """Send data to a ready child and wait until it has ended, whatever it does."""
     started = time.monotonic()
+    if child.on_run is not None:
+        child.on_run()  # watches that only a run needs (thread_cap.py)
     collector = _Collector(child, output_limit)
     feeder = _Feeder(child, data)
     child.stdin = -1  # the feeder owns it now

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -36,8 +35,10 @@ from dataclasses import dataclass, field
 from runtimes.jail.service import sweep
 from runtimes.jail.service.execution import kill
 from runtimes.jail.service.supervisor import Child, ZygoteHandle
+from runtimes.jail.service.thread_cap import ThreadCap
 from runtimes.jail.service.uids import UidPool, UidPoolExhausted
 from runtimes.jail.tmp.caps import RunDirectories
+from runtimes.linux import removal
 from runtimes.payload import Unavailable
 
 log = logging.getLogger("sandlot.jail")
@@ -79,6 +80,7 @@ class ChildPool:
         sweep_uids: bool = False,  # a run's processes are ended by a sweep of its uid before the uid goes back
         rotate_in_background: bool = True,
         run_dirs: RunDirectories | None = None,  # each run's /tmp, a directory in its zygote's tree (chroot)
+        thread_cap: ThreadCap | None = None,  # each run's threads counted by the service (landlock: thread_cap.py)
         kinds: tuple[str, ...] = (MAIN,),  # the kinds of zygote kept, the first started first
     ):
         self._start_zygote = start_zygote
@@ -89,6 +91,7 @@ class ChildPool:
         self._sweep_uids = sweep_uids
         self._rotate_in_background = rotate_in_background
         self._run_dirs = run_dirs
+        self._thread_cap = thread_cap
         self._lines = {kind: _Line() for kind in kinds}
         self._first = kinds[0]
         self.kinds = tuple(kinds)
@@ -192,6 +195,8 @@ class ChildPool:
             raise Unavailable(f"could not confine a run: {reason or 'the child exited'}")
         if self._run_dirs is not None:
             self._run_dirs.confined(child)
+        if self._thread_cap is not None:
+            child.on_run = lambda: self._thread_cap.watch(child)  # counted while its run lives (no user code before)
         self.confined += 1
         self.failed_in_a_row, self.spawn_error = 0, ""
         return child
@@ -213,6 +218,9 @@ class ChildPool:
         if child.pid not in self._owner:
             return  # released already
         owner = self._owner.pop(child.pid)
+        if self._thread_cap is not None:
+            self._thread_cap.unwatch(child)  # before its pidfd closes: its pid may be another's from then on
+            child.on_run = None  # the closure refers to the child: no cycle left for the collector
         child.close()
         if self._sweep_uids and self._uids is not None:
             await sweep.sweep(child.uid)  # nothing of the run's uid may outlive its turn with it
@@ -365,7 +373,7 @@ class ChildPool:
         if tmpdir and self._run_dirs is not None:
             self._run_dirs.discard(tmpdir)  # removed already, unless the child never came to be
         elif tmpdir:
-            shutil.rmtree(tmpdir, ignore_errors=True)  # fd-based: never follows a planted link
+            removal.remove_quietly(tmpdir)  # never follows a planted link; restores modes a run took away
         if self._uids is not None:
             self._uids.release(uid)
 

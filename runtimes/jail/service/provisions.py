@@ -36,6 +36,7 @@ from runtimes.jail.policy import landlock_mode, network_access, proxy_egress
 from runtimes.jail.policy.proxy_egress import ProxyEgress
 from runtimes.jail.service import sweep
 from runtimes.jail.service.supervisor import ZygoteHandle
+from runtimes.jail.service.thread_cap import ThreadCap
 from runtimes.jail.service.uids import UidPool, UidPoolExhausted
 from runtimes.jail.tmp.caps import RunDirectories, TmpWatcher
 from runtimes.jail.tmp.scratch import Scratch
@@ -77,6 +78,7 @@ class Provisions:
         self.trees: tree_store.TreeStore | None = None  # the chroot mode: materialized trees
         self.tmp_watcher: TmpWatcher | None = None  # the chroot and landlock modes: each run's /tmp capped
         self.run_dirs: RunDirectories | SharedRunDirectories | None = None
+        self.thread_cap: ThreadCap | None = None  # the landlock mode: RLIMIT_NPROC would count the service's tasks
 
     async def set_up(self) -> None:
         """Everything the mode needs before the first zygote starts. Raises modes.JailRefused."""
@@ -103,12 +105,15 @@ class Provisions:
             self.run_dirs = SharedRunDirectories(
                 self.tmp_watcher, *caps, parent=self.tmp_parent, counts_held=self.counts_held
             )
+            self.thread_cap = ThreadCap(config.max_threads)
         if mode.processes == modes.UID_SWEEP and self.uids is not None:
             # a killed instance of this uid block may have left runs (whose zygote died, a parent-death
             # signal away from them): none of them may meet the runs about to get the same uids
             await asyncio.to_thread(sweep.kill_range, self.uids.first, self.uids.first + self.uids.size - 1)
 
     def close(self) -> None:
+        if self.thread_cap is not None:
+            self.thread_cap.close()
         if self.tmp_watcher is not None:
             self.tmp_watcher.close()
         if self.trees is not None:

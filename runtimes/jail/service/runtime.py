@@ -92,6 +92,7 @@ class JailedRuntime(LanguageHooks):
                 sweep_uids=self.mode.processes == modes.UID_SWEEP and self.mode.own_uid,
                 rotate_in_background=not config.one_run_at_a_time,
                 run_dirs=provisions.run_dirs,
+                thread_cap=provisions.thread_cap,
                 kinds=self.zygote_kinds(),
             )
             self.pool.on_retired.append(self.zygote_retired)

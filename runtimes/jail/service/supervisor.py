@@ -36,6 +36,7 @@ class Child:
     exited: asyncio.Future = field(repr=False)
     ended_by: str = ""  # the service's own error line when it ended the run itself (e.g. over its /tmp caps)
     settle: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)  # a last check once it ended
+    on_run: Callable[[], None] | None = field(default=None, repr=False)  # its run begins (execution.execute)
 
     def close(self) -> None:
         for fd in (self.pidfd, self.stdin, self.stdout, self.stderr, self.ready):

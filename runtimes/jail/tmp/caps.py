@@ -93,6 +93,11 @@ class Usage:
     over_files: bool = False  # the scan stopped because files passed the cap
 
 
+class Unlistable(PermissionError):
+    """A directory of the run's the service cannot list or search (its owner's r or x taken away, where the run
+    shares the service's uid and the service holds no capability): uncounted, so the run is ended."""
+
+
 ANCHOR_AFTER = 1024  # a relative path longer than this gets a descriptor of its own to start from (PATH_MAX)
 
 
@@ -123,6 +128,8 @@ def usage(path: str, uid: int, max_files: int, on_directory: Callable[[int, tupl
             anchor, relative = pending.pop()
             try:
                 fd = _open_beneath(anchor.fd, relative) if relative else os.dup(anchor.fd)
+            except PermissionError as exc:  # a directory the service cannot list: what it holds is unknown
+                raise Unlistable(exc.errno, "a directory in it cannot be listed", relative) from exc
             except OSError:
                 _release(anchor, top)
                 continue  # removed, or swapped for a symlink, since it was listed
@@ -139,6 +146,8 @@ def usage(path: str, uid: int, max_files: int, on_directory: Callable[[int, tupl
                             info = entry.stat(follow_symlinks=False)
                         except FileNotFoundError:
                             continue  # gone since it was listed
+                        except PermissionError as exc:  # a directory that can be listed but not searched
+                            raise Unlistable(exc.errno, "a directory in it cannot be searched", relative) from exc
                         found.files += 1
                         if found.files > max_files:
                             found.over_files = True
@@ -429,7 +438,7 @@ class TmpWatcher:
             return
         if isinstance(failure, FileNotFoundError):
             return  # the directory is being removed
-        if failure is not None:  # an unchecked /tmp is an uncapped one: the run ends
+        if failure is not None:  # an unchecked /tmp is an uncapped one: the run ends (an unlistable directory too)
             self._end(cap, f"error: /tmp could not be checked: {getattr(failure, 'strerror', None) or failure}")
             return
         cap.usage = walk.result()

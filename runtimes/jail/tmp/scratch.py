@@ -11,8 +11,9 @@ and the serial schedule replaces the zygote so that no later run starts from the
 from __future__ import annotations
 
 import os
-import shutil
 import stat
+
+from runtimes.linux import removal
 
 
 def _fingerprint(path: str) -> dict[str, tuple[int, int]]:
@@ -119,11 +120,5 @@ class Scratch:
 
 
 def remove(path: str) -> str:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)  # fd-based: never follows a planted link
-    else:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    removal.remove_quietly(path)  # never follows a planted link; restores modes a run took away
     return path

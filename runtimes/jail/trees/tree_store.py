@@ -48,6 +48,7 @@ import time
 from runtimes.jail.policy import tree_files
 from runtimes.jail.trees import materialized
 from runtimes.linux.dirlock import TRASH, lock_shared, remove_if_unlocked
+from runtimes.linux.removal import remove_tree as remove_tree  # re-exported: runs' /tmp directories, trees
 
 log = logging.getLogger("sandlot.trees")
 
@@ -322,50 +323,3 @@ def remove_run_tmp(tree_root: str, uid: int) -> None:
         remove_tree(path)
     else:
         os.unlink(path)
-
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def remove_tree(path: str) -> None:
-    """Remove a directory and everything in it, however deep (a run may nest directories past any
-    recursion limit and PATH_MAX; shutil.rmtree recurses), never following a symlink: every directory
-    found is first moved up to the top, so no path is ever longer than two names and two descriptors
-    are open at most. Nothing may write there meanwhile (the run's processes are gone)."""
-    top = os.open(path, _DIR_FLAGS)
-    try:
-        hoisted = 0
-        queue = [""]  # directories directly under the top still to empty ("" is the top itself)
-        while queue:
-            name = queue.pop()
-            try:
-                fd = os.open(name, _DIR_FLAGS, dir_fd=top) if name else os.dup(top)
-            except FileNotFoundError:
-                continue
-            try:
-                with os.scandir(fd) as entries:
-                    names = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
-                for child, is_dir in names:
-                    if not is_dir:
-                        os.unlink(child, dir_fd=fd)
-                        continue
-                    if not name:
-                        queue.append(child)  # already at the top
-                        continue
-                    while True:  # a fresh name at the top (onto an empty directory would do too: it goes)
-                        hoisted += 1
-                        target = f".sandlot-rm-{hoisted}"
-                        try:
-                            os.rename(child, target, src_dir_fd=fd, dst_dir_fd=top)
-                            break
-                        except OSError as exc:
-                            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
-                                raise
-                    queue.append(target)
-            finally:
-                os.close(fd)
-            if name:
-                os.rmdir(name, dir_fd=top)
-    finally:
-        os.close(top)
-    os.rmdir(path)
