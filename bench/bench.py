@@ -64,7 +64,7 @@ CPUACCT = "/sys/fs/cgroup/cpuacct"
 IDLE_PAUSE = 70  # seconds without a run before the idle rows (ready children shrink after 20, the preloaded
 # Python zygote is parked after 60 (issue 40: runtimes/python/runtime.py PARK_SECONDS))
 # the start's timeline as the service logs it (handler/app.py), seconds after exec, in the order shown
-START_MARKS = ("settings", "web stack", "app", "runtimes started", "python3 ready", "nodejs ready")
+START_MARKS = ("settings", "platform probed", "web stack", "app", "runtimes started", "python3 ready", "nodejs ready")
 HZ = os.sysconf("SC_CLK_TCK")
 # The stand-ins --container starts a service in (tests/outer_filter.py), each with a PID namespace of its own as a
 # container has (its /proc, which the uid sweep of the chroot and landlock jails reads, holds its own processes):

@@ -149,6 +149,14 @@ async def _serve(settings: Settings, layers: LayerManager | None, refused: dict[
         backend = local_backend(settings, layers, refused)
         starting = asyncio.create_task(backend[0].start())  # the zygotes spawn while the web stack is imported
     try:
+        if backend is not None:
+            # the platform's probe forks children that run Python (runtimes/linux/protections.py): none may be
+            # forked while another thread imports (a lock it holds, the loader's or a module's, would stay
+            # held in the child); the runtimes' own ask waits for this record, then their zygotes are exec'ed
+            from runtimes.linux.protections import platform_protections
+
+            await asyncio.to_thread(platform_protections)
+            marks["platform probed"] = since_exec()
         await asyncio.to_thread(_import_web_stack)
         marks["web stack"] = since_exec()
         import uvicorn
