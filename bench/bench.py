@@ -62,7 +62,7 @@ PYTHON_HELLO = 'print("hi")'
 NODE_HELLO = 'console.log("hi")'
 CPUACCT = "/sys/fs/cgroup/cpuacct"
 IDLE_PAUSE = 70  # seconds without a run before the idle rows (ready children shrink after 20, the preloaded
-# Python zygote is parked after 60 (issue 40: runtimes/python/runtime.py PARK_SECONDS))
+# Python zygote is parked after 60: runtimes/python/runtime.py PARK_SECONDS)
 # the start's timeline as the service logs it (handler/app.py), seconds after exec, in the order shown
 START_MARKS = ("settings", "platform probed", "web stack", "app", "runtimes started", "python3 ready", "nodejs ready")
 HZ = os.sysconf("SC_CLK_TCK")
@@ -371,7 +371,7 @@ def first_correct_runs(subject: Subject, deadline: float = 60.0) -> None:
 
 def start_marks(output: str) -> dict[str, float]:
     """The service's own start timeline (seconds after exec), from its `started` log line; {} where it logs none
-    (releases before issue 40)."""
+    (older releases)."""
     for line in output.splitlines():
         if line.startswith("{") and '"start_marks"' in line:
             try:
@@ -552,7 +552,7 @@ def report(
     line("start: exec -> first python run (<= 0.4)", med("start: python"), "s")
     line("start: exec -> first node run (<= 1.5)", med("start: node"), "s")
     line("start: exec -> /health 200", med("start: /health 200"), "s")
-    for mark in START_MARKS:  # the service's own log of its start (none from releases before issue 40)
+    for mark in START_MARKS:  # the service's own log of its start (older releases log none)
         line(f"  start: {mark}, after exec", med(f"start mark: {mark}"), "s")
     line("  load during the starts", med("start: load"), "")
     line("start: refusals while starting (target 0)", [max(s.samples["start: refusals"]) for s in subjects], "")
