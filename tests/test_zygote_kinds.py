@@ -236,6 +236,9 @@ def test_an_idle_kind_is_parked_without_a_restart_and_unparked_on_demand():
             await asyncio.sleep(0)
         assert pool.kind_running(MAIN) and not pool.parked(MAIN) and factory.made[-1].kind == MAIN
         assert len(factory.made) == 3 and pool.status()["parked"] == []
+        pool.park(MAIN)
+        await pool.replace_zygote()  # a layer switch while parked: every kind on the new layer, none parked
+        assert pool.kind_running(MAIN) and pool.status()["parked"] == []
         await pool.stop()
 
     asyncio.run(scenario())

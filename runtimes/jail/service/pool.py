@@ -308,6 +308,7 @@ class ChildPool:
     def _take_over(line: _Line, zygote: ZygoteHandle) -> ZygoteHandle | None:
         """zygote serves its kind from now on; returns the one it replaces."""
         old, line.zygote, line.report, line.born = line.zygote, zygote, zygote.report, time.monotonic()
+        line.parked = False  # a replacement (a layer switch) starts a parked kind again
         return old
 
     def _on_zygote_exit(self, zygote: ZygoteHandle) -> None:
