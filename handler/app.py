@@ -19,23 +19,28 @@ from handler.bodies import BodyTooLarge, MalformedJSON, parse_json, read_body, u
 from handler.invoker import Invoker, LayerAdmin, LayerBuildError, Unavailable
 from handler.metrics import Metrics, metered, metrics_routes
 from handler.middleware import ObservabilityMiddleware
-from handler.openapi import openapi_routes
 from handler.settings import Settings
 from runtimes.languages import DEFAULT, is_known
+from runtimes.linux.procfs import since_exec
 from runtimes.payload import RunRequest, RunResult
 
 log = logging.getLogger("sandlot.api")
+READY_POLL, READY_POLL_MAX = 0.01, 0.1  # seconds between looks at a starting runtime, to log it once ready
+READY_WAIT = 120.0  # a runtime still starting after this long is logged as not ready (an ERROR)
 
 
 class SandboxAPI:
     """Route handlers; state lives here, not in globals."""
 
-    def __init__(self, settings: Settings, invoker: Invoker):
+    def __init__(self, settings: Settings, invoker: Invoker, started_early: asyncio.Task | None = None):
         self.settings = settings
         self.invoker = invoker
         self.admission = Admission(settings.MAX_REQUESTS, settings.MAX_WORKERS, settings.SANDLOT_QUEUE_TIMEOUT)
         self._key = settings.API_KEY.encode()
         self._starting: asyncio.Task | None = None
+        self._started_early = started_early  # the invoker's start, begun before the app was built (cli.serve)
+        self.stopped = False  # the invoker was stopped by the lifespan's end
+        self.start_marks: dict[str, float] = {}  # seconds after exec: what cli.serve had done by then
         tenancy = settings.lambda_tenancy  # the header naming a request's tenant, if the lambda backend reads one
         self._tenant_header = tenancy.header if settings.SANDLOT_BACKEND == "lambda" else ""
 
@@ -47,36 +52,63 @@ class SandboxAPI:
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette):
+        if self.start_marks:
+            self.start_marks["app"] = since_exec()
         self._starting = asyncio.create_task(self._start())
         try:
             yield
         finally:
             if not self._starting.done():
                 self._starting.cancel()
+            if self._started_early is not None and not self._started_early.done():
+                self._started_early.cancel()
             await self.invoker.stop()
+            self.stopped = True
 
     async def _start(self) -> None:
         try:
-            await self.invoker.start()
+            if self._started_early is not None:
+                await self._started_early
+            else:
+                await self.invoker.start()
         except Exception:  # noqa: BLE001 - health stays 503 and the log says why
             log.exception("the sandbox failed to start")
             return
-        for language, status in self.invoker.status().items():
-            record = {
-                "language": language,
-                "protections": status.get("protections"),
-                "platform": status.get("platform"),
-            }
-            if status.get("ready"):
-                log.info(
-                    "%s runtime ready; protections in force: %s; platform: %s",
-                    language,
-                    status.get("protections"),
-                    status.get("platform"),
-                    extra=record,
-                )
-            else:
-                log.error("%s runtime not ready: %s", language, status.get("error"), extra=record)
+        marks = self.start_marks
+        if marks:
+            marks["runtimes started"] = since_exec()
+        waiting = set(self.invoker.status())
+        waited, poll = 0.0, READY_POLL
+        while waiting:  # each runtime logged once: ready (INFO), or failed (ERROR); starting is no failure
+            for language, status in self.invoker.status().items():
+                if language not in waiting:
+                    continue
+                record = {
+                    "language": language,
+                    "protections": status.get("protections"),
+                    "platform": status.get("platform"),
+                }
+                if status.get("ready"):
+                    waiting.discard(language)
+                    if marks:
+                        marks[f"{language} ready"] = since_exec()
+                    log.info(
+                        "%s runtime ready; protections in force: %s; platform: %s",
+                        language,
+                        status.get("protections"),
+                        status.get("platform"),
+                        extra=record,
+                    )
+                elif not status.get("starting") or waited >= READY_WAIT:
+                    waiting.discard(language)
+                    log.error("%s runtime not ready: %s", language, status.get("error"), extra=record)
+            if waiting:
+                await asyncio.sleep(poll)
+                waited += poll
+                poll = min(poll * 1.2, READY_POLL_MAX)  # a slow start is not asked about every 10 ms
+        if marks:  # the start's timeline (bench/bench.py reads it)
+            shown = ", ".join(f"{name} {at:.3f}" for name, at in sorted(marks.items(), key=lambda kv: kv[1]))
+            log.info("started (seconds after exec): %s", shown, extra={"start_marks": marks})
 
     # ---- routes ---------------------------------------------------------------
 
@@ -202,23 +234,77 @@ class SandboxAPI:
         ]
 
 
-def create_app(settings: Settings, invoker: Invoker, metrics: Metrics | None = None, packages=None) -> Starlette:
-    """The app; `packages` (layers.packages.PackageManager) manages the local backend's requested packages: without
-    one the package routes show the invoker's layers read-only (the lambda backend's are baked into images)."""
-    from handler.admin import AdminPage
-    from handler.packages_api import Packages, PackagesAPI
+# The pages the run path does not need (the package routes, the admin page, the OpenAPI document): routed from
+# the start, their code (jinja2, pydantic's JSON schema) imported at their first request. Path and methods as
+# PackagesAPI.routes(), AdminPage.routes() and openapi_routes() give them, in their order (tests/test_app.py).
+PAGE_ROUTES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("/v1/sandlot/packages", ("GET",)),
+    ("/v1/sandlot/packages", ("POST",)),
+    ("/v1/sandlot/packages", ("DELETE",)),
+    ("/v1/sandlot/builds", ("GET",)),
+    ("/v1/sandlot/builds/latest", ("GET",)),
+    ("/v1/sandlot/builds/{id}", ("GET",)),
+    ("/admin", ("GET",)),
+    ("/admin/login", ("POST",)),
+    ("/admin/logout", ("POST",)),
+    ("/admin/packages", ("POST",)),
+    ("/admin/packages/remove", ("POST",)),
+    ("/admin/try", ("POST",)),
+    ("/admin/builds/{id}.json", ("GET",)),
+    ("/admin/builds/{id}", ("GET",)),
+    ("/admin/static/{name}", ("GET",)),
+    ("/openapi.json", ("GET",)),
+    ("/docs", ("GET",)),
+)
 
+
+class Pages:
+    """PAGE_ROUTES, each answered by its real route, made (with its module's imports) at the first request."""
+
+    def __init__(self, settings: Settings, api: SandboxAPI, packages, metrics: Metrics):
+        self._made = (settings, api, packages, metrics)
+        self._routes: list[Route] | None = None
+
+    def real_routes(self) -> list[Route]:
+        if self._routes is None:
+            from handler.admin import AdminPage
+            from handler.openapi import openapi_routes
+            from handler.packages_api import Packages, PackagesAPI
+
+            settings, api, packages, metrics = self._made
+            shown = Packages(settings, api.invoker, packages)
+            admin = AdminPage(settings, api, shown, metrics)
+            self._routes = PackagesAPI(shown).routes() + admin.routes() + openapi_routes()
+        return self._routes
+
+    def routes(self) -> list[Route]:
+        return [Route(path, self._endpoint(i), methods=list(methods)) for i, (path, methods) in enumerate(PAGE_ROUTES)]
+
+    def _endpoint(self, index: int):
+        async def endpoint(request: Request):
+            return await self.real_routes()[index].endpoint(request)
+
+        return endpoint
+
+
+def create_app(
+    settings: Settings,
+    invoker: Invoker,
+    metrics: Metrics | None = None,
+    packages=None,
+    starting: asyncio.Task | None = None,
+) -> Starlette:
+    """The app; `packages` (layers.packages.PackageManager) manages the local backend's requested packages: without
+    one the package routes show the invoker's layers read-only (the lambda backend's are baked into images).
+    starting: the invoker's start where the caller began it before building the app (cli.serve)."""
     metrics = metrics or Metrics()
-    api = SandboxAPI(settings, metered(invoker, metrics, log_payloads=settings.SANDLOT_LOG_DEBUG))
+    api = SandboxAPI(settings, metered(invoker, metrics, log_payloads=settings.SANDLOT_LOG_DEBUG), starting)
     metrics.watch(api.admission, api.invoker)
-    shown = Packages(settings, api.invoker, packages)
     if packages is not None:
         packages.finished_hooks.append(
             lambda build: metrics.layer_builds.labels(build.language, "ok" if build.error == "" else "failed").inc()
         )
-    admin = AdminPage(settings, api, shown, metrics)
-    routes = api.routes() + PackagesAPI(shown).routes() + admin.routes() + metrics_routes(settings, metrics)
-    routes += openapi_routes()
+    routes = api.routes() + Pages(settings, api, packages, metrics).routes() + metrics_routes(settings, metrics)
     edge = Middleware(ObservabilityMiddleware, metrics=metrics, routes={route.path for route in routes})
 
     @asynccontextmanager

@@ -3,26 +3,39 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
-import secrets
 import sys
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from handler.settings import Settings, SettingsError, load_settings, parse_metrics_setting
-from layers.manager import LayerManager
-from layers.store import LayerBuildError
 from runtimes.languages import DEFAULT, LANGUAGES, WIRE_NAMES, by_wire_name
-from runtimes.payload import RunOutcome, RunResult
+from runtimes.linux.procfs import since_exec
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from handler.settings import Settings
+    from layers.manager import LayerManager
+    from runtimes.payload import RunResult
+
+# Imports go where they are used: `sandlot serve` spawns its zygotes before it imports the web stack, and the
+# other commands load what they ask for (tests/test_cli.py lists what `import handler.cli` must not load).
+
+
+def load_settings(**overrides):
+    from handler.settings import load_settings as load
+
+    return load(**overrides)
 
 
 def layer_manager(settings: Settings) -> LayerManager:
     """Each language's layer store, as the settings describe it: the base files, and the packages an operator
     asked for on top of them (kept in the data dir, layers/packages.py). A language's own layer module says how
     (runtimes/<language>/layer.py); one that cannot be served here (no node) has none."""
+    from layers.manager import LayerManager
+
     data = Path(settings.SANDLOT_DATA_DIR)
     layers = {}
     for language in LANGUAGES:
@@ -38,15 +51,9 @@ def _runtime_config(settings: Settings, layers: LayerManager):
     return settings.runtime_config(**in_use)
 
 
-def build_app(settings: Settings, layers: LayerManager | None, refused: dict[str, str] | None = None):
-    """The app with the invoker the settings ask for. refused: languages whose runs are refused for good, with
-    the reason (a layer that could not be built at start)."""
-    from handler.app import create_app
-
-    if settings.SANDLOT_BACKEND == "lambda":
-        from handler.lambda_invoker import LambdaInvoker
-
-        return create_app(settings, LambdaInvoker.from_settings(settings))
+def local_backend(settings: Settings, layers: LayerManager, refused: dict[str, str] | None = None):
+    """The local backend's invoker (a runtime per language) and its package manager. refused: languages whose
+    runs are refused for good, with the reason (a layer that could not be built at start)."""
     from handler.local_invoker import LocalInvoker
     from layers.packages import PackageManager
 
@@ -58,17 +65,37 @@ def build_app(settings: Settings, layers: LayerManager | None, refused: dict[str
     packages = PackageManager(
         layers, runtimes, Path(settings.SANDLOT_DATA_DIR), allow_any=settings.SANDLOT_PACKAGES_ALLOW_ANY_SPEC
     )
-    return create_app(settings, invoker, packages=packages)
+    return invoker, packages
+
+
+def build_app(
+    settings: Settings,
+    layers: LayerManager | None,
+    refused: dict[str, str] | None = None,
+    backend: tuple | None = None,
+    starting: asyncio.Task | None = None,
+):
+    """The app with the invoker the settings ask for. refused: as local_backend's. backend: local_backend's
+    answer where the caller made it already; starting: its invoker's start, begun before the app was built."""
+    from handler.app import create_app
+
+    if settings.SANDLOT_BACKEND == "lambda":
+        from handler.lambda_invoker import LambdaInvoker
+
+        return create_app(settings, LambdaInvoker.from_settings(settings))
+    invoker, packages = backend or local_backend(settings, layers, refused)
+    return create_app(settings, invoker, packages=packages, starting=starting)
 
 
 def serve(args: argparse.Namespace) -> int:
+    """The service. Its runtimes start first, their zygotes spawned before the web stack is imported: the
+    zygotes' start (another process each) overlaps those imports, and the service's first run comes sooner."""
     from handler import pid_one
 
     pid_one.front()  # a container's pid 1: an init in front of the service, which goes on in a child
-    import uvicorn
+    import secrets
 
     from handler import logs
-    from handler.metrics import Metrics, start_separate_listener
     from runtimes.linux import syscalls
 
     overrides = {}
@@ -94,23 +121,76 @@ def serve(args: argparse.Namespace) -> int:
             except Exception as exc:  # noqa: BLE001 - the service stays up: that language's runs say why
                 refused[language] = f"the {language} layer could not be built: {type(exc).__name__}: {exc}"
                 logging.getLogger("sandlot.layers").error("%s runs refused: %s", language, refused[language])
-    app = build_app(settings, layers, refused)
-    metrics_mode, metrics_host, metrics_port = parse_metrics_setting(settings.SANDLOT_METRICS)
-    if metrics_mode == "address":
-        metrics: Metrics = app.state.metrics
-        start_separate_listener(metrics, metrics_host, metrics_port)
-        logging.getLogger("sandlot.metrics").info("metrics served on %s:%d/metrics", metrics_host, metrics_port)
-    uvicorn.run(
-        app,
-        host=settings.SANDLOT_HOST,
-        port=settings.SANDBOX_PORT,
-        log_config=log_config,
-        log_level=settings.SANDLOT_LOG_LEVEL,
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=10,
-    )
-    return 0
+    import asyncio
+
+    try:
+        import uvloop  # uvicorn's own choice where it is installed (uvicorn[standard])
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:
+        loop_factory = None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(_serve(settings, layers, refused, log_config))
+
+
+def _import_web_stack() -> None:
+    """What serving needs beyond the runtimes: Starlette, uvicorn and the app (in a thread, beside the start)."""
+    import uvicorn  # noqa: F401
+    import uvicorn.lifespan.on  # noqa: F401
+    import uvicorn.protocols.http.auto  # noqa: F401
+
+    import handler.app  # noqa: F401
+
+
+async def _serve(settings: Settings, layers: LayerManager | None, refused: dict[str, str], log_config) -> int:
+    import asyncio
+
+    marks = {"settings": since_exec()}
+    backend = starting = app = server = None
+    if settings.SANDLOT_BACKEND == "local":
+        backend = local_backend(settings, layers, refused)
+        starting = asyncio.create_task(backend[0].start())  # the zygotes spawn while the web stack is imported
+    try:
+        if backend is not None:
+            # the platform's probe forks children that run Python (runtimes/linux/protections.py): none may be
+            # forked while another thread imports (a lock it holds, the loader's or a module's, would stay
+            # held in the child); the runtimes' own ask waits for this record, then their zygotes are exec'ed
+            from runtimes.linux.protections import platform_protections
+
+            await asyncio.to_thread(platform_protections)
+            marks["platform probed"] = since_exec()
+        await asyncio.to_thread(_import_web_stack)
+        marks["web stack"] = since_exec()
+        import uvicorn
+
+        from handler.metrics import Metrics, start_separate_listener
+        from handler.settings import parse_metrics_setting
+
+        app = build_app(settings, layers, refused, backend, starting)
+        app.state.api.start_marks = marks
+        metrics_mode, metrics_host, metrics_port = parse_metrics_setting(settings.SANDLOT_METRICS)
+        if metrics_mode == "address":
+            metrics: Metrics = app.state.metrics
+            start_separate_listener(metrics, metrics_host, metrics_port)
+            logging.getLogger("sandlot.metrics").info("metrics served on %s:%d/metrics", metrics_host, metrics_port)
+        config = uvicorn.Config(
+            app,
+            host=settings.SANDLOT_HOST,
+            port=settings.SANDBOX_PORT,
+            log_config=log_config,
+            log_level=settings.SANDLOT_LOG_LEVEL,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=10,
+        )
+        server = uvicorn.Server(config)
+        await server.serve()
+    finally:
+        if backend is not None and (app is None or not app.state.api.stopped):  # the app's lifespan never ran
+            if not starting.done():
+                starting.cancel()
+            await backend[0].stop()
+    return 0 if server.started else 3  # uvicorn.run's STARTUP_FAILURE where it could not start
 
 
 def build_layers(args: argparse.Namespace) -> int:
@@ -138,6 +218,8 @@ def _api_key() -> str:
 
 
 def _run_request(args: argparse.Namespace) -> dict:
+    from handler.settings import SettingsError
+
     language = args.language or EXTENSIONS.get(Path(args.file).suffix.lower())
     if language is None:
         raise SettingsError(f"cannot tell the language of {args.file!r}: give --language {'|'.join(WIRE_NAMES)}")
@@ -160,6 +242,8 @@ def _run_request(args: argparse.Namespace) -> dict:
 
 def _print_result(envelope: dict) -> int:
     """Write the run's streams as they were; the run's exit code, or 125 when the sandbox refused."""
+    from runtimes.payload import RunOutcome
+
     if envelope.get("code") != 0 or not isinstance(envelope.get("data"), dict):
         print(f"sandlot: {envelope.get('message') or envelope}", file=sys.stderr)
         return SANDBOX_FAILED
@@ -207,6 +291,8 @@ def run_file(args: argparse.Namespace) -> int:
 
 def _run_locally(request: dict) -> dict:
     """The run through this machine's runtimes, in this process: the service's run path, jail and result."""
+    import asyncio
+
     from handler import run_path
     from runtimes.linux import syscalls
 
@@ -222,7 +308,10 @@ def _run_locally(request: dict) -> dict:
 
 async def _invoke_once(settings: Settings, request) -> RunResult:
     """Start the request's runtime (building its layer if missing), run once, stop."""
+    import asyncio
+
     from handler.local_invoker import LocalInvoker
+    from layers.store import LayerBuildError
     from runtimes.payload import Unavailable
 
     layers = layer_manager(settings)
@@ -251,6 +340,8 @@ def _runtime(settings: Settings, layers: LayerManager, language: str):
 @contextmanager
 def _captured_output():
     """fds 1 and 2 (child processes' too) go to a temporary file inside the block; yields it for reading."""
+    import tempfile
+
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
@@ -529,10 +620,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return args.func(args)
-    except SettingsError as exc:
+    except ValueError as exc:  # SettingsError, and LayerBuildError below, imported only once raised
+        from handler.settings import SettingsError
+
+        if not isinstance(exc, SettingsError):
+            raise
         print(f"sandlot: {exc}", file=sys.stderr)
         return 2
-    except LayerBuildError as exc:
+    except Exception as exc:
+        from layers.store import LayerBuildError
+
+        if not isinstance(exc, LayerBuildError):
+            raise
         print(f"sandlot: could not build the dependency layer: {exc}", file=sys.stderr)
         return 1
 

@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from pydantic_settings.exceptions import SettingsError as _SourceError
@@ -100,6 +99,8 @@ class _DifyYamlSource(PydanticBaseSettingsSource):
     def __call__(self) -> dict[str, Any]:
         if not self.path.is_file():
             return {}
+        import yaml  # only where a config file is given: most services start from the environment alone
+
         try:
             data = yaml.safe_load(self.path.read_text()) or {}
         except yaml.YAMLError as exc:

@@ -26,6 +26,7 @@ class FakePool:
         self.gate.set()
         self._tasks: set = set()
         self.down: set[str] = set()  # kinds of zygote that are not running
+        self.parked: list[str] = []  # kinds parked (park), in order; unpark removes
 
     async def spawn(self, variant) -> FakeChild:
         await self.gate.wait()
@@ -50,6 +51,15 @@ class FakePool:
 
     def owner(self, child):
         return None
+
+    def park(self, kind: str) -> None:
+        self.parked.append(kind)
+        self.down.add(kind)
+
+    def unpark(self, kind: str) -> None:
+        if kind in self.parked:
+            self.parked.remove(kind)
+            self.down.discard(kind)
 
 
 async def settle() -> None:
@@ -144,6 +154,28 @@ def test_no_child_is_made_for_a_kind_of_zygote_that_is_down_until_it_runs_again(
             callback()
         await settle()
         assert pooled.status()["ready_children"] == 4
+        await pooled.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_variant_idle_past_its_park_time_has_its_zygote_parked_until_a_run_wakes_it(quick_idle):
+    async def scenario():
+        pool = FakePool()
+        lean, main = (("zygote", "lean"),), ()
+        pooled = schedule.PooledSchedule(pool, {lean: 2, main: 2}, {lean: 1}, park={main: 0.3})
+        await pooled.start()
+        await settle()
+        await asyncio.sleep(0.2)
+        await pooled.take(main)  # a run of it: the park time counts from here
+        await asyncio.sleep(0.2)
+        assert pool.parked == []
+        await asyncio.sleep(0.4)
+        assert pool.parked == [""]  # the main zygote, once no run wanted it for 0.3 s; the lean one never
+        pooled.wake(main)
+        assert pool.parked == []
+        await asyncio.sleep(0.15)
+        assert pool.parked == []  # woken: the park time counts again from the wake
         await pooled.stop()
 
     asyncio.run(scenario())

@@ -210,3 +210,35 @@ def test_a_replacement_during_a_kind_s_start_leaves_no_zygote_the_pool_does_not_
         await pool.stop()
 
     asyncio.run(scenario())
+
+
+def test_an_idle_kind_is_parked_without_a_restart_and_unparked_on_demand():
+    """The preloaded zygote is stopped while idle (its memory back) and started again when a run needs it; the
+    first kind, which serves every run meanwhile, is never parked."""
+
+    async def scenario():
+        factory = Factory()
+        pool = ChildPool(factory, None, None, max_forks=100, kinds=("lean", MAIN))
+        await pool.start()
+        for _ in range(50):
+            await asyncio.sleep(0)
+        lean, main = factory.made
+        pool.park("lean")
+        assert pool.kind_running("lean") and not pool.parked("lean")
+        pool.park(MAIN)
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert not main.alive and pool.parked(MAIN) and not pool.kind_running(MAIN)
+        assert len(factory.made) == 2 and pool.status()["parked"] == ["main"]  # stopped, not restarted
+        assert pool.running and lean.alive
+        pool.unpark(MAIN)
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert pool.kind_running(MAIN) and not pool.parked(MAIN) and factory.made[-1].kind == MAIN
+        assert len(factory.made) == 3 and pool.status()["parked"] == []
+        pool.park(MAIN)
+        await pool.replace_zygote()  # a layer switch while parked: every kind on the new layer, none parked
+        assert pool.kind_running(MAIN) and pool.status()["parked"] == []
+        await pool.stop()
+
+    asyncio.run(scenario())

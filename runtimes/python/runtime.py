@@ -40,6 +40,9 @@ def interpreter_paths(python: str) -> dict:
     return json.loads(out.stdout)
 
 
+PARK_SECONDS = 60.0  # the preloaded zygote parked after this long without a run that needs it
+
+
 class PythonRuntime(JailedRuntime):
     """Two zygotes where the runtime has a layer and serves many runs: a lean one, which imports nothing of
     the layer, and the preloaded one. Forking the lean one costs a fifth less (a smaller heap to copy and
@@ -70,12 +73,12 @@ class PythonRuntime(JailedRuntime):
 
     @property
     def ready(self) -> bool:
-        return super().ready and self.pool.kind_running(MAIN)
+        return super().ready and (self.pool.kind_running(MAIN) or self.pool.parked(MAIN))
 
     @property
     def error(self) -> str:
         error = super().error
-        if error or self.pool is None or self.pool.kind_running(MAIN):
+        if error or self.pool is None or self.pool.kind_running(MAIN) or self.pool.parked(MAIN):
             return error
         return self.pool.error_of(MAIN) or "the preloaded zygote is starting"
 
@@ -83,11 +86,14 @@ class PythonRuntime(JailedRuntime):
         pool = self.pool
         if pool is None or LEAN not in pool.kinds or not pool.kind_running(LEAN):
             return ()
-        if not pool.kind_running(MAIN):
-            return LEAN_VARIANT  # the preloaded one is starting: the lean one serves every run meanwhile
         code = f"{request.preload}\n{request.code}" if request.preload and self.config.enable_preload else request.code
         needed = imported_modules(code)
-        return LEAN_VARIANT if needed is not None and needed <= self._lean_modules() else ()
+        lean = needed is not None and needed <= self._lean_modules()
+        if not pool.kind_running(MAIN):
+            if not lean and pool.parked(MAIN) and self.schedule is not None:
+                self.schedule.wake(())  # parked while idle: started again for the runs after this one
+            return LEAN_VARIANT  # the preloaded one is starting: the lean one serves every run meanwhile
+        return LEAN_VARIANT if lean else ()
 
     def _lean_modules(self) -> frozenset[str]:
         """The modules the lean zygote holds (as it said when ready)."""
@@ -103,6 +109,12 @@ class PythonRuntime(JailedRuntime):
         """Idle, one ready child of the zygote most runs need (the lean one, where there is one): a ready child
         of the other would hold 1.8 MiB more for runs that, after 20 s without one, may wait for a fork."""
         return {self._variants()[0]: 1}
+
+    def park_targets(self) -> dict[tuple, float]:
+        """The preloaded zygote (about 30 MiB of its own) is parked after PARK_SECONDS without a run that needs
+        it; the next such run is served by the lean one, which imports what it asks for (its import time is
+        then the run's), while the preloaded one starts again (docs/benchmarks.md: the idle row)."""
+        return {(): PARK_SECONDS} if LEAN in self.pool.kinds else {}
 
     def _variants(self) -> tuple[tuple, ...]:
         """The kinds of child the pool's zygotes make (the schedule's targets are set once the pool exists)."""

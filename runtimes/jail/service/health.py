@@ -44,6 +44,7 @@ def status(runtime: JailedRuntime) -> dict:
     provisions = runtime.provisions
     return {
         "ready": runtime.ready,
+        "starting": starting(runtime),
         "installed": not runtime.missing(),
         "error": runtime.error,
         "protections": protections(runtime),
@@ -139,6 +140,17 @@ def children_failing(runtime: JailedRuntime) -> str:
     if not pool.confined and not runtime.config.one_run_at_a_time:  # the serial schedule forks at a run
         return "no child confined yet"
     return ""
+
+
+def starting(runtime: JailedRuntime) -> bool:
+    """Not ready yet, and nothing has failed: its zygotes or its first child are on their way (a normal start,
+    logged at INFO once ready; a failure is logged at ERROR)."""
+    if runtime.ready or runtime.refused:
+        return False
+    pool = runtime.pool
+    if pool is None:
+        return not runtime.started  # started without a pool: it failed before its first zygote
+    return not (pool.last_error or pool.spawn_error or pool.failed_in_a_row)
 
 
 def error(runtime: JailedRuntime) -> str:

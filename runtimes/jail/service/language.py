@@ -81,6 +81,10 @@ class LanguageHooks:
         """How many to keep ready once the service is idle (schedule.py): one of the kind most runs need."""
         return {self.default_variant(): 1}
 
+    def park_targets(self) -> dict[tuple, float]:
+        """Variants whose zygote is parked (stopped) after this many seconds without a run (schedule.py): none."""
+        return {}
+
     def default_variant(self) -> tuple:
         """The kind of child most runs need (Dify asks for network on every run)."""
         return self.variant(RequestFields(language=self.language, code="", enable_network=True))

@@ -66,6 +66,7 @@ class _Line:
     born: float = 0.0  # time.monotonic() when it took over
     rotating: bool = False
     error: str = ""  # why the last start failed ("" once one has started)
+    parked: bool = False  # stopped on purpose while idle (park), started again when asked for (unpark)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held while a zygote of this kind is started
 
 
@@ -142,6 +143,32 @@ class ChildPool:
     def report_of(self, kind: str) -> dict:
         line = self._lines.get(kind)
         return line.report if line is not None else {}
+
+    def parked(self, kind: str) -> bool:
+        line = self._lines.get(kind)
+        return line is not None and line.parked
+
+    def park(self, kind: str) -> None:
+        """Stop that kind's zygote while the runtime is idle (never the first kind, which serves every run
+        meanwhile): its memory goes back; `unpark` starts a new one."""
+        line = self._lines.get(kind)
+        if kind == self._first or line is None or line.parked or line.rotating or line.lock.locked():
+            return
+        if line.zygote is None or not line.zygote.alive:
+            return
+        line.parked = True
+        old, line.zygote = line.zygote, None
+        log.info("the %s zygote is parked while idle; the next run that needs it starts it again", kind or "main")
+        self._retired.append(old)
+        for callback in self.on_replaced:
+            callback(old)  # its ready children go: the retired zygote stops once the last has ended
+        self.background(self._stop_retired())
+
+    def unpark(self, kind: str) -> None:
+        line = self._lines.get(kind)
+        if line is not None and line.parked and not self._stopping:
+            line.parked = False
+            self.background(self._recover(kind))
 
     def error_of(self, kind: str) -> str:
         """Why a zygote of that kind last failed to start, "" once one has."""
@@ -289,6 +316,7 @@ class ChildPool:
     def _take_over(line: _Line, zygote: ZygoteHandle) -> ZygoteHandle | None:
         """zygote serves its kind from now on; returns the one it replaces."""
         old, line.zygote, line.report, line.born = line.zygote, zygote, zygote.report, time.monotonic()
+        line.parked = False  # a replacement (a layer switch) starts a parked kind again
         return old
 
     def _on_zygote_exit(self, zygote: ZygoteHandle) -> None:
@@ -400,6 +428,7 @@ class ChildPool:
             "uids_in_use": self._uids.in_use if self._uids is not None else None,
             "uid_range": [self._uids.first, self._uids.first + self._uids.size - 1] if self._uids else None,
             "last_error": self.last_error,
+            "parked": [kind or "main" for kind, line in self._lines.items() if line.parked],
         }
 
 

@@ -97,7 +97,9 @@ class JailedRuntime(LanguageHooks):
             )
             self.pool.on_retired.append(self.zygote_retired)
             if not config.one_run_at_a_time:  # before the first zygote: it fills up whenever a zygote runs
-                self.schedule = PooledSchedule(self.pool, self.ready_targets(), self.idle_targets())
+                self.schedule = PooledSchedule(
+                    self.pool, self.ready_targets(), self.idle_targets(), self.park_targets()
+                )
             await self.pool.start()
         except modes.JailRefused as exc:
             self.refused = str(exc)

@@ -24,6 +24,7 @@ from typing import Protocol
 
 from runtimes.jail.service.pool import ChildPool, Variant, kind_of
 from runtimes.jail.service.supervisor import Child, ZygoteHandle
+from runtimes.linux import syscalls
 
 log = logging.getLogger("sandlot.jail")
 
@@ -32,6 +33,12 @@ class Schedule(Protocol):
     async def start(self) -> None: ...
 
     async def take(self, variant: Variant) -> Child: ...
+
+    def wake(self, variant: Variant) -> None:
+        """A run would have used this variant's parked zygote: start it again (the run is served meanwhile by
+        another variant: the runtime's choice), and count from now before it is parked again."""
+        self._last_run[variant] = time.monotonic()
+        self.pool.unpark(kind_of(variant))
 
     async def finish(self, child: Child) -> None: ...
 
@@ -57,10 +64,18 @@ class PooledSchedule:
     that an idle service holds few processes; the next run brings it back to the target.
     """
 
-    def __init__(self, pool: ChildPool, targets: dict[Variant, int], idle: dict[Variant, int] | None = None):
+    def __init__(
+        self,
+        pool: ChildPool,
+        targets: dict[Variant, int],
+        idle: dict[Variant, int] | None = None,
+        park: dict[Variant, float] | None = None,
+    ):
         self.pool = pool
         self.targets = targets
         self.idle = {v: min(n, (idle or {}).get(v, 0)) for v, n in targets.items()}
+        # a variant without a run for this long: its zygote is parked (stopped) until a run asks for it (wake)
+        self.park = {v: seconds for v, seconds in (park or {}).items() if v in targets}
         self.level = dict(targets)  # how many of each to keep ready now
         self._last_run: dict[Variant, float] = {}
         self._ready: dict[Variant, deque[Child]] = {v: deque() for v in targets}
@@ -94,6 +109,12 @@ class PooledSchedule:
             self.level[variant] = min(self.level[variant] + 1, DEEPER * self.targets[variant])
         return await self.pool.spawn(variant)
 
+    def wake(self, variant: Variant) -> None:
+        """A run would have used this variant's parked zygote: start it again (the run is served meanwhile by
+        another variant: the runtime's choice), and count from now before it is parked again."""
+        self._last_run[variant] = time.monotonic()
+        self.pool.unpark(kind_of(variant))
+
     async def finish(self, child: Child) -> None:
         """The run has answered (its exit report, or its end): the child is killed, and given back once dead."""
         self.pool.discard(child)
@@ -125,11 +146,20 @@ class PooledSchedule:
         if self._stopping:
             return
         now = time.monotonic()
+        went_idle = False
         for variant, ready in self._ready.items():
             if now - self._last_run.get(variant, now) >= IDLE_SECONDS and self.level[variant] > self.idle[variant]:
                 self.level[variant] = self.idle[variant]
+                went_idle = True
                 while len(ready) > self.level[variant]:
                     self.pool.discard(ready.popleft())
+        for variant, seconds in self.park.items():
+            kind = kind_of(variant)
+            if now - self._last_run.get(variant, now) >= seconds and self.pool.kind_running(kind):
+                self.pool.park(kind)
+                went_idle = True
+        if went_idle:  # the service's own heap too: what the busy spell freed goes back to the kernel (~1 ms)
+            syscalls.malloc_trim()
         self._idle_check = asyncio.get_running_loop().call_later(IDLE_SECONDS / 4, self._watch_idle)
 
     def _refill(self) -> None:
