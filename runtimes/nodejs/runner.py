@@ -40,6 +40,7 @@ class State:
     cpu_seconds: int
     data_overhead_mb: int
     node_path: str
+    node_flags: list[str]
     snapshot: str
     snapshot_flags: list[str]
     snapshot_memory_mb: int
@@ -57,6 +58,7 @@ def prepare(config: NodeRunnerConfig) -> State:
         cpu_seconds=config.cpu_seconds,
         data_overhead_mb=config.data_overhead_mb,
         node_path=config.node_path,
+        node_flags=list(config.node_flags),
         snapshot=config.snapshot,
         snapshot_flags=list(config.snapshot_flags),
         snapshot_memory_mb=config.snapshot_memory_mb,
@@ -89,9 +91,9 @@ def run(state: State, address_space: int, variant: Mapping) -> None:
         os._exit(SETUP_FAILED)
     blob = _snapshot_for(state) if memory_mb == state.snapshot_memory_mb else ""
     if blob:
-        argv = [state.node, *state.snapshot_flags, "--snapshot-blob", blob]
+        argv = [state.node, *state.node_flags, *state.snapshot_flags, "--snapshot-blob", blob]
     else:
-        argv = [state.node, *heap_flags(memory_mb), state.wrapper]
+        argv = [state.node, *state.node_flags, *heap_flags(memory_mb), state.wrapper]
     if state.node_path:
         argv.append(state.node_path)  # the layer's node_modules, where require() looks last
     os.execve(state.node, argv, dict(os.environ))
