@@ -304,12 +304,14 @@ def hostile_npm_package(source: Path, daemon_call: str) -> None:
 
 
 @needs_root
-@pytest.mark.parametrize("mode", ["full", "userns", "chroot"])
+@pytest.mark.parametrize("mode", ["full", "userns", "chroot", "landlock"])
 @pytest.mark.parametrize("tool", ["pip", "npm"])
 def test_build_code_finds_nothing_and_is_gone_when_its_build_ends(tool, mode, place, build_wheels):
     if unprivileged.unavailable():
         pytest.skip(unprivileged.unavailable())
-    owner = unprivileged.NOBODY if mode == "userns" else 0
+    if mode == "landlock" and LANDLOCK_ABI < 6:
+        pytest.skip("needs Landlock ABI 6 (scopes: the build shares the neighbour's uid)")
+    owner = unprivileged.NOBODY if mode in ("userns", "landlock") else 0
     token = "sandlot-daemon-" + os.urandom(4).hex()
     layer, work = layout(place, owner)
     source = place / "source"
@@ -330,8 +332,8 @@ def test_build_code_finds_nothing_and_is_gone_when_its_build_ends(tool, mode, pl
         hostile_npm_package(source, call)
     for path in [place, source, daemon, *source.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
-    launcher = standin(DOCKER_DEFAULT) if mode == "chroot" else []
-    identity = {"user": owner, "group": owner, "extra_groups": []} if owner else {}
+    launcher = standin(DOCKER_DEFAULT) if mode == "chroot" else RESTRICTED_POD if mode == "landlock" else []
+    identity = {"user": owner, "group": owner, "extra_groups": []} if owner and mode != "landlock" else {}
     try:
         result = subprocess.run(
             [*launcher, python, "-c", LAYER_BUILD, tool, str(work), str(source), str(BUILD_UID)],
