@@ -383,6 +383,11 @@ def test_a_run_sees_no_data_dir_and_cannot_read_the_node_snapshot(pod):
     assert "ZeroDivisionError" in shown and "requests/__init__.py" in shown and data not in shown, shown
     line = _out(pod.run("console.log(JSON.stringify(process.report.getReport().header.commandLine))", "nodejs"))
     assert "--snapshot-blob" in line and data not in line, line
+    assert "/proc/self/fd/" in line, line  # the zygote's sealed copy: closed before the run's code
+    fd = line.split("/proc/self/fd/")[1].split('"')[0]
+    read = "try {{ require('fs').readFileSync({!r}); console.log('read') }} catch (e) {{ console.log(e.code) }}"
+    held = f"const fs = require('fs'); try {{ console.log(fs.readlinkSync('/proc/self/fd/{fd}')) }} catch (e) {{}}"
+    assert "memfd" not in _out(pod.run(held, "nodejs"))  # (the number reused by node: /dev/null, a pipe)
     blobs = [str(p) for p in Path(data, "snapshots").rglob("*") if p.is_file()]
     assert blobs, "no startup snapshot to try"
     for blob in blobs[:2]:

@@ -145,10 +145,10 @@ class NodeRuntime(JailedRuntime):
             node=self.node,
             wrapper=WRAPPER_IN_TREE if self.mode.tree != modes.NO_TREE else WRAPPER,
             snapshot=shot.path if shot else "",
-            # each run its own copy (runner.py), read by the zygote before any child: the tree holds none, and in
-            # the landlock mode a run's domain leaves the data dir's snapshots out (its command line names its
-            # own copy, in its directory)
-            private_snapshot=True,
+            private_snapshot=self.mode.tree != modes.NO_TREE,  # each run its own copy, the tree none (runner.py)
+            # no tree (landlock): a sealed memfd the zygote made, by /proc/self/fd: a run's domain leaves the data
+            # dir's snapshots out, and node's command line names none of it
+            snapshot_by_fd=self.mode.tree == modes.NO_TREE,
             snapshot_flags=tuple(shot.flags) if shot else (),
             snapshot_memory_mb=shot.memory_mb if shot else 0,
             cpu_seconds=math.ceil(self.config.max_timeout) + 1,
