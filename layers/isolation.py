@@ -24,9 +24,12 @@ scripts): never with the service's privileges, never past the build's end.
   is a subreaper: every orphan of the build comes to it, and once the build command
   has ended it kills and reaps them all before it exits. It sees the container's
   files as any unprivileged user would; the log says so.
-- Without root and without user namespaces, the command runs as the service's
-  own user, under Landlock and the seccomp filter; what it leaves behind cannot be
-  told from the service's own processes (the log says so).
+- Without root and without user namespaces (the `landlock` mode), the command runs
+  as the service's own user in a Landlock domain of its own: it reads only what its
+  tool needs (what a tree would hold), writes only its layer directory and a /tmp of
+  its own, and connects by TCP only to the ports of its index, mirror and proxies
+  (ABI 4); under the seccomp filter, and under a subreaper of its own (outside the
+  domain) that ends every process it left once the command has ended.
 
 Egress, as root: the build uid's sockets get the runs' nft rules (no loopback,
 metadata address, private range or address of the host) while it runs, with the
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import mimetypes
 import os
 import shlex
 import shutil
@@ -181,14 +185,13 @@ def _confined(
                 refused,
             )
             return _run_without_tree(argv, workdir, env, uid, on_output)
-        log.warning(
-            "layer build runs as the service's own uid without a tree or PID namespace of its own (what it leaves "
-            "running cannot be told from the service's own processes): %s",
+        log.info(
+            "layer build runs as the service's own uid without a tree or PID namespace of its own, in a Landlock "
+            "domain of its own (reads only what its tool needs; what it leaves running is ended by a subreaper "
+            "of its own): %s",
             refused,
         )
-        return _run_and_echo(
-            _confining(sys.executable, _plain_plan(argv, workdir, env)), dict(os.environ), "/", on_output
-        )
+        return _run_in_domain(argv, workdir, readable, env, on_output, reaches)
     interpreter = sys.executable
     spec = rootfs.TreeSpec(tmp_replaced=False)  # the build's /tmp is mounted first, under the binds
     spec.add(*readable, *BUILD_FILES, *rootfs.SYSTEM_FILES)
@@ -294,8 +297,90 @@ def _no_tree_here() -> str:
     return f"user namespaces are refused ({record.errors.get('user_namespaces', 'not available')})"
 
 
-def _plain_plan(argv: list[str], workdir: str, env: dict[str, str]) -> Plan:
-    return Plan(argv=tuple(argv), env=env, workdir=workdir, uid=os.getuid(), gid=os.getgid())
+def _run_in_domain(
+    argv: list[str],
+    workdir: str,
+    readable: list[str],
+    env: dict[str, str],
+    on_output: Callable[[bytes], None] | None,
+    reaches: tuple[str, ...],
+) -> subprocess.CompletedProcess:
+    """Without root and namespaces (the landlock mode): the build as the service's uid, in a Landlock domain
+    that reads only what its tool needs (what a tree would hold: the tool, its interpreter and libraries, the
+    files it is configured to read; of the service's venv only pip and the venv's own files), writes only its
+    layer directory and a /tmp of its own, and connects by TCP only to its index's, mirror's and proxies'
+    ports; under a subreaper of its own (outside that domain) that ends every process it left once it has
+    ended (jailer._reap_all)."""
+    private_tmp = tempfile.mkdtemp(prefix="sandlot-build-tmp-")
+    interpreter = os.path.realpath(sys.executable)
+    paths, listable = _venv_narrowed(readable)
+    argv, env = _outside_venv(argv, env, listable)
+    paths += [interpreter, *BUILD_FILES, *rootfs.SYSTEM_FILES, *LANDLOCK_SYSTEM_FILES]
+    paths += rootfs.shared_libraries([interpreter, *readable_elves(readable)])
+    plan = Plan(
+        argv=tuple(argv),
+        env={**env, "TMPDIR": private_tmp},
+        workdir=workdir,
+        uid=os.getuid(),
+        gid=os.getgid(),
+        writable=(private_tmp,),
+        reap=True,
+        readable=tuple(dict.fromkeys(p for p in paths if os.path.lexists(p))),
+        listable=tuple(listable),
+        connect_ports=tuple(sorted({urlsplit(url).port or 80 for url in reaches})),
+    )
+    try:
+        return _run_and_echo(_confining(sys.executable, plan), dict(os.environ), "/", on_output)
+    finally:
+        shutil.rmtree(private_tmp, ignore_errors=True)
+
+
+# what the loader, the resolver, OpenSSL and pip (the distribution's name for its user agent) open, which they
+# tolerate missing (as in a tree) but not refused (as Landlock refuses them)
+LANDLOCK_SYSTEM_FILES = (
+    "/etc/ld.so.cache",
+    "/etc/ssl/openssl.cnf",
+    "/etc/host.conf",
+    "/etc/gai.conf",
+    "/etc/os-release",
+    "/usr/lib/os-release",
+    "/etc/debian_version",
+    "/etc/lsb-release",
+    "/etc/alpine-release",
+    "/etc/redhat-release",
+    "/etc/system-release",
+    *mimetypes.knownfiles,  # pip's mimetypes reads each that is a file
+)
+
+
+def _venv_narrowed(readable: list[str]) -> tuple[list[str], list[str]]:
+    """readable, with the service's venv (sys.prefix, where it is one) narrowed to pip's own package; its
+    site-packages may be listed (the import system lists it to find pip), not read. Not the venv's
+    configuration (which names the service's install): pip runs on the base interpreter (_outside_venv).
+    (readable paths, listable directories)"""
+    prefix = sys.prefix
+    if prefix == sys.base_prefix:
+        return list(readable), []
+    paths, listable = [], []
+    for path in readable:
+        if os.path.realpath(path) != os.path.realpath(prefix):
+            paths.append(path)
+            continue
+        for site in sorted({p for p in sys.path if p.startswith(prefix + os.sep) and p.endswith("site-packages")}):
+            listable.append(site)
+            paths.append(os.path.join(site, "pip"))
+    return paths, listable
+
+
+def _outside_venv(argv: list[str], env: dict[str, str], sites: list[str]) -> tuple[list[str], dict[str, str]]:
+    """pip started by the venv's interpreter (sys.prefix/bin/python) runs on the base interpreter instead, the
+    venv's site-packages on its PYTHONPATH: it then reads no pyvenv.cfg."""
+    if not sites or os.path.dirname(argv[0]) != os.path.join(sys.prefix, "bin"):
+        return argv, env
+    base = os.path.realpath(getattr(sys, "_base_executable", "") or argv[0])
+    if os.path.dirname(base) == os.path.join(os.path.realpath(sys.prefix), "bin"):
+        return argv, env  # a venv of copies: its interpreter is its own
+    return [base, *argv[1:]], {**env, "PYTHONPATH": os.pathsep.join(sites)}
 
 
 def _run_without_tree(

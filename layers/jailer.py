@@ -9,7 +9,7 @@ once. `run` then takes every step in one fixed order, each where the plan has it
 3. ... and pid 1 of the PID namespace (its parent waits for it and exits with its code): when the build command
    ends, pid 1 exits and the kernel kills everything else the build started;
 4. the seccomp filter, made while libseccomp is still in reach (it is not in the tree);
-5. without a tree, as root (`reap`): the parent stays, a subreaper that ends every orphan once the build ended;
+5. without a tree (`reap`): the parent stays, a subreaper that ends every orphan once the build ended;
 6. with a tree: the tree (runtimes/linux/rootfs.py), the build's directory writable, a tmpfs /tmp;
 7. the identity: the build's uid and gid with no groups (as root), no capabilities, no new privileges;
 8. Landlock (writes only to the build's own places) and the seccomp filter;
@@ -60,7 +60,13 @@ class Plan:
     netns_ruleset: str = ""  # with netns_socket: the egress rules of its network namespace (nft)
     netns_socket: int = -1  # an inherited socket to the service, which gives the network namespace pasta
     writable: tuple[str, ...] = ()  # without a tree: more places it writes (its /tmp)
-    reap: bool = False  # without a tree, as root: a subreaper of its own ends what it leaves running
+    reap: bool = False  # without a tree: a subreaper of its own ends what it leaves running
+    # without a tree (the landlock mode: no root, no namespaces), what Landlock lets the build read: only these
+    # (files or directories; empty: all of "/"), list only these, and connect by TCP only to these ports (None:
+    # any port)
+    readable: tuple[str, ...] = ()
+    listable: tuple[str, ...] = ()
+    connect_ports: tuple[int, ...] | None = None
 
     @classmethod
     def parse(cls, text: str) -> Plan:
@@ -73,9 +79,11 @@ class Plan:
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
             raise PlanError(f"unknown keys: {', '.join(sorted(unknown))}")
-        lists = {key: data[key] for key in ("argv", "writable") if key in data}
+        lists = {key: data[key] for key in ("argv", "writable", "readable", "listable") if key in data}
+        if data.get("connect_ports") is not None:
+            lists["connect_ports"] = data["connect_ports"]
         if not all(isinstance(value, list) for value in lists.values()):
-            raise PlanError("argv, writable: lists")
+            raise PlanError("argv, writable, readable, listable, connect_ports: lists")
         try:
             plan = cls(**{**data, **{key: tuple(value) for key, value in lists.items()}})
         except (KeyError, TypeError) as exc:
@@ -96,11 +104,18 @@ class Plan:
             raise PlanError("uid, gid: ids")
         if not isinstance(self.root, str) or not strings(self.writable) or not isinstance(self.netns_ruleset, str):
             raise PlanError("root, writable, netns_ruleset: strings")
+        if not strings(self.readable) or not strings(self.listable):
+            raise PlanError("readable, listable: strings")
+        ports = self.connect_ports
+        if ports is not None and not all(number(p) and 0 < p < 65536 for p in ports):
+            raise PlanError("connect_ports: TCP ports, or null")
         if not number(self.netns_socket) or self.netns_socket < -1:
             raise PlanError("netns_socket: an fd, or -1")
         if self.root:
-            if not isinstance(self.spec, dict) or self.reap or self.writable:
-                raise PlanError("a tree: its spec, and neither reap nor writable")
+            if not isinstance(self.spec, dict) or self.reap or self.writable or self.readable or self.listable:
+                raise PlanError("a tree: its spec, and neither reap, writable, readable nor listable")
+            if ports is not None:
+                raise PlanError("a tree: its egress is its network's (no connect_ports)")
         elif self.spec is not None or self.user_namespace or self.netns_socket >= 0:
             raise PlanError("no tree: no spec, user namespace or network namespace")
         if self.netns_socket >= 0 and not self.user_namespace:
@@ -127,7 +142,7 @@ def run(plan: Plan) -> NoReturn:
     if plan.root:
         rootfs.build_and_enter(plan.spec, plan.root, writable=(plan.workdir,), tmp_options=BUILD_TMP)  # 6
     _drop(plan.uid, plan.gid, in_user_namespace=plan.user_namespace)  # 7
-    _restrict(plan.places, filter_)  # 8
+    _restrict(plan, filter_)  # 8
     if not plan.root:
         _exec(plan)  # 9
     build = os.fork()
@@ -181,8 +196,9 @@ def _become_first() -> None:
 
 
 def _stay_as_subreaper() -> None:
-    """As root: every orphan of the build comes to this process, which outlives it, and is ended with it. The build
-    goes on in the child."""
+    """Every orphan of the build comes to this process, which outlives it, and is ended with it. The build goes on
+    in the child. This process stays outside the build's Landlock domain: without root (the build then has its
+    uid) the build can neither trace it nor, with Landlock's scopes (ABI 6), signal it."""
     syscalls.prctl(PR_SET_CHILD_SUBREAPER, 1)
     build = os.fork()
     if build:
@@ -254,16 +270,22 @@ def _drop(uid: int, gid: int, in_user_namespace: bool) -> None:
     syscalls.set_no_new_privs()
 
 
-def _restrict(writable: tuple[str, ...], filter_) -> None:
-    """Landlock (writes only to the build's own places) where the kernel has it; seccomp: no ptrace, no
-    process_vm_* (no reaching into another process of the same uid)."""
+def _restrict(plan: Plan, filter_) -> None:
+    """Landlock (writes only to the build's own places; without a tree, where the plan says so, reads only what
+    the tool needs and connects only to its index's and proxies' ports) where the kernel has it; seccomp: no
+    ptrace, no process_vm_* (no reaching into another process of the same uid)."""
     try:
         abi = landlock.abi_version()
     except OSError:
         abi = 0
     if abi:
         devices = tuple(d for d in rootfs.DEVICES if os.path.exists(d))
-        landlock.restrict(abi, tuple(p for p in writable if os.path.isdir(p)), devices)
+        ports = plan.connect_ports
+        if ports is not None and abi < landlock.NETWORK_ABI:
+            sys.stderr.write(f"sandlot: Landlock ABI {abi} has no TCP port rules: the build's egress is not limited\n")
+            ports = None
+        writable = tuple(p for p in plan.places if os.path.isdir(p))
+        landlock.restrict(abi, writable, devices, plan.readable or ("/",), ports, plan.listable)
     else:
         sys.stderr.write("sandlot: no Landlock here: the build's writes are bounded by its uid and tree alone\n")
     if filter_ is None:

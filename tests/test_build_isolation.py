@@ -19,11 +19,19 @@ from pathlib import Path
 import pytest
 import unprivileged
 from conftest import needs_root
-from service import DOCKER_DEFAULT, standin
+from service import DOCKER_DEFAULT, OUTER_FILTER, standin
 
 from runtimes.jail.policy.tree_files import LAYER_IN_TREE
+from runtimes.linux import landlock
 
 BUILD_UID = 1_499_999_999
+# a restricted pod's stand-in (as tests/test_landlock_mode.py starts it): nobody, no capabilities, no_new_privs,
+# Docker's default seccomp profile (no namespaces): the service picks the landlock jail
+RESTRICTED_POD = [sys.executable, OUTER_FILTER, "--uid", str(unprivileged.NOBODY), "--profile", "docker-default", "--"]
+try:
+    LANDLOCK_ABI = landlock.abi_version()
+except OSError:
+    LANDLOCK_ABI = 0
 
 # What setup.py or an install script runs: a daemon (double fork, new session, its output closed) that
 # probes what the issue's red team reached, writes what it found into its own layer, then stays.
@@ -230,15 +238,49 @@ def build_wheels():
     shutil.rmtree(house, ignore_errors=True)
 
 
-def hostile_sdist(source: Path, daemon_args: list[str]) -> None:
-    """sandlot-hostile 1.0, an sdist whose setup.py starts the daemon, written here, and a requirements file."""
+# What setup.py also tries where the build shares the service's uid (landlock): list and open what is the
+# service's, connect where a tenant must not; it writes what it reached into its own layer (probes.json).
+PROBE = r"""
+import json, os, socket, sys
+asked = json.loads(sys.argv[1])
+reached = []
+for place in asked["list"]:
+    try:
+        os.listdir(place)
+        reached.append(f"listed {place}")
+    except OSError:
+        pass
+for path in asked["open"]:
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+        reached.append(f"opened {path}")
+    except OSError:
+        pass
+for host, port in asked["connect"]:
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        reached.append(f"connected to {host}:{port}")
+    except PermissionError:
+        pass  # refused by the build's domain, before any packet
+    except OSError as exc:
+        reached.append(f"tried {host}:{port} ({type(exc).__name__}): not refused by the build's domain")
+with open(os.path.join(os.environ["HOME"], "probes.json"), "w") as f:
+    json.dump(reached, f)
+"""
+
+
+def hostile_sdist(source: Path, daemon_args: list[str], probes: dict | None = None) -> None:
+    """sandlot-hostile 1.0, an sdist whose setup.py starts the daemon (and, with probes, runs PROBE first),
+    written here, and a requirements file."""
     name = "sandlot_hostile-1.0"
     tree = source / "sdist" / name
     tree.mkdir(parents=True)
     (tree / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: sandlot-hostile\nVersion: 1.0\n")
     (tree / "sandlot_hostile.py").write_text("VALUE = 1\n")
+    probe = f"subprocess.run([sys.executable, '-c', {PROBE!r}, {json.dumps(probes)!r}])\n" if probes else ""
     (tree / "setup.py").write_text(
-        f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {DAEMON!r}, *{daemon_args!r}])\n"
+        f"import subprocess, sys\n{probe}subprocess.run([sys.executable, '-c', {DAEMON!r}, *{daemon_args!r}])\n"
         "from setuptools import setup\nsetup(name='sandlot-hostile', version='1.0', py_modules=['sandlot_hostile'])\n"
     )
     with tarfile.open(source / f"{name}.tar.gz", "w:gz") as tar:
@@ -262,12 +304,14 @@ def hostile_npm_package(source: Path, daemon_call: str) -> None:
 
 
 @needs_root
-@pytest.mark.parametrize("mode", ["full", "userns", "chroot"])
+@pytest.mark.parametrize("mode", ["full", "userns", "chroot", "landlock"])
 @pytest.mark.parametrize("tool", ["pip", "npm"])
 def test_build_code_finds_nothing_and_is_gone_when_its_build_ends(tool, mode, place, build_wheels):
     if unprivileged.unavailable():
         pytest.skip(unprivileged.unavailable())
-    owner = unprivileged.NOBODY if mode == "userns" else 0
+    if mode == "landlock" and LANDLOCK_ABI < 6:
+        pytest.skip("needs Landlock ABI 6 (scopes: the build shares the neighbour's uid)")
+    owner = unprivileged.NOBODY if mode in ("userns", "landlock") else 0
     token = "sandlot-daemon-" + os.urandom(4).hex()
     layer, work = layout(place, owner)
     source = place / "source"
@@ -288,8 +332,8 @@ def test_build_code_finds_nothing_and_is_gone_when_its_build_ends(tool, mode, pl
         hostile_npm_package(source, call)
     for path in [place, source, daemon, *source.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
-    launcher = standin(DOCKER_DEFAULT) if mode == "chroot" else []
-    identity = {"user": owner, "group": owner, "extra_groups": []} if owner else {}
+    launcher = standin(DOCKER_DEFAULT) if mode == "chroot" else RESTRICTED_POD if mode == "landlock" else []
+    identity = {"user": owner, "group": owner, "extra_groups": []} if owner and mode != "landlock" else {}
     try:
         result = subprocess.run(
             [*launcher, python, "-c", LAYER_BUILD, tool, str(work), str(source), str(BUILD_UID)],
@@ -410,6 +454,11 @@ def _service(mode: str, data: str, source: Path, base: Path):
     }
     if mode == "userns":
         return unprivileged.service(**env)
+    if mode == "landlock":  # a restricted pod's stand-in (tests/test_landlock_mode.py): nobody, no namespaces
+        svc = unprivileged.service(**env)
+        svc.user = None  # outer_filter changes to it, after its filter is loaded as root
+        svc.launcher = RESTRICTED_POD
+        return svc
     if mode == "chroot":
         return Service(launcher=standin(DOCKER_DEFAULT), **env)
     if mode == "reduced":
@@ -439,16 +488,33 @@ def _mirrors(path: str) -> bool:
     return f"{os.sep}trees{os.sep}" in path and f"/{inside}" in path
 
 
+def _probes(svc, data: Path, other_data: Path) -> dict:
+    """What the landlock mode's build must not list, open or reach: the data dir and its parts, another
+    instance's data dir, the package list, a Node snapshot, the service's venv configuration; the metadata
+    address, a private address and the service's own port."""
+    snapshots = data / "snapshots"
+    blobs = [str(p) for p in snapshots.rglob("*") if p.is_file()] if snapshots.is_dir() else []
+    venv_config = Path(svc.python).parent.parent / "pyvenv.cfg"
+    return {
+        "list": [str(data), str(data / "packages"), str(snapshots), str(data / "layers"), str(other_data)],
+        "open": [str(data / "packages" / "python3.json"), *blobs[:2], str(venv_config), str(other_data / "key")],
+        "connect": [["169.254.169.254", 80], ["10.0.0.1", 80], ["127.0.0.1", svc.port]],
+    }
+
+
 @needs_root
-@pytest.mark.parametrize("mode", ["full", "reduced", "userns", "chroot"])
+@pytest.mark.parametrize("mode", ["full", "reduced", "userns", "chroot", "landlock"])
 def test_an_added_sdist_whose_setup_py_starts_a_daemon_finds_nothing_and_leaves_nothing(mode, place, build_wheels):
     from service import descendants
 
     if unprivileged.unavailable():
         pytest.skip(unprivileged.unavailable())
-    owner = unprivileged.NOBODY if mode == "userns" else 0
+    if mode == "landlock" and LANDLOCK_ABI < 4:
+        pytest.skip("needs Landlock ABI 4 (TCP port rules)")
+    owner = unprivileged.NOBODY if mode in ("userns", "landlock") else 0
     token = "sandlot-daemon-" + os.urandom(4).hex()
     base, source, data = place / "base", place / "source", place / "data"
+    other_data = place / "other-data"  # another instance's, of the same uid
     for path in (base, source, data):
         path.mkdir()
         os.chown(path, owner, owner)
@@ -462,12 +528,20 @@ def test_an_added_sdist_whose_setup_py_starts_a_daemon_finds_nothing_and_leaves_
     try:
         detail = svc.detail()["runtimes"]
         python_layer = detail["python3"]["layer"]
+        assert mode != "landlock" or detail["python3"]["protections"]["mode"] == "landlock"
         # the service, its zygotes and ready children (Node's among them, dumpable after its exec)
         targets = [svc.process.pid, *descendants(svc.process.pid)]
         extra = [str(data), str(data / "packages")]
         if "nodejs" in detail:
             extra.append(detail["nodejs"]["layer"])
-        hostile_sdist(source, [token, python_layer, "HOME", json.dumps(targets), *extra])
+        probes = None
+        if mode == "landlock":
+            other_data.mkdir()
+            (other_data / "key").write_text("secret\n")
+            os.chown(other_data, owner, owner)
+            os.chown(other_data / "key", owner, owner)
+            probes = _probes(svc, data, other_data)
+        hostile_sdist(source, [token, python_layer, "HOME", json.dumps(targets), *extra], probes)
         for path in source.iterdir():
             path.chmod(0o644)
         build = _build(svc, "POST", json={"language": "python3", "specs": ["sandlot-hostile==1.0"]})
@@ -477,6 +551,9 @@ def test_an_added_sdist_whose_setup_py_starts_a_daemon_finds_nothing_and_leaves_
         new_layer = Path(build["layer"])
         findings = json.loads((new_layer / "findings.json").read_text())
         assert findings == [], findings
+        if probes:
+            assert json.loads((new_layer / "probes.json").read_text()) == []
+            assert (new_layer / "sandlot_hostile.py").is_file()  # the legitimate build installed
         # sealed before any run sees it: nothing in it writable by the build's uid or by others
         for path in [new_layer, *new_layer.rglob("*")]:
             info = path.lstat()

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import unprivileged
@@ -373,6 +374,41 @@ def test_a_run_learns_nothing_of_the_services_install_path(pod):
     assert _out(pod.run(JS_INSTALL_PATH.format(reversed_root=pod.source[::-1]), "nodejs")) == "unseen\n"
 
 
+def test_a_run_sees_no_data_dir_and_cannot_read_the_node_snapshot(pod):
+    """Issue 41: the layer at a fixed name (a Jinja2 traceback, requests.__file__, sys.path; node's command line,
+    its snapshot its own copy), the data dir's name nowhere in them; the data dir's snapshot blob unreadable; the
+    layer still imported."""
+    from test_cases import CASES, check
+
+    data = pod.env["SANDLOT_DATA_DIR"]
+    for case in CASES:
+        if case["id"] in ("py-jinja2-traceback-fixed-names", "js-command-line-fixed-names"):
+            check(case["expect"], pod.run(case["code"], case["language"])["data"])
+    shown = _out(
+        pod.run(
+            "import sys, traceback, jinja2, requests\ntry:\n    jinja2.Template('{{ 1 / 0 }}').render()\n"
+            "except ZeroDivisionError:\n    traceback.print_exc(file=sys.stdout)\n"
+            "print(requests.__file__, sys.path, requests.get.__code__.co_filename)"
+        )
+    )
+    assert "ZeroDivisionError" in shown and "requests/__init__.py" in shown and data not in shown, shown
+    line = _out(pod.run("console.log(JSON.stringify(process.report.getReport().header.commandLine))", "nodejs"))
+    assert "--snapshot-blob" in line and data not in line, line
+    assert "/proc/self/fd/" in line, line  # the zygote's sealed copy: closed before the run's code
+    fd = line.split("/proc/self/fd/")[1].split('"')[0]
+    read = "try {{ require('fs').readFileSync({!r}); console.log('read') }} catch (e) {{ console.log(e.code) }}"
+    held = f"const fs = require('fs'); try {{ console.log(fs.readlinkSync('/proc/self/fd/{fd}')) }} catch (e) {{}}"
+    assert "memfd" not in _out(pod.run(held, "nodejs"))  # (the number reused by node: /dev/null, a pipe)
+    blobs = [str(p) for p in Path(data, "snapshots").rglob("*") if p.is_file()]
+    assert blobs, "no startup snapshot to try"
+    for blob in blobs[:2]:
+        read = (
+            f"try {{ require('fs').readFileSync({blob!r}); console.log('read') }} catch (e) {{ console.log(e.code) }}"
+        )
+        assert _out(pod.run(read, "nodejs")) == "EACCES\n"
+        assert "PermissionError" in _out(pod.run(f"open({blob!r}, 'rb').read(1)\nprint('read')"))
+
+
 def test_a_run_cannot_reach_another_run(pod):
     """Run A keeps a file in its /tmp and sleeps; run B, knowing A's path and pid, can neither read, nor write
     beside, nor signal, nor open A's /proc entries."""
@@ -484,6 +520,47 @@ def test_names_show_contents_do_not(pod):
         "        print('refused')\n"
     )
     assert _out(pod.run(code)) == "/etc/shadow True refused\n/etc/passwd True refused\n/root True refused\n"
+
+
+def test_a_node_layer_modules_stack_names_no_data_dir(tmp_path):
+    """A package of the Node.js layer (from a local tarball): its stack frames and require.resolve show the
+    layer's link, not the data dir (node runs with --preserve-symlinks where the layer is a link)."""
+    import io
+    import tarfile
+
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    if KERNEL_ABI < 1 or not shutil.which("node"):
+        pytest.skip("needs Landlock and node")
+    base = Path(tempfile.mkdtemp(prefix="sandlot-landlock-node-", dir="/var/tmp"))
+    data = base / "data"
+    data.mkdir()
+    os.chown(data, NOBODY, NOBODY)
+    files = {
+        "package/package.json": b'{"name": "stacked", "version": "1.0.0", "main": "index.js"}',
+        "package/index.js": b"module.exports = () => new Error('from the layer').stack;\n",
+    }
+    with tarfile.open(base / "stacked-1.0.0.tgz", "w:gz") as tar:
+        for name, body in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(body), 0o644
+            tar.addfile(info, io.BytesIO(body))
+    dependency = {"stacked": f"file:{base}/stacked-1.0.0.tgz"}
+    (base / "package.json").write_text(
+        f'{{"name": "l", "version": "1.0.0", "dependencies": {dependency}}}'.replace("'", '"')
+    )
+    for path in (base, base / "package.json", base / "stacked-1.0.0.tgz"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    svc = unprivileged.service(SANDLOT_DATA_DIR=str(data), SANDLOT_NODEJS_PACKAGE=str(base / "package.json"))
+    svc.user = None
+    svc.launcher = RESTRICTED_POD
+    try:
+        svc.start()
+        out = _out(svc.run("console.log(require('stacked')()); console.log(require.resolve('stacked'))", "nodejs"))
+        assert "from the layer" in out and "/node_modules/stacked/index.js" in out and str(data) not in out, out
+    finally:
+        svc.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 OPENSHIFT_UID = 1000680000

@@ -295,6 +295,19 @@ def test_a_builds_plan_is_parsed_once_and_what_it_cannot_follow_is_refused():
     from layers.jailer import Plan, PlanError
 
     plain = Plan(argv=("/bin/true",), env={}, workdir="/w", uid=1, gid=1, writable=("/t",), reap=True)
+    # the landlock mode's: reads only these, lists only those, connects only to these ports
+    narrow = Plan(
+        argv=("/bin/true",),
+        env={},
+        workdir="/w",
+        uid=1,
+        gid=1,
+        writable=("/t",),
+        reap=True,
+        readable=("/usr",),
+        listable=("/s",),
+        connect_ports=(443,),
+    )
     tree = Plan(
         argv=("/bin/true", "-x"),
         env={"A": "b"},
@@ -307,7 +320,7 @@ def test_a_builds_plan_is_parsed_once_and_what_it_cannot_follow_is_refused():
         netns_ruleset="table inet t {}",
         netns_socket=5,
     )
-    for plan in (plain, tree):
+    for plan in (plain, narrow, tree):
         assert Plan.parse(plan.to_json()) == plan
     good = json.loads(plain.to_json())
     for bad in (
@@ -323,6 +336,11 @@ def test_a_builds_plan_is_parsed_once_and_what_it_cannot_follow_is_refused():
         json.dumps({**good, "spec": {}}),  # a tree's spec without a tree
         json.dumps({**json.loads(tree.to_json()), "user_namespace": False}),  # a network namespace without one
         json.dumps({**json.loads(tree.to_json()), "reap": True}),
+        json.dumps({**good, "connect_ports": [0]}),
+        json.dumps({**good, "connect_ports": "443"}),
+        json.dumps({**good, "readable": "/usr"}),
+        json.dumps({**json.loads(tree.to_json()), "readable": ["/usr"]}),  # a tree is what it reads
+        json.dumps({**json.loads(tree.to_json()), "connect_ports": [443]}),  # a tree's egress is its network's
     ):
         with pytest.raises(PlanError):
             Plan.parse(bad)

@@ -44,6 +44,7 @@ TRUNCATE = 1 << 14  # ABI 3
 _FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE  # the rights a rule on a file (not a directory) may carry
 BIND_TCP = 1 << 0  # ABI 4 (network rights)
 CONNECT_TCP = 1 << 1
+NETWORK_ABI = 4  # the first ABI with TCP port rules
 _RULE_NET_PORT = 2
 SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
 SCOPE_SIGNAL = 1 << 1
@@ -87,10 +88,13 @@ class Prepared:
         devices: tuple[str, ...],
         readable: tuple[str, ...] = ("/",),
         connect_ports: tuple[int, ...] | None = None,
+        listable: tuple[str, ...] = (),
     ):
         """readable: the places a run may read and execute (files or directories; those missing here are left
         out). connect_ports (ABI 4+): None leaves TCP connect unhandled; a tuple allows it to those ports only
-        (empty: to none)."""
+        (empty: to none). listable: directories whose names (theirs and their subdirectories') may be listed,
+        not their files read (a layer build's view of the service's site-packages: pip's own directory alone
+        is readable in it)."""
         self.handled_fs = _filesystem_rights(abi)
         network = BIND_TCP | (CONNECT_TCP if connect_ports is not None else 0)
         if connect_ports is not None and abi < 4:
@@ -105,6 +109,7 @@ class Prepared:
         file_rights = WRITE_FILE | READ_FILE | (TRUNCATE if abi >= 3 else 0)
         wanted = [(path, EXECUTE | READ_FILE | READ_DIR) for path in readable]
         wanted += [(d, file_rights) for d in devices]
+        wanted += [(path, READ_DIR) for path in listable]
         self._fds: list[int] = []
         self._rules = []
         self._net_rules = [_net_rule(CONNECT_TCP, port) for port in connect_ports or ()]
@@ -117,6 +122,10 @@ class Prepared:
                 self._fds.append(fd)
                 if not stat.S_ISDIR(os.fstat(fd).st_mode):
                     rights &= _FILE_RIGHTS  # a file's rule may only carry a file's rights
+                if not rights & self.handled_fs:
+                    os.close(fd)
+                    self._fds.pop()
+                    continue
                 self._rules.append(_rule(rights & self.handled_fs, fd))
         except BaseException:
             self.close()
@@ -146,9 +155,16 @@ class Prepared:
         self._fds = []
 
 
-def restrict(abi: int, writable: tuple[str, ...], devices: tuple[str, ...]) -> None:
+def restrict(
+    abi: int,
+    writable: tuple[str, ...],
+    devices: tuple[str, ...],
+    readable: tuple[str, ...] = ("/",),
+    connect_ports: tuple[int, ...] | None = None,
+    listable: tuple[str, ...] = (),
+) -> None:
     """Confine the calling process (no_new_privs must be set) to the rules above, in one step."""
-    prepared = Prepared(abi, devices)
+    prepared = Prepared(abi, devices, readable, connect_ports, listable)
     try:
         prepared.restrict(writable)
     finally:

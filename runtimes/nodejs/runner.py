@@ -16,6 +16,7 @@ The wrapper removes it before it reads the run.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import resource
 from collections.abc import Mapping
@@ -29,6 +30,9 @@ MIB = 1024 * 1024
 SETUP_FAILED = 125
 REPORTS_EXIT = True  # the wrapper writes its exit status on fd 3 (the ready pipe) as it exits
 PRIVATE_SNAPSHOT = ".sandlot-snapshot"  # in the run's TMPDIR; the wrapper knows this name: it removes the file
+# the snapshot's memfd in a child (snapshot_by_fd): after stdin, stdout, stderr and the ready pipe (the zygote's
+# child keeps kept_fds there, confine.py); the wrapper knows this number: it closes it
+SNAPSHOT_FD = 4
 
 
 @dataclass
@@ -40,11 +44,13 @@ class State:
     cpu_seconds: int
     data_overhead_mb: int
     node_path: str
+    node_flags: list[str]
     snapshot: str
     snapshot_flags: list[str]
     snapshot_memory_mb: int
     snapshot_data: bytes  # as root: what each child copies into its own /tmp
     report: dict = field(default_factory=dict)
+    kept_fds: tuple[int, ...] = ()  # the zygote's descriptors each child keeps, from SNAPSHOT_FD on (loop.py)
 
 
 def prepare(config: NodeRunnerConfig) -> State:
@@ -57,6 +63,7 @@ def prepare(config: NodeRunnerConfig) -> State:
         cpu_seconds=config.cpu_seconds,
         data_overhead_mb=config.data_overhead_mb,
         node_path=config.node_path,
+        node_flags=list(config.node_flags),
         snapshot=config.snapshot,
         snapshot_flags=list(config.snapshot_flags),
         snapshot_memory_mb=config.snapshot_memory_mb,
@@ -65,8 +72,22 @@ def prepare(config: NodeRunnerConfig) -> State:
     if state.snapshot and config.private_snapshot:
         with open(state.snapshot, "rb") as blob:
             state.snapshot_data = blob.read()
+    elif state.snapshot and config.snapshot_by_fd:
+        state.kept_fds = (_sealed_copy(state.snapshot),)
     state.report = {"seccomp": error is None, "seccomp_error": error}
     return state
+
+
+def _sealed_copy(path: str) -> int:
+    """A memfd holding the file at path, sealed against any change (close-on-exec: each child gets it as
+    SNAPSHOT_FD, without that flag, from confine)."""
+    fd = os.memfd_create("sandlot-snapshot", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    with open(path, "rb") as blob:
+        view = memoryview(blob.read())
+    while view:
+        view = view[os.write(fd, view) :]
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
+    return fd
 
 
 def warm(state: State) -> dict:
@@ -88,17 +109,22 @@ def run(state: State, address_space: int, variant: Mapping) -> None:
         os.write(2, b"sandbox: seccomp filter unavailable\n")
         os._exit(SETUP_FAILED)
     blob = _snapshot_for(state) if memory_mb == state.snapshot_memory_mb else ""
+    if state.kept_fds and not blob:
+        os.close(SNAPSHOT_FD)  # not started on it: the run must not find it open
     if blob:
-        argv = [state.node, *state.snapshot_flags, "--snapshot-blob", blob]
+        argv = [state.node, *state.node_flags, *state.snapshot_flags, "--snapshot-blob", blob]
     else:
-        argv = [state.node, *heap_flags(memory_mb), state.wrapper]
+        argv = [state.node, *state.node_flags, *heap_flags(memory_mb), state.wrapper]
     if state.node_path:
         argv.append(state.node_path)  # the layer's node_modules, where require() looks last
     os.execve(state.node, argv, dict(os.environ))
 
 
 def _snapshot_for(state: State) -> str:
-    """The snapshot's path for this child: its own copy when the seed must stay hidden."""
+    """The snapshot's path for this child: its own copy when the seed must stay hidden; the inherited memfd's
+    where the zygote made one (snapshot_by_fd)."""
+    if state.kept_fds:
+        return f"/proc/self/fd/{SNAPSHOT_FD}"
     if not state.snapshot_data:
         return state.snapshot
     private = os.path.join(os.environ.get("TMPDIR") or "/tmp", PRIVATE_SNAPSHOT)  # /tmp, or /tmp/<uid> (chroot)

@@ -139,21 +139,23 @@ class NodeRuntime(JailedRuntime):
 
     def runner_config(self, kind: str = MAIN) -> NodeRunnerConfig:
         shot = self.snapshot
+        layer = self.layer_in_view() if self.config.nodejs_layer else ""
         return NodeRunnerConfig(
             **self.runner_fields(),
             node=self.node,
             wrapper=WRAPPER_IN_TREE if self.mode.tree != modes.NO_TREE else WRAPPER,
             snapshot=shot.path if shot else "",
             private_snapshot=self.mode.tree != modes.NO_TREE,  # each run its own copy, the tree none (runner.py)
+            # no tree (landlock): a sealed memfd the zygote made, by /proc/self/fd: a run's domain leaves the data
+            # dir's snapshots out, and node's command line names none of it
+            snapshot_by_fd=self.mode.tree == modes.NO_TREE,
             snapshot_flags=tuple(shot.flags) if shot else (),
             snapshot_memory_mb=shot.memory_mb if shot else 0,
             cpu_seconds=math.ceil(self.config.max_timeout) + 1,
-            node_path=os.path.join(self.layer_in_view(), "node_modules") if self.config.nodejs_layer else "",
+            node_path=os.path.join(layer, "node_modules") if layer else "",
+            # the layer by its link (landlock): node resolves modules by their real path, unless told not to
+            node_flags=("--preserve-symlinks",) if layer and layer != self.layer() and os.path.islink(layer) else (),
         )
-
-    def readable(self) -> list[str]:
-        # the landlock mode: this zygote's startup snapshot too (a file of the data dir, read by each run's node)
-        return [*super().readable(), *([self.snapshot.path] if self.snapshot else [])]
 
     def layer(self) -> str:
         return self.config.nodejs_layer

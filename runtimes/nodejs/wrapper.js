@@ -30,6 +30,7 @@ const { createRequire } = require('module');
 const { Writable } = require('stream');
 
 const PRIVATE_SNAPSHOT = '.sandlot-snapshot'; // in the run's TMPDIR: see runner.py
+const SNAPSHOT_BY_FD = '/proc/self/fd/4'; // the snapshot's memfd where there is no tree: see runner.py (SNAPSHOT_FD)
 
 function readExact(size) {
   const buffer = Buffer.allocUnsafe(size);
@@ -63,6 +64,8 @@ function main(args) {
   const snapshotAt = process.execArgv.indexOf('--snapshot-blob');
   const privateSnapshot = `${process.env.TMPDIR || '/tmp'}/${PRIVATE_SNAPSHOT}`; // this run's, read at run time
   if (snapshotAt >= 0 && process.execArgv[snapshotAt + 1] === privateSnapshot) fs.unlinkSync(privateSnapshot);
+  // or from the zygote's sealed copy, inherited as this descriptor (runner.py, SNAPSHOT_FD): closed the same way
+  if (snapshotAt >= 0 && process.execArgv[snapshotAt + 1] === SNAPSHOT_BY_FD) fs.closeSync(Number(SNAPSHOT_BY_FD.slice(14)));
   // Output pipes block when full (node queues in memory otherwise): a flood meets the
   // output cap, not the heap limit, and process.exit() loses nothing.
   for (const stream of [process.stdout, process.stderr]) {

@@ -7,6 +7,8 @@ docstring, calling the base's.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import TYPE_CHECKING
 
 from runtimes.config import RuntimeConfig
@@ -93,10 +95,16 @@ class LanguageHooks:
 
     def layer_in_view(self) -> str:
         """The layer's path as runs see it: in a tree, where the tree places it (tree.LAYER_IN_TREE, whatever the
-        data dir); without one (landlock, Lambda), its own."""
-        if self.layer() and self.mode.tree != modes.NO_TREE:
+        data dir); without one but with a parent for the runs' directories (landlock), a link to it there,
+        `<runs' parent>/layer-<the layer's name>` (layer_link): modules' paths, sys.path and tracebacks name no data
+        dir; without either (Lambda), its own."""
+        layer = self.layer()
+        if layer and self.mode.tree != modes.NO_TREE:
             return LAYER_IN_TREE
-        return self.layer()
+        parent = self.provisions.tmp_parent if self.provisions is not None else ""
+        if layer and parent:
+            return layer_link(parent, layer)
+        return layer
 
     def layer(self) -> str:
         """The dependency layer this runtime's zygotes are started on ("" for none)."""
@@ -139,3 +147,21 @@ class LanguageHooks:
             zygote_uid=provisions.zygote_uid,
             network=provisions.zygote_network(),
         )
+
+
+def layer_link(parent: str, layer: str) -> str:
+    """A link in parent (the runs' directories' parent: the service's own, no run writes it) to the layer, made
+    once per layer (atomically: a zygote never finds it half made). Its target is the layer's path in the data
+    dir: readlink and realpath still tell it (no mount namespace to show it elsewhere without a link)."""
+    link = os.path.join(parent, "layer-" + os.path.basename(layer.rstrip("/")))
+    try:
+        if os.readlink(link) == layer:
+            return link
+    except OSError:
+        pass
+    fresh = f"{link}.{os.getpid()}.new"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(fresh)
+    os.symlink(layer, fresh)
+    os.replace(fresh, link)
+    return link

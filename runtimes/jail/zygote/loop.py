@@ -226,8 +226,8 @@ class Zygote:
         self.fork_hooks.restore()
         try:
             self.forker.child()
-            # stdin, stdout, stderr, ready; its filters last
-            confine(self.confinement, uid, tmpdir, tuple(fds), self.handles)
+            # stdin, stdout, stderr, ready, then what the runner keeps (runner.py); its filters last
+            confine(self.confinement, uid, tmpdir, (*fds, *getattr(self.state, "kept_fds", ())), self.handles)
             os.write(3, b"1")
             if not self.runner.REPORTS_EXIT:
                 os.close(3)
