@@ -113,7 +113,12 @@ FLOOR_SOURCE = 'def handler(event, context):\n    return "hello"\n'
 def start_floor(image: str, uid: int = SIM_UID, **env: str) -> FunctionInstance:
     """The floor: a bare awslambdaric function (`def handler(e, c): return "hello"`) on the same simulated platform
     (the image's interpreter and awslambdaric, the same uid, outer filter, environment and credentials), so
-    that what a runtime function's init costs beyond Lambda's own can be read as a difference to it."""
+    that what a runtime function's init costs beyond Lambda's own can be read as a difference to it.
+
+    Started exactly as the runtime functions are (start_simulated): through the images' ENTRYPOINT, env(1)
+    dropping the credentials before the interpreter starts. Started straight, the venv's early hook would
+    re-execute its interpreter (the credentials in its environment), a second interpreter start that a bare
+    function on Lambda never pays: the floor would be flattered by it."""
     tmp = tempfile.mkdtemp(prefix="sandlot-sim-")
     with open(os.path.join(tmp, "floor_function.py"), "w") as f:  # removed with tmp when the instance stops
         f.write(FLOOR_SOURCE)
@@ -124,7 +129,7 @@ def start_floor(image: str, uid: int = SIM_UID, **env: str) -> FunctionInstance:
         {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": tmp, "TMPDIR": tmp, **FAKE_CREDENTIALS, **env},
         name="sim-floor",
         python=os.path.join(image, "venv", "bin", "python"),
-        prefix=(sys.executable, OUTER_FILTER, "--uid", str(uid), "--eperm", REFUSED, "--"),
+        prefix=(sys.executable, OUTER_FILTER, "--uid", str(uid), "--eperm", REFUSED, "--", *ENTRYPOINT_PREFIX),
         cwd=tmp,  # `python -m` puts it first on sys.path, as Lambda's task root
     )
     instance.tmp = tmp

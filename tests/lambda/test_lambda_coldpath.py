@@ -14,7 +14,7 @@ import sys
 
 import pytest
 from functions import FAKE_CREDENTIALS, REPO
-from simulated import SIM_UID, SYSTEM_PYTHON, lay_out_image, start_simulated
+from simulated import SIM_UID, SYSTEM_PYTHON, lay_out_image, start_floor, start_simulated
 
 from runtimes.function.early import CREDENTIALS, ENTRYPOINT_PREFIX
 
@@ -140,6 +140,36 @@ def test_a_runtime_functions_probe_starts_as_its_interpreter_starts(image):
     for other in ([python, "-c", show, handler], [python, "-c", show, "other.handler"]):  # not a runtime function
         ran = subprocess.run(other, env=env if other[-1] != handler else {"PATH": "/usr/bin:/bin"}, **_text())
         assert json.loads(ran.stdout) == [False, False, False]
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: the simulation changes to an unprivileged uid")
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"needs {SYSTEM_PYTHON} (any uid can run it)")
+def test_the_benchs_floor_starts_exactly_as_the_runtime_functions_do(image):
+    """bench/lambda_bench.py's floor (a bare awslambdaric function) is started by the command that starts the
+    runtime functions, up to the interpreter: the images' ENTRYPOINT drops the credentials before it starts, so
+    the floor pays no re-exec of the venv's early hook (a bare function on Lambda pays none); its interpreter
+    never held them."""
+    floor = start_floor(image, uid=SIM_UID + 42)
+    function = start_simulated(image, "python3", uid=SIM_UID + 43, SANDLOT_REQUIRE_SECCOMP="false")
+    try:
+        assert floor.ready, floor.output()
+        assert function.ready, function.output()
+        result = floor.invoke({"floor": True})
+        assert (result.kind, json.loads(result.body)) == ("response", "hello")
+
+        def started_by(instance) -> list[str]:
+            args = list(instance.process.args)
+            return [arg for arg in args[: args.index(instance.python)] if not arg.isdigit()]  # the uids differ
+
+        assert started_by(floor) == started_by(function)
+        assert started_by(floor)[-len(ENTRYPOINT_PREFIX) :] == list(ENTRYPOINT_PREFIX)
+        with open(f"/proc/{floor.process.pid}/environ", "rb") as f:
+            environ = f.read().decode()
+        assert "AWS_LAMBDA_RUNTIME_API" in environ
+        assert not any(secret in environ for secret in FAKE_CREDENTIALS.values())
+    finally:
+        floor.stop()
+        function.stop()
 
 
 def test_the_early_probe_records_what_the_process_would_have_probed():
