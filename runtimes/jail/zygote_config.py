@@ -168,15 +168,18 @@ BOOTSTRAP = (
 
 
 def import_paths() -> tuple[str, ...]:
-    """Where the zygote finds this package and pyseccomp before it confines itself (the service's call)."""
+    """Where the zygote finds this package and pyseccomp before it confines itself (the service's call). Found
+    without importing pyseccomp, which loads libseccomp: a Lambda function's process may need none of it."""
+    import importlib.util
     import os
-
-    import pyseccomp
 
     import runtimes
 
     paths = [os.path.dirname(os.path.dirname(os.path.abspath(runtimes.__file__)))]
-    seccomp_dir = os.path.dirname(os.path.abspath(pyseccomp.__file__))
+    found = importlib.util.find_spec("pyseccomp")
+    if found is None or found.origin is None:
+        raise ImportError("pyseccomp is not installed")
+    seccomp_dir = os.path.dirname(os.path.abspath(found.origin))
     if seccomp_dir not in paths:
         paths.append(seccomp_dir)
     return tuple(paths)

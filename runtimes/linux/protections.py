@@ -141,7 +141,7 @@ def _hostname() -> None:
 
 
 def _seccomp() -> None:
-    import pyseccomp
+    from runtimes.linux.libseccomp import pyseccomp
 
     syscalls.set_no_new_privs()
     flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
@@ -332,7 +332,7 @@ def in_child(probe: Callable[[], object]) -> tuple[object, str]:
 def probe() -> Protections:
     """Probe every mechanism, each in a child of its own (about 1 ms each)."""
     try:
-        import pyseccomp  # noqa: F401 - imported here, never first in a forked child
+        from runtimes.linux.libseccomp import pyseccomp  # noqa: F401 - imported here, never first in a forked child
     except ImportError:
         pass
     global _setuid_target
