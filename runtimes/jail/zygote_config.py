@@ -113,6 +113,9 @@ class ZygoteConfig:
     connect_ports: tuple[int, ...] | None = None  # proxy egress: TCP connect to these ports only
     zygote_uid: int = -1  # userns as root: the uid the zygote drops to
     network: ZygoteNetwork | None = None
+    # the serial schedule's first-run zygote (runtime.first_run_apart): it forks one child, for one run, and is
+    # replaced; it skips what only pays back over many forks (the full collection, the huge pages: warmheap.py)
+    single_fork: bool = False
     control_fd: int = -1  # its end of the control channel (set by the service as it starts it)
 
     FORMAT: ClassVar[str] = "runner_config_type"  # the file's key naming the runner's config class
