@@ -184,8 +184,11 @@ def _zygote_huge_kib(function_pid: int) -> tuple[int, int] | None:
         except (OSError, ValueError):
             continue
         if parent == function_pid and command.endswith(b"runtimes.python.runner\0"):
-            with open(f"/proc/{entry}/smaps_rollup") as f:
-                huge = next(line for line in f if line.startswith("AnonHugePages:"))
+            try:
+                with open(f"/proc/{entry}/smaps_rollup") as f:
+                    huge = next(line for line in f if line.startswith("AnonHugePages:"))
+            except OSError:
+                continue  # retired meanwhile
             return int(entry), int(huge.split()[1])
     return None
 
