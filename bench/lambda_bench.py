@@ -88,6 +88,45 @@ class Load:
         return f"{low:.1f}-{high:.1f}" + (" (!)" if high > LOAD_WARNING else "")
 
 
+class CpuCount:
+    """The CPU time of the processes started under it (a cgroup v1 cpuacct group of its own): what an
+    environment's init costs in work, which the machine's load does not change as it changes wall time. None
+    where no such group can be made (no cgroup v1 cpuacct, not root)."""
+
+    ROOT = "/sys/fs/cgroup/cpuacct"
+
+    def __init__(self, name: str):
+        self.path = os.path.join(self.ROOT, f"sandlot-bench-{os.getpid()}-{name.replace('@', '-')}")
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            self.usage()
+        except OSError:
+            self.path = ""
+        else:
+            import atexit
+
+            atexit.register(self.close)  # once the environments in it are stopped (main's finally)
+
+    @property
+    def wrap(self) -> tuple[str, ...]:
+        """A command that moves itself into the group, then execs the rest."""
+        if not self.path:
+            return ()
+        return ("/bin/sh", "-c", 'echo $$ >"$0/cgroup.procs" && exec "$@"', self.path)
+
+    def usage(self) -> float:
+        """Seconds of CPU used by the group's processes so far."""
+        with open(os.path.join(self.path, "cpuacct.usage")) as f:
+            return int(f.read()) / 1e9
+
+    def close(self) -> None:
+        if self.path:
+            try:
+                os.rmdir(self.path)  # its processes gone (the environments stopped)
+            except OSError:
+                pass
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -192,15 +231,21 @@ def per_run_tenancy(
     from handler.tenancy import per_run_id
 
     inits: dict[str, list[dict]] = {language: [] for language in languages}
+    counts = {label: CpuCount(label) for label in languages}
 
     def recorder(label: str):
         language, _, base = label.partition("@")
-        start = tenant_environments(base_image if base else image, language, entrypoint=base_entrypoint or not base)
+        count = counts[label]
+        start = tenant_environments(
+            base_image if base else image, language, entrypoint=base_entrypoint or not base, wrap=count.wrap
+        )
 
         def recorded(tenant: str):
+            used = count.usage() if count.path else 0.0
             instance = start(tenant)
+            cpu = {"CPU, spawn to first /next": count.usage() - used} if count.path else {}
             if language == "floor":
-                inits[label].append({"spawn to first /next": instance.init_seconds})
+                inits[label].append({"spawn to first /next": instance.init_seconds, **cpu})
                 return instance
             found = INIT.search(instance.output())
             assert found, instance.output()
@@ -212,6 +257,7 @@ def per_run_tenancy(
                     "platform probe (waited for)": probe,
                     "runtime start (first child)": ready,
                     "after init to first /next": instance.init_seconds - age,
+                    **cpu,
                 }
             )
             return instance
@@ -438,6 +484,10 @@ def main() -> None:
             floor = all_times["floor"]
             floor_p50, floor_p95 = statistics.median(floor), percentile(floor, 0.95)
             rows.append(("floor: bare awslambdaric function, fresh env (p50, p95)", ms(floor_p50), ms(floor_p95), load))
+            cpu = "CPU, spawn to first /next"
+            cpu_floor = statistics.median([i[cpu] for i in all_inits["floor"]]) if cpu in all_inits["floor"][0] else 0
+            if cpu_floor:
+                rows.append((f"floor   init: {cpu}", ms(cpu_floor), "", load))
             for label in (*languages, *based):
                 language = label.partition("@")[0]
                 times, inits = all_times[label], all_inits[label]
@@ -462,7 +512,9 @@ def main() -> None:
                     )
                 )
                 for part in inits[0]:
-                    rows.append((f"{label}   init: {part}", ms(statistics.median([i[part] for i in inits])), "", load))
+                    value = statistics.median([i[part] for i in inits])
+                    over = f"+{ms(value - cpu_floor).strip()} over the floor's" if part == cpu else ""
+                    rows.append((f"{label}   init: {part}", ms(value), over, load))
                 spawn = statistics.median([i["spawn to first /next"] for i in inits])
                 rows.append((f"{label}   the invoke beyond the init (p50 - init p50)", ms(p50 - spawn), "", load))
                 if args.header and "base" not in label:
