@@ -6,7 +6,9 @@ imports it: a Lambda function's init, every zygote's start). Here the import fir
 which the dynamic loader resolves from the same cache (dlopen by soname is what a found name is used for anyway),
 and falls back to find_library for any it cannot load (another libc, a renamed libseccomp).
 
-Standard library only (a zygote imports it before it confines itself).
+find_library is swapped only while pyseccomp imports; another thread calling it meanwhile gets the same answers
+(a soname that loads, or find_library's). Standard library and pyseccomp only: a zygote imports it before it
+confines itself.
 """
 
 from __future__ import annotations
