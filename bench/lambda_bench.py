@@ -26,6 +26,14 @@ Rows (one table, all from the same run on this machine; read ratios, not absolut
 - header: tenancy (SANDLOT_LAMBDA_TENANCY=header:X-Sandlot-Tenant): `sandlot serve` over HTTP, each request
   naming a new tenant, so each is that tenant's first run in a fresh environment.
 
+The floor is started exactly as the runtime functions are (simulated.start_floor): through the images'
+ENTRYPOINT (env(1) dropping the role's credentials before the interpreter starts), on the same interpreter, so
+that it pays no re-exec of the venv's early hook, as a bare function on Lambda pays none.
+
+Each row says the machine's load (1-minute average, lowest and highest seen) while its block ran; a block that
+ran above a load of 1.5 is marked (!) and a warning follows the table: the machine was shared, read the rows
+of one block as ratios to each other, not as absolutes.
+
     python bench/lambda_bench.py [--requests 200] [--paced-requests 50] [--pace 10] [--inits 3]
                                  [--per-run 10] [--header 5] [--no-simulated] [--per-run-only] [--base REF]
 
@@ -55,10 +63,68 @@ from service import API_KEY, Service  # noqa: E402
 WORKLOADS = {"python3": 'print("hi")', "nodejs": 'console.log("hi")'}
 # issue 31: per-run cold invoke p50 at most this much over the floor's (seconds)
 PER_RUN_TARGETS = {"python3": 0.120, "nodejs": 0.250}
+LOAD_WARNING = 1.5  # above this 1-minute load average a block's absolutes say more about the machine than the code
 READY = re.compile(r"ready in ([0-9.]+) s")
 INIT = re.compile(
     r"ready in ([0-9.]+) s .*?; init ([0-9.na]+) s since the process started \(platform probe ([0-9.]+) s"
 )
+
+
+class Load:
+    """The machine's 1-minute load average while a block runs: sampled at its start, by the block, and at its end."""
+
+    def __init__(self):
+        self.samples = [os.getloadavg()[0]]
+
+    def sample(self) -> None:
+        self.samples.append(os.getloadavg()[0])
+
+    @property
+    def high(self) -> float:
+        return max(self.samples)
+
+    def __str__(self) -> str:
+        low, high = min(self.samples), self.high
+        return f"{low:.1f}-{high:.1f}" + (" (!)" if high > LOAD_WARNING else "")
+
+
+class CpuCount:
+    """The CPU time of the processes started under it (a cgroup v1 cpuacct group of its own): what an
+    environment's init costs in work, which the machine's load does not change as it changes wall time. None
+    where no such group can be made (no cgroup v1 cpuacct, not root)."""
+
+    ROOT = "/sys/fs/cgroup/cpuacct"
+
+    def __init__(self, name: str):
+        self.path = os.path.join(self.ROOT, f"sandlot-bench-{os.getpid()}-{name.replace('@', '-')}")
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            self.usage()
+        except OSError:
+            self.path = ""
+        else:
+            import atexit
+
+            atexit.register(self.close)  # once the environments in it are stopped (main's finally)
+
+    @property
+    def wrap(self) -> tuple[str, ...]:
+        """A command that moves itself into the group, then execs the rest."""
+        if not self.path:
+            return ()
+        return ("/bin/sh", "-c", 'echo $$ >"$0/cgroup.procs" && exec "$@"', self.path)
+
+    def usage(self) -> float:
+        """Seconds of CPU used by the group's processes so far."""
+        with open(os.path.join(self.path, "cpuacct.usage")) as f:
+            return int(f.read()) / 1e9
+
+    def close(self) -> None:
+        if self.path:
+            try:
+                os.rmdir(self.path)  # its processes gone (the environments stopped)
+            except OSError:
+                pass
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -70,10 +136,11 @@ def ms(value: float) -> str:
     return f"{value * 1000:8.2f}"
 
 
-def cold_inits(language: str, count: int, simulated_image: str | None) -> tuple[float, float]:
+def cold_inits(language: str, count: int, simulated_image: str | None, load: Load) -> tuple[float, float]:
     """Medians of (spawn to first /next, the function's own ready-in)."""
     totals, readies = [], []
     for _ in range(count):
+        load.sample()
         if simulated_image:
             from simulated import start_simulated
 
@@ -144,27 +211,41 @@ def runtime_api_latencies(instance, language: str, total: int, interval: float =
 
 
 def per_run_tenancy(
-    invoke_api, client, image: str, languages: tuple[str, ...], count: int, base_image: str = ""
+    invoke_api,
+    client,
+    image: str,
+    languages: tuple[str, ...],
+    count: int,
+    load: Load,
+    base_image: str = "",
+    base_entrypoint: bool = False,
 ) -> tuple[dict[str, list[float]], dict[str, list[dict]]]:
     """Invoke latencies with a fresh tenant id each (a fresh environment's init included), and each init's parts,
     by language; "floor" is the bare awslambdaric function (simulated.start_floor) on the same simulation;
     "<language>@base" the same function from base_image (bench --base: another commit's code, started as
-    its images were, the interpreter straight). Interleaved (a round is one invoke of each), so that the
+    its images were: through their ENTRYPOINT where it drops the credentials (base_entrypoint), the interpreter
+    straight before). Interleaved (a round is one invoke of each), so that the
     machine's load weighs on each row alike."""
     from simulated import tenant_environments
 
     from handler.tenancy import per_run_id
 
     inits: dict[str, list[dict]] = {language: [] for language in languages}
+    counts = {label: CpuCount(label) for label in languages}
 
     def recorder(label: str):
         language, _, base = label.partition("@")
-        start = tenant_environments(base_image if base else image, language, entrypoint=not base)
+        count = counts[label]
+        start = tenant_environments(
+            base_image if base else image, language, entrypoint=base_entrypoint or not base, wrap=count.wrap
+        )
 
         def recorded(tenant: str):
+            used = count.usage() if count.path else 0.0
             instance = start(tenant)
+            cpu = {"CPU, spawn to first /next": count.usage() - used} if count.path else {}
             if language == "floor":
-                inits[label].append({"spawn to first /next": instance.init_seconds})
+                inits[label].append({"spawn to first /next": instance.init_seconds, **cpu})
                 return instance
             found = INIT.search(instance.output())
             assert found, instance.output()
@@ -176,6 +257,7 @@ def per_run_tenancy(
                     "platform probe (waited for)": probe,
                     "runtime start (first child)": ready,
                     "after init to first /next": instance.init_seconds - age,
+                    **cpu,
                 }
             )
             return instance
@@ -190,6 +272,7 @@ def per_run_tenancy(
         payloads[language] = json.dumps({**event, "enable_network": True})
     times: dict[str, list[float]] = {language: [] for language in languages}
     for i in range(count + 1):  # the first round: a warm-up (files not yet in the page cache)
+        load.sample()
         for language in languages:
             started = time.perf_counter()
             response = client.invoke(
@@ -204,6 +287,18 @@ def per_run_tenancy(
             if i:
                 times[language].append(elapsed)
     return times, {language: found[1:] for language, found in inits.items()}
+
+
+def entrypoint_drops_credentials(ref: str) -> bool:
+    """Whether `ref`'s images start the interpreter through env(1) dropping the credentials (their ENTRYPOINT)."""
+    import subprocess
+
+    from functions import REPO
+
+    shown = subprocess.run(
+        ["git", "-C", REPO, "show", f"{ref}:runtimes/python/Dockerfile"], capture_output=True, text=True
+    )
+    return shown.returncode == 0 and '"/usr/bin/env", "-u", "AWS_ACCESS_KEY_ID"' in shown.stdout
 
 
 def base_image(image: str, ref: str) -> str:
@@ -229,7 +324,7 @@ def base_image(image: str, ref: str) -> str:
     return root
 
 
-def header_tenancy(invoke_api, image: str, language: str, count: int) -> list[float]:
+def header_tenancy(invoke_api, image: str, language: str, count: int, load: Load) -> list[float]:
     """`sandlot serve` (lambda backend, SANDLOT_LAMBDA_TENANCY=header:X-Sandlot-Tenant) over HTTP, each request
     naming a new tenant in that header: each waits for a fresh environment of that tenant's (its first run)."""
     import uuid
@@ -249,6 +344,7 @@ def header_tenancy(invoke_api, image: str, language: str, count: int) -> list[fl
     try:
         connection = http.client.HTTPConnection("127.0.0.1", service.port)
         for i in range(count + 1):  # the first: a warm-up (and the API's first probe of the function)
+            load.sample()
             headers = {"X-Api-Key": API_KEY, "Content-Type": "application/json", "X-Sandlot-Tenant": uuid.uuid4().hex}
             started = time.perf_counter()
             connection.request("POST", "/v1/sandbox/run", body, headers)
@@ -265,12 +361,20 @@ def header_tenancy(invoke_api, image: str, language: str, count: int) -> list[fl
     return times
 
 
-def add_rows(rows: list, language: str, measured: dict[str, list[float]], base_label: str) -> None:
-    base = statistics.median(measured[base_label])
-    for label, times in measured.items():
+def add_rows(rows: list, language: str, measured: dict[str, tuple[list[float], Load]], base_label: str) -> None:
+    base = statistics.median(measured[base_label][0])
+    for label, (times, load) in measured.items():
         p50 = statistics.median(times)
         spread = f"{ms(percentile(times, 0.95))} (+{ms(p50 - base)})"
-        rows.append((f"{language} {label}", ms(p50), spread))
+        rows.append((f"{language} {label}", ms(p50), spread, load))
+
+
+def timed(measure, *args) -> tuple[list[float], Load]:
+    """A block's times and the machine's load while it ran."""
+    load = Load()
+    times = measure(*args)
+    load.sample()
+    return times, load
 
 
 def main() -> None:
@@ -296,11 +400,13 @@ def main() -> None:
     modes = [] if args.per_run_only else [("warm", 0.0, args.requests)]
     if args.paced_requests and not args.per_run_only:
         modes.append((f"paced {args.pace:g}/s", 1.0 / args.pace, args.paced_requests))
-    rows: list[tuple[str, str, str]] = []
+    rows: list[tuple[str, str, str, Load]] = []
 
     for language in languages:
-        total, ready = cold_inits(language, args.inits, None)
-        rows.append((f"{language} cold init, root (full jail)", ms(total), ms(ready)))
+        load = Load()
+        total, ready = cold_inits(language, args.inits, None, load)
+        load.sample()
+        rows.append((f"{language} cold init, root (full jail)", ms(total), ms(ready), load))
     simulated = not args.no_simulated and os.geteuid() == 0
     image = ""
     if simulated:
@@ -308,8 +414,10 @@ def main() -> None:
 
         image = lay_out_image()
         for language in languages:
-            total, ready = cold_inits(language, args.inits, image)
-            rows.append((f"{language} cold init, simulated Lambda", ms(total), ms(ready)))
+            load = Load()
+            total, ready = cold_inits(language, args.inits, image, load)
+            load.sample()
+            rows.append((f"{language} cold init, simulated Lambda", ms(total), ms(ready), load))
 
     from handler.lambda_invoker import LambdaInvoker
 
@@ -340,38 +448,46 @@ def main() -> None:
             for language in languages:
                 name = f"sandlot-{language}"
                 measured = {
-                    f"{label}, local service, HTTP": http_latencies(local.port, language, count, interval),
-                    f"{label}, runtime API straight": runtime_api_latencies(
-                        instances[language], language, count, interval
+                    f"{label}, local service, HTTP": timed(http_latencies, local.port, language, count, interval),
+                    f"{label}, runtime API straight": timed(
+                        runtime_api_latencies, instances[language], language, count, interval
                     ),
-                    f"{label}, boto3 -> Invoke API -> awslambdaric": boto_latencies(
-                        client, name, language, count, interval
+                    f"{label}, boto3 -> Invoke API -> awslambdaric": timed(
+                        boto_latencies, client, name, language, count, interval
                     ),
-                    f"{label}, sandlot serve (lambda backend), HTTP": http_latencies(
-                        remote.port, language, count, interval
+                    f"{label}, sandlot serve (lambda backend), HTTP": timed(
+                        http_latencies, remote.port, language, count, interval
                     ),
                 }
                 if language in sims:
-                    measured[f"{label}, simulated Lambda, runtime API straight"] = runtime_api_latencies(
-                        sims[language], language, count, interval
+                    measured[f"{label}, simulated Lambda, runtime API straight"] = timed(
+                        runtime_api_latencies, sims[language], language, count, interval
                     )
-                    measured[f"{label}, simulated Lambda, boto3"] = boto_latencies(
-                        client, f"sim-{language}", language, count, interval
+                    measured[f"{label}, simulated Lambda, boto3"] = timed(
+                        boto_latencies, client, f"sim-{language}", language, count, interval
                     )
                 add_rows(rows, language, measured, f"{label}, local service, HTTP")
         if simulated and args.per_run:
             based = tuple(f"{language}@base" for language in languages) if args.base else ()
+            load = Load()
             all_times, all_inits = per_run_tenancy(
                 invoke_api,
                 client,
                 image,
                 ("floor", *languages, *based),
                 args.per_run,
+                load,
                 base_image(image, args.base) if args.base else "",
+                entrypoint_drops_credentials(args.base) if args.base else False,
             )
+            load.sample()
             floor = all_times["floor"]
             floor_p50, floor_p95 = statistics.median(floor), percentile(floor, 0.95)
-            rows.append(("floor: bare awslambdaric function, fresh env (p50, p95)", ms(floor_p50), ms(floor_p95)))
+            rows.append(("floor: bare awslambdaric function, fresh env (p50, p95)", ms(floor_p50), ms(floor_p95), load))
+            cpu = "CPU, spawn to first /next"
+            cpu_floor = statistics.median([i[cpu] for i in all_inits["floor"]]) if cpu in all_inits["floor"][0] else 0
+            if cpu_floor:
+                rows.append((f"floor   init: {cpu}", ms(cpu_floor), "", load))
             for label in (*languages, *based):
                 language = label.partition("@")[0]
                 times, inits = all_times[label], all_inits[label]
@@ -384,6 +500,7 @@ def main() -> None:
                         f"{label} per-run tenancy, fresh env (p50, p95)",
                         ms(p50),
                         f"{ms(p95)} = {p95 / p50:.2f} x p50",
+                        load,
                     )
                 )
                 rows.append(
@@ -391,20 +508,26 @@ def main() -> None:
                         f"{label}   p50 over the floor (target +{allowed * 1000:.0f} ms, p95 <= 1.5 x p50)",
                         ms(p50 - floor_p50),
                         f"{p50 / floor_p50:5.2f} x floor: {verdict}",
+                        load,
                     )
                 )
                 for part in inits[0]:
-                    rows.append((f"{label}   init: {part}", ms(statistics.median([i[part] for i in inits])), ""))
+                    value = statistics.median([i[part] for i in inits])
+                    over = f"+{ms(value - cpu_floor).strip()} over the floor's" if part == cpu else ""
+                    rows.append((f"{label}   init: {part}", ms(value), over, load))
                 spawn = statistics.median([i["spawn to first /next"] for i in inits])
-                rows.append((f"{label}   the invoke beyond the init (p50 - init p50)", ms(p50 - spawn), ""))
+                rows.append((f"{label}   the invoke beyond the init (p50 - init p50)", ms(p50 - spawn), "", load))
                 if args.header and "base" not in label:
-                    first = header_tenancy(invoke_api, image, language, args.header)
+                    header_load = Load()
+                    first = header_tenancy(invoke_api, image, language, args.header, header_load)
+                    header_load.sample()
                     p50h = statistics.median(first)
                     rows.append(
                         (
                             f"{language} header: tenancy, a new tenant's first run, HTTP (p50, p95)",
                             ms(p50h),
                             f"{ms(percentile(first, 0.95))} ({p50h / floor_p50:5.2f} x floor)",
+                            header_load,
                         )
                     )
     finally:
@@ -415,9 +538,17 @@ def main() -> None:
         for instance in [*instances.values(), *sims.values()]:
             instance.stop()
 
-    print(f"\n{'row':64} {'p50/total ms':>13} {'p95 (+over local p50) / ready-in ms':>36}")
-    for label, first, second in rows:
-        print(f"{label:64} {first:>13} {second:>36}")
+    print(f"\n{'row':64} {'p50/total ms':>13} {'p95 (+over local p50) / ready-in ms':>36} {'load':>12}")
+    for label, first, second, load in rows:
+        print(f"{label:64} {first:>13} {second:>36} {load!s:>12}")
+    loaded = {id(load): load for *_, load in rows if load.high > LOAD_WARNING}
+    if loaded:
+        highest = max(load.high for load in loaded.values())
+        print(
+            f"\nWARNING: the machine's load exceeded {LOAD_WARNING} during {len(loaded)} of the blocks above (up to "
+            f"{highest:.1f}, marked (!)): their absolutes say more about the machine than about the code; compare "
+            "the rows of one block (the per-run block is interleaved) as ratios."
+        )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 
@@ -94,3 +95,44 @@ def test_the_config_travels_typed():
     assert decoded == dataclasses.replace(config, tree=decoded.tree)
     assert type(decoded.runner_config) is NodeRunnerConfig
     assert dict(decoded.tree) == json.loads(json.dumps(config.tree))
+
+
+NO_PROGRAMS = """
+import json, subprocess, sys
+sys.path[:0] = json.loads(sys.argv[1])
+
+def refused(args, *rest, **options):
+    raise AssertionError(f"started {args}")
+
+subprocess.Popen = refused  # ctypes.util.find_library runs `ldconfig -p` (or gcc, ld) through it
+import importlib
+for name in json.loads(sys.argv[2]):
+    importlib.import_module(name)
+import ctypes.util
+print(json.dumps([sys.modules["pyseccomp"]._libseccomp_path, ctypes.util.find_library.__module__]))
+"""
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_a_zygote_starts_no_program_to_find_libseccomp(runner):
+    """pyseccomp finds its libraries with find_library, two `ldconfig -p` runs on every zygote's start (and a
+    Lambda function's init): they are loaded by soname instead, and find_library is left as it was."""
+    names = [ZYGOTE_MODULE, runner, RUNNERS[runner]]
+    command = [sys.executable, "-I", "-S", "-c", NO_PROGRAMS, json.dumps(import_paths()), json.dumps(names)]
+    out = subprocess.run(command, capture_output=True, text=True, env={}, cwd="/")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout) == ["libseccomp.so.2", "ctypes.util"]
+
+
+def test_the_zygotes_import_paths_are_found_without_loading_libseccomp():
+    """The service (a Lambda function's process) names where the zygote finds pyseccomp without importing it."""
+    script = (
+        "import json, sys\n"
+        "from runtimes.jail.zygote_config import import_paths\n"
+        "print(json.dumps([import_paths(), 'pyseccomp' in sys.modules]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    paths, imported = json.loads(out.stdout)
+    import pyseccomp
+
+    assert os.path.dirname(os.path.abspath(pyseccomp.__file__)) in paths and not imported

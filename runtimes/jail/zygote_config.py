@@ -113,6 +113,9 @@ class ZygoteConfig:
     connect_ports: tuple[int, ...] | None = None  # proxy egress: TCP connect to these ports only
     zygote_uid: int = -1  # userns as root: the uid the zygote drops to
     network: ZygoteNetwork | None = None
+    # the serial schedule's first-run zygote (runtime.first_run_apart): it forks one child, for one run, and is
+    # replaced; it skips what only pays back over many forks (the full collection, the huge pages: warmheap.py)
+    single_fork: bool = False
     control_fd: int = -1  # its end of the control channel (set by the service as it starts it)
 
     FORMAT: ClassVar[str] = "runner_config_type"  # the file's key naming the runner's config class
@@ -168,15 +171,18 @@ BOOTSTRAP = (
 
 
 def import_paths() -> tuple[str, ...]:
-    """Where the zygote finds this package and pyseccomp before it confines itself (the service's call)."""
+    """Where the zygote finds this package and pyseccomp before it confines itself (the service's call). Found
+    without importing pyseccomp, which loads libseccomp: a Lambda function's process may need none of it."""
+    import importlib.util
     import os
-
-    import pyseccomp
 
     import runtimes
 
     paths = [os.path.dirname(os.path.dirname(os.path.abspath(runtimes.__file__)))]
-    seccomp_dir = os.path.dirname(os.path.abspath(pyseccomp.__file__))
+    found = importlib.util.find_spec("pyseccomp")
+    if found is None or found.origin is None:
+        raise ImportError("pyseccomp is not installed")
+    seccomp_dir = os.path.dirname(os.path.abspath(found.origin))
     if seccomp_dir not in paths:
         paths.append(seccomp_dir)
     return tuple(paths)

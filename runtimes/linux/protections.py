@@ -141,7 +141,7 @@ def _hostname() -> None:
 
 
 def _seccomp() -> None:
-    import pyseccomp
+    from runtimes.linux.libseccomp import pyseccomp
 
     syscalls.set_no_new_privs()
     flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
@@ -211,7 +211,28 @@ def _netns_egress() -> None:
         raise OSError(exc.errno, why) from None
 
 
+CAP_NET_ADMIN = 12
+
+
+def _effective_capabilities() -> int:
+    """This process's effective capability set (/proc/self/status CapEff), or all bits when it cannot be read."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        pass
+    return -1
+
+
 def _host_nft() -> None:
+    # Without CAP_NET_ADMIN (a Lambda function, any uid but root) no rule of this network namespace can change:
+    # said without loading libnftables and its libraries into the child and asking the kernel for its cache
+    if not _effective_capabilities() >> CAP_NET_ADMIN & 1:
+        raise PermissionError(
+            errno.EPERM, "Operation not permitted: no CAP_NET_ADMIN, this network namespace's nftables are out of reach"
+        )
     # one transaction that adds a table and deletes it again: nothing of it is ever in force
     name = f"sandlot_probe_{os.getpid()}"
     nftables.run(f"add table inet {name}\ndelete table inet {name}\n")
@@ -332,7 +353,7 @@ def in_child(probe: Callable[[], object]) -> tuple[object, str]:
 def probe() -> Protections:
     """Probe every mechanism, each in a child of its own (about 1 ms each)."""
     try:
-        import pyseccomp  # noqa: F401 - imported here, never first in a forked child
+        from runtimes.linux.libseccomp import pyseccomp  # noqa: F401 - imported here, never first in a forked child
     except ImportError:
         pass
     global _setuid_target

@@ -12,8 +12,7 @@ import os
 import struct
 import sys
 
-import pyseccomp
-
+from runtimes.linux.libseccomp import pyseccomp
 from runtimes.linux.syscalls import SeccompProgram, set_no_new_privs
 
 # struct seccomp_data's offsets, and the classic BPF instructions the hand-written programs use

@@ -69,6 +69,7 @@ def start_simulated(
     uid: int = SIM_UID,
     landlock: bool = True,
     entrypoint: bool = True,
+    wrap: tuple[str, ...] = (),
     **env: str,
 ) -> FunctionInstance:
     """A runtime function instance on the simulated platform; its temp dir is the only place it may write.
@@ -76,6 +77,7 @@ def start_simulated(
     Whether Lambda's kernel lets a function use Landlock is not known (the probe says where it runs):
     `landlock=False` refuses its calls too, for a platform without it. `entrypoint=False`: the interpreter
     started straight, with the credentials (as images did before their ENTRYPOINT dropped them: bench --base).
+    `wrap`: a command that execs the rest (the bench's, to count the environment's CPU).
 
     Each instance sweeps its uid after every run, as on Lambda, where an instance has a sandbox of its
     own: instances that must live side by side need uids of their own."""
@@ -99,7 +101,7 @@ def start_simulated(
         name=f"sim-{language}",
         python=os.path.join(image, "venv", "bin", "python"),
         # started as the image's ENTRYPOINT starts it: env(1) drops the credentials, then the interpreter
-        prefix=(sys.executable, OUTER_FILTER, "--uid", str(uid), *refusals, "--", *start),
+        prefix=(*wrap, sys.executable, OUTER_FILTER, "--uid", str(uid), *refusals, "--", *start),
         cwd="/",
     )
     instance.tmp = tmp
@@ -110,10 +112,15 @@ FLOOR_HANDLER = "floor_function.handler"
 FLOOR_SOURCE = 'def handler(event, context):\n    return "hello"\n'
 
 
-def start_floor(image: str, uid: int = SIM_UID, **env: str) -> FunctionInstance:
+def start_floor(image: str, uid: int = SIM_UID, wrap: tuple[str, ...] = (), **env: str) -> FunctionInstance:
     """The floor: a bare awslambdaric function (`def handler(e, c): return "hello"`) on the same simulated platform
     (the image's interpreter and awslambdaric, the same uid, outer filter, environment and credentials), so
-    that what a runtime function's init costs beyond Lambda's own can be read as a difference to it."""
+    that what a runtime function's init costs beyond Lambda's own can be read as a difference to it.
+
+    Started exactly as the runtime functions are (start_simulated): through the images' ENTRYPOINT, env(1)
+    dropping the credentials before the interpreter starts. Started straight, the venv's early hook would
+    re-execute its interpreter (the credentials in its environment), a second interpreter start that a bare
+    function on Lambda never pays: the floor would be flattered by it."""
     tmp = tempfile.mkdtemp(prefix="sandlot-sim-")
     with open(os.path.join(tmp, "floor_function.py"), "w") as f:  # removed with tmp when the instance stops
         f.write(FLOOR_SOURCE)
@@ -124,7 +131,7 @@ def start_floor(image: str, uid: int = SIM_UID, **env: str) -> FunctionInstance:
         {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": tmp, "TMPDIR": tmp, **FAKE_CREDENTIALS, **env},
         name="sim-floor",
         python=os.path.join(image, "venv", "bin", "python"),
-        prefix=(sys.executable, OUTER_FILTER, "--uid", str(uid), "--eperm", REFUSED, "--"),
+        prefix=(*wrap, sys.executable, OUTER_FILTER, "--uid", str(uid), "--eperm", REFUSED, "--", *ENTRYPOINT_PREFIX),
         cwd=tmp,  # `python -m` puts it first on sys.path, as Lambda's task root
     )
     instance.tmp = tmp
@@ -135,15 +142,15 @@ TENANT_UIDS = range(SIM_UID + 100, SIM_UID + 1100)  # one per environment starte
 _next_tenant_uid = iter(TENANT_UIDS)
 
 
-def tenant_environments(image: str, language: str, entrypoint: bool = True, **env: str):
+def tenant_environments(image: str, language: str, entrypoint: bool = True, wrap: tuple[str, ...] = (), **env: str):
     """`start(tenant_id)` for InvokeAPI.add_per_tenant: each tenant's environment a simulated instance with a uid
     of its own (as each is a microVM of its own on Lambda, and each sweeps its uid after every run).
     language "floor": the bare function (start_floor)."""
 
     def start(tenant: str) -> FunctionInstance:
         if language == "floor":
-            return start_floor(image, uid=next(_next_tenant_uid), **env)
-        return start_simulated(image, language, uid=next(_next_tenant_uid), entrypoint=entrypoint, **env)
+            return start_floor(image, uid=next(_next_tenant_uid), wrap=wrap, **env)
+        return start_simulated(image, language, uid=next(_next_tenant_uid), entrypoint=entrypoint, wrap=wrap, **env)
 
     return start
 

@@ -11,10 +11,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from functions import FAKE_CREDENTIALS, REPO
-from simulated import SIM_UID, SYSTEM_PYTHON, lay_out_image, start_simulated
+from simulated import SIM_UID, SYSTEM_PYTHON, lay_out_image, start_floor, start_simulated
 
 from runtimes.function.early import CREDENTIALS, ENTRYPOINT_PREFIX
 
@@ -140,6 +141,83 @@ def test_a_runtime_functions_probe_starts_as_its_interpreter_starts(image):
     for other in ([python, "-c", show, handler], [python, "-c", show, "other.handler"]):  # not a runtime function
         ran = subprocess.run(other, env=env if other[-1] != handler else {"PATH": "/usr/bin:/bin"}, **_text())
         assert json.loads(ran.stdout) == [False, False, False]
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: the simulation changes to an unprivileged uid")
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"needs {SYSTEM_PYTHON} (any uid can run it)")
+def test_the_benchs_floor_starts_exactly_as_the_runtime_functions_do(image):
+    """bench/lambda_bench.py's floor (a bare awslambdaric function) is started by the command that starts the
+    runtime functions, up to the interpreter: the images' ENTRYPOINT drops the credentials before it starts, so
+    the floor pays no re-exec of the venv's early hook (a bare function on Lambda pays none); its interpreter
+    never held them."""
+    floor = start_floor(image, uid=SIM_UID + 42)
+    function = start_simulated(image, "python3", uid=SIM_UID + 43, SANDLOT_REQUIRE_SECCOMP="false")
+    try:
+        assert floor.ready, floor.output()
+        assert function.ready, function.output()
+        result = floor.invoke({"floor": True})
+        assert (result.kind, json.loads(result.body)) == ("response", "hello")
+
+        def started_by(instance) -> list[str]:
+            args = list(instance.process.args)
+            return [arg for arg in args[: args.index(instance.python)] if not arg.isdigit()]  # the uids differ
+
+        assert started_by(floor) == started_by(function)
+        assert started_by(floor)[-len(ENTRYPOINT_PREFIX) :] == list(ENTRYPOINT_PREFIX)
+        with open(f"/proc/{floor.process.pid}/environ", "rb") as f:
+            environ = f.read().decode()
+        assert "AWS_LAMBDA_RUNTIME_API" in environ
+        assert not any(secret in environ for secret in FAKE_CREDENTIALS.values())
+    finally:
+        floor.stop()
+        function.stop()
+
+
+def _zygote_huge_kib(function_pid: int) -> tuple[int, int] | None:
+    """(pid, AnonHugePages in KiB) of the function's live Python zygote, or None while it has none."""
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read()
+        except (OSError, ValueError):
+            continue
+        if parent == function_pid and command.endswith(b"runtimes.python.runner\0"):
+            try:
+                with open(f"/proc/{entry}/smaps_rollup") as f:
+                    huge = next(line for line in f if line.startswith("AnonHugePages:"))
+            except OSError:
+                continue  # retired meanwhile
+            return int(entry), int(huge.split()[1])
+    return None
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: the simulation changes to an unprivileged uid")
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"needs {SYSTEM_PYTHON} (any uid can run it)")
+def test_the_first_runs_zygote_makes_no_huge_pages_and_the_usual_one_after_it_does(image):
+    """The first run's zygote forks one child and is replaced: it does not copy its heap into huge pages (a cost
+    paid once to make every later fork cheaper); the usual zygote after it does, where the kernel can."""
+    instance = start_simulated(image, "python3", uid=SIM_UID + 44, SANDLOT_REQUIRE_SECCOMP="false")
+    try:
+        assert instance.ready, instance.output()
+        first, first_huge = _zygote_huge_kib(instance.process.pid) or (0, -1)
+        result = result_of(instance, {"language": "python3", "code": "print(6 * 7)", "enable_network": True})
+        assert result["stdout"] == "42\n", result
+        deadline = time.monotonic() + 20
+        found = None
+        while time.monotonic() < deadline:  # replaced once the answer is posted (between invocations)
+            found = _zygote_huge_kib(instance.process.pid)
+            if found is not None and found[0] != first:
+                break
+            time.sleep(0.05)
+        later, later_huge = found or (first, -1)
+        assert later != first, instance.output()
+        assert first_huge == 0
+        if later_huge == 0:
+            pytest.skip("this kernel or platform makes no huge page of a zygote's heap (MADV_COLLAPSE, Linux 6.1+)")
+    finally:
+        instance.stop()
 
 
 def test_the_early_probe_records_what_the_process_would_have_probed():

@@ -49,9 +49,8 @@ import errno
 import struct
 from typing import TYPE_CHECKING
 
-import pyseccomp
-
 from runtimes.linux import seccomp as engine
+from runtimes.linux.libseccomp import pyseccomp
 from runtimes.linux.seccomp import compile_program as compile_program  # re-exported: the zygote, tests
 from runtimes.linux.syscalls import SeccompProgram
 

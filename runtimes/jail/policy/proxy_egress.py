@@ -108,9 +108,8 @@ def _resolve(url: str) -> tuple[str, str, int]:
 def udp_refused():
     """The filter each child stacks where proxy egress is in force: no datagram socket (UDP), of any family, and
     no getsockname (a socket connected to the proxy would name the container's own address)."""
-    import pyseccomp
-
     from runtimes.jail.policy.allowlist import SOCK_DGRAM, SOCK_TYPE_MASK
+    from runtimes.linux.libseccomp import pyseccomp
 
     flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     flt.add_rule(

@@ -35,6 +35,7 @@ class LanguageHooks:
     platform: Protections | None
     mode: modes.Mode | None
     provisions: Provisions | None
+    first_run_apart: bool  # the serial schedule's first run has a zygote of its own (runtime.py)
 
     def interpreter(self) -> str:
         raise NotImplementedError
@@ -146,6 +147,7 @@ class LanguageHooks:
             connect_ports=provisions.connect_ports,
             zygote_uid=provisions.zygote_uid,
             network=provisions.zygote_network(),
+            single_fork=self.first_run_apart,
         )
 
 

@@ -126,6 +126,7 @@ class Zygote:
                 sys.path.remove(path)
         sys.path_importer_cache.clear()
         self.install_roots = config.import_paths  # renamed away in serve() (hide_install_paths)
+        self.single_fork = config.single_fork
 
     def _join_network(self, ruleset: str) -> None:
         """The runs' network namespace (linux/pasta.py): its egress rules, then pasta from the service."""
@@ -157,10 +158,13 @@ class Zygote:
         hide_install_paths(self.install_roots)  # after the runner's last import
         self.install_roots = ()
         self.fork_hooks.quiet()  # last: what the runner imported has registered its hooks
-        gc.collect()
+        if not self.single_fork:  # one child (a fresh Lambda environment's run): its garbage is frozen with it
+            gc.collect()
         gc.freeze()  # children then share the warm heap instead of copying it
         syscalls.malloc_trim()  # malloc's free pages back first: neither copied nor counted (warmheap.py)
-        self.report["huge_pages"] = warmheap.collapse(self.maps)
+        # huge pages make each fork cheaper, and cost their making once (the kernel copies the heap into them):
+        # not for a zygote that forks once
+        self.report["huge_pages"] = 0 if self.single_fork else warmheap.collapse(self.maps)
         self.maps.close()
         self.control.send(protocol.ready(self.report))
         self.poller.register(self.control, select.POLLIN)
