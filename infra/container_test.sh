@@ -113,10 +113,12 @@ check() { # check NAME EXPECTED_MODE podman-run-options...: start, wait healthy,
     # a group-owned volume, or one made with `install -d -m 0770`, is closed to every other uid (DATA_MODE=0770)
     chmod "$DATA_MODE" "$data"
     say "$name: starting ($*)"
+    local offline=()
+    [ "$OFFLINE" = 0 ] || offline=("${NO_INDEX[@]}")
     local begin=$(date +%s.%N)
     podman run -d --name "$container" --no-healthcheck --network slirp4netns:port_handler=slirp4netns \
         -p "127.0.0.1:$port:8194" -e API_KEY="$KEY" \
-        -v "$data:/var/lib/sandlot" $([ "$OFFLINE" = 1 ] && echo "${NO_INDEX[@]}") "$@" "$IMAGE" >/dev/null
+        -v "$data:/var/lib/sandlot" "${offline[@]}" "$@" "$IMAGE" >/dev/null
     verify "$name" "$expected" "$port" "$container" "$KEY" "$begin"
     if [ $KEEP = 0 ]; then
         podman rm -f "$container" >/dev/null 2>&1 || true
