@@ -222,11 +222,7 @@ def reachable(path: Path, uid: int) -> bool:
     path = Path(os.path.realpath(path))
     for directory in [*reversed(path.parents), path]:
         info = os.stat(directory)
-        if info.st_uid == uid:
-            allowed = info.st_mode & stat.S_IXUSR
-        else:
-            allowed = info.st_mode & stat.S_IXOTH
-        if not allowed:
+        if not info.st_mode & (stat.S_IXUSR if info.st_uid == uid else stat.S_IXOTH):
             return False
     return True
 

@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sandlot.runtime")
 
+TREE_SETTLE_SECONDS = 5.0  # after a chroot zygote's start, before the tree's unmapped pages are dropped
+
 # runs sharing the runtime's uid, one at a time (a Lambda function): the platform's network, as before
 PLATFORM_NETWORK = network_access.RunNetwork(
     network_access.UNFILTERED, "the platform's own network (one run at a time)"
@@ -307,7 +309,20 @@ class Provisions:
             raise
         if zygote.network_error:
             self.network_failed(zygote.network_error)
+        if root and self.trees.uncache:
+            pool.background(self._forget_tree_pages(root))
         return zygote
+
+    async def _forget_tree_pages(self, root: str) -> None:
+        """The chroot mode on a container's own filesystem: once the zygote and its first children have read what
+        they start on, the pages of the tree's copies that no process maps are dropped (the interpreter's modules,
+        read once into the zygote; the part of node no process maps): the container is not charged for them at
+        rest. What a run reads later comes back from the disk."""
+        await asyncio.sleep(TREE_SETTLE_SECONDS)
+        try:
+            await asyncio.to_thread(tree_store.forget_pages, root)
+        except OSError as exc:  # the tree retired meanwhile: nothing to forget
+            log.debug("%s: the tree's pages were not dropped: %s", self.language, exc)
 
     def zygote_retired(self, zygote: ZygoteHandle, pool: ChildPool) -> None:
         """The chroot mode: a retired zygote's tree is released, removed if no zygote (of any instance) is left on

@@ -250,6 +250,13 @@ def _mtime(path: str) -> float:
         return 0.0
 
 
+def forget_pages(tree_root: str) -> int:
+    """Drop the page cache of a tree's files that no process maps (its cells' files are the same inodes, and
+    are not walked); how many files were told. Only for a tree of copies of its own (TreeStore.uncache): the
+    pages of a tree of hard links are the host's files' too."""
+    return materialized.drop_cache(tree_root, skipped=(tree_root + tree_files.CELLS,))
+
+
 # ---- each run's own /tmp in a tree ------------------------------------------------------------------------
 
 
