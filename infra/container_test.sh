@@ -42,7 +42,7 @@ IMAGE=${SANDLOT_CT_IMAGE:-localhost/sandlot-container-test:latest}
 # no package index is reachable from the shapes that serve the image's default layers (the Dockerfile bakes them)
 NO_INDEX=(-e PIP_INDEX_URL=http://127.0.0.1:9/simple/ -e npm_config_registry=http://127.0.0.1:9/)
 DEFAULT_PY='import requests, httpx, jinja2\nprint(6 * 7)' # the default layer's packages, and the answer
-IDLE_SECONDS=${SANDLOT_CT_IDLE_SECONDS:-15}                  # at rest this long before its memory is read
+IDLE_SECONDS=${SANDLOT_CT_IDLE_SECONDS:-30}                  # at rest this long before its memory is read
 SHAPES=${SANDLOT_CT_SHAPES:-} # only these shapes (names, space-separated); all when empty
 wanted() { [ -z "$SHAPES" ] || [[ " $SHAPES " == *" $1 "* ]]; }
 KEY=container-test-$RANDOM$RANDOM
