@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sandlot.runtime")
 
-TREE_SETTLE_SECONDS = 5.0  # after a chroot zygote's start, before the tree's unmapped pages are dropped
+TREE_SETTLE_SECONDS = 5.0  # after a chroot zygote's start or the surplus children's end, before the trees' pages go
 
 # runs sharing the runtime's uid, one at a time (a Lambda function): the platform's network, as before
 PLATFORM_NETWORK = network_access.RunNetwork(
@@ -77,6 +77,8 @@ class Provisions:
         self.proxy: ProxyEgress | None = None  # egress not filtered, a proxy configured: its port only
         self.unfiltered_why = ""  # userns without pasta, SANDLOT_UNFILTERED_EGRESS=allow: why there is no filter
         self.trees: tree_store.TreeStore | None = None  # the chroot mode: materialized trees
+        self._forgetting: dict[str, int] = {}  # trees of copies (their pages dropped at rest): zygotes on each
+        self._forget_hooked = False
         self.tmp_watcher: TmpWatcher | None = None  # the chroot and landlock modes: each run's /tmp capped
         self.run_dirs: RunDirectories | SharedRunDirectories | None = None
 
@@ -310,24 +312,33 @@ class Provisions:
         if zygote.network_error:
             self.network_failed(zygote.network_error)
         if root and self.trees.uncache:
-            pool.background(self._forget_tree_pages(root))
+            self._forgetting[root] = self._forgetting.get(root, 0) + 1
+            if not self._forget_hooked:
+                self._forget_hooked = True
+                pool.on_idle.append(lambda: pool.background(self._forget_tree_pages(TREE_SETTLE_SECONDS)))
+            pool.background(self._forget_tree_pages(TREE_SETTLE_SECONDS))
         return zygote
 
-    async def _forget_tree_pages(self, root: str) -> None:
+    async def _forget_tree_pages(self, delay: float) -> None:
         """The chroot mode on a container's own filesystem: once the zygote and its first children have read what
-        they start on, the pages of the tree's copies that no process maps are dropped (the interpreter's modules,
-        read once into the zygote; the part of node no process maps): the container is not charged for them at
-        rest. What a run reads later comes back from the disk."""
-        await asyncio.sleep(TREE_SETTLE_SECONDS)
-        try:
-            await asyncio.to_thread(tree_store.forget_pages, root)
-        except OSError as exc:  # the tree retired meanwhile: nothing to forget
-            log.debug("%s: the tree's pages were not dropped: %s", self.language, exc)
+        they start on, and again whenever the service goes idle (its surplus children gone), the pages of the
+        trees' copies that no process maps are dropped (the interpreter's modules, read once into the zygote; the
+        part of node no live process maps): the container is not charged for them at rest. What a run reads later
+        comes back from the disk."""
+        await asyncio.sleep(delay)
+        for root in list(self._forgetting):
+            try:
+                await asyncio.to_thread(tree_store.forget_pages, root)
+            except OSError as exc:  # the tree retired meanwhile: nothing to forget
+                log.debug("%s: the tree's pages were not dropped: %s", self.language, exc)
 
     def zygote_retired(self, zygote: ZygoteHandle, pool: ChildPool) -> None:
         """The chroot mode: a retired zygote's tree is released, removed if no zygote (of any instance) is left on
         it: thousands of files, off the event loop."""
         if self.trees is not None and zygote.tree_root:
+            users = self._forgetting.pop(zygote.tree_root, 0) - 1
+            if users > 0:
+                self._forgetting[zygote.tree_root] = users
             pool.background(asyncio.to_thread(self.release_tree, zygote.tree_root))
             zygote.tree_root = ""
 

@@ -125,11 +125,16 @@ class PooledSchedule:
         if self._stopping:
             return
         now = time.monotonic()
+        trimmed = False
         for variant, ready in self._ready.items():
             if now - self._last_run.get(variant, now) >= IDLE_SECONDS and self.level[variant] > self.idle[variant]:
                 self.level[variant] = self.idle[variant]
+                trimmed = True
                 while len(ready) > self.level[variant]:
                     self.pool.discard(ready.popleft())
+        if trimmed:
+            for callback in self.pool.on_idle:
+                callback()
         self._idle_check = asyncio.get_running_loop().call_later(IDLE_SECONDS / 4, self._watch_idle)
 
     def _refill(self) -> None:
