@@ -5,9 +5,17 @@
 #   2. compose: the compose file's privileges (SYS_ADMIN, NET_ADMIN, AppArmor unconfined): the full jail;
 #   3. userns: a user namespace of the container's own (`--uidmap 0:100000:65536`, as rootless podman or
 #      Docker, userns-remap, Kubernetes' hostUsers: false give): ids from the container's own map;
+#      Its volume's root is 0770 and the container's root's (as `install -d -m 0770` gives): no other uid passes
+#      through it. userns-additions: the same with an operator's addition (dify-sandbox's dependencies file),
+#      built at start into that volume from the package index;
 #   4. restricted: an arbitrary uid, group 0, no capabilities, no_new_privs (Kubernetes' restricted Pod
 #      Security Standard, OpenShift's restricted-v2): podman's seccomp profile lets user namespaces through
 #      but refuses sethostname, so the userns mode with the run's hostname step dropped.
+# The shapes started with `podman run` reach no package index (PIP_INDEX_URL and npm's registry point at a closed
+# port): the image's own default layers serve them. Each line gives the time from `podman run` (or `kube play`) to
+# the first correct run (a Python run importing the default layer's packages), and the memory the container's
+# cgroup is charged once idle (SANDLOT_CT_IDLE_SECONDS after its last run, default 30: past the 20 s after which
+# the surplus ready children go), nothing dropped by hand.
 # Each must be healthy, serve both languages, report its mode; a literal /tmp round trip (write
 # /tmp/report.txt, read it back) is run and reported, and must pass in the modes whose /tmp is the run's own
 # (full, userns: a tmpfs; chroot: its cell's directory), and elsewhere (landlock) say where to write instead. `sandlot serve` is the container's pid 1 and must have put its init in front
@@ -21,12 +29,15 @@
 # made once and kept in podman's storage, as is the state under $SANDLOT_CT_DIR (default
 # /var/tmp/sandlot-container-test).
 #
-# Needs root, and Debian's podman, runc, slirp4netns and debootstrap (installed when missing). Takes about
-# half a minute with the stand-ins made and the image cached (the first time: about 2 minutes more). Not
+# Needs root, and Debian's podman, runc, slirp4netns and debootstrap (installed when missing). Takes about five
+# minutes with the stand-ins made and the image cached, 30 s of it at rest per shape (the first time: about 2
+# minutes more; an image build, a minute or two: it builds the default layers). Not
 # part of `./dev.sh test`: CI runs it first, as root (.ci/run), and anyone can run it alone.
 #
 # Environment: EXPECT_DEFAULT_MODE (chroot), EXPECT_COMPOSE_MODE (full), EXPECT_USERNS_MODE (chroot),
-# EXPECT_RESTRICTED_MODE (userns), SANDLOT_CT_DIR.
+# EXPECT_RESTRICTED_MODE (userns), SANDLOT_CT_DIR; SANDLOT_CT_PREFIX (sandlot-ct: the names of this run's
+# containers, pods and volumes) and SANDLOT_CT_IMAGE (localhost/sandlot-container-test:latest), for a run beside
+# another; SANDLOT_CT_SHAPES (only these shapes, by name), SANDLOT_CT_IDLE_SECONDS (30).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
