@@ -78,7 +78,7 @@ class Provisions:
         self.unfiltered_why = ""  # userns without pasta, SANDLOT_UNFILTERED_EGRESS=allow: why there is no filter
         self.trees: tree_store.TreeStore | None = None  # the chroot mode: materialized trees
         self._forgetting: dict[str, int] = {}  # trees of copies (their pages dropped at rest): zygotes on each
-        self._forget_hooked = False
+        self._forget_hooked: ChildPool | None = None  # the pool whose going idle drops the trees' pages
         self.tmp_watcher: TmpWatcher | None = None  # the chroot and landlock modes: each run's /tmp capped
         self.run_dirs: RunDirectories | SharedRunDirectories | None = None
 
@@ -313,8 +313,8 @@ class Provisions:
             self.network_failed(zygote.network_error)
         if root and self.trees.uncache:
             self._forgetting[root] = self._forgetting.get(root, 0) + 1
-            if not self._forget_hooked:
-                self._forget_hooked = True
+            if self._forget_hooked is not pool:  # once per pool (a runtime started again has a new one)
+                self._forget_hooked = pool
                 pool.on_idle.append(lambda: pool.background(self._forget_tree_pages(TREE_SETTLE_SECONDS)))
             pool.background(self._forget_tree_pages(TREE_SETTLE_SECONDS))
         return zygote
