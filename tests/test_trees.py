@@ -314,6 +314,33 @@ def test_a_tree_is_built_once_reused_after_a_restart_and_rebuilt_when_a_source_c
 
 
 @needs_root
+def test_the_runtimes_trees_are_built_one_at_a_time(place, monkeypatch):
+    # side by side, each would take as long as both: the first Python run would wait for node's copy too
+    python_spec, _ = _store_spec(os.path.join(place, "python"))
+    node_spec, _ = _store_spec(os.path.join(place, "nodejs"))
+    building, overlapped = [], []
+    materialize = materialized.materialize
+
+    def watched(spec, scratch, device_nodes=True, uncache=False):
+        building.append(scratch)
+        overlapped.append(len(building) > 1)
+        time.sleep(0.2)
+        try:
+            return materialize(spec, scratch, device_nodes, uncache)
+        finally:
+            building.remove(scratch)
+
+    monkeypatch.setattr(materialized, "materialize", watched)
+    stores = [trees.TreeStore(os.path.join(place, "trees")) for _ in range(2)]  # each runtime opens its own
+    with ThreadPoolExecutor(2) as pool:
+        paths = list(pool.map(lambda store, spec: store.ensure(spec), stores, [python_spec, node_spec]))
+    assert len(set(paths)) == 2 and all(os.path.isdir(path) for path in paths)
+    assert overlapped == [False, False]
+    for store in stores:
+        store.close()
+
+
+@needs_root
 def test_a_tree_another_instance_holds_is_not_removed(place):
     spec, _module = _store_spec(place)
     first = trees.TreeStore(os.path.join(place, "trees"))

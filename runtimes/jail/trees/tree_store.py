@@ -53,6 +53,11 @@ log = logging.getLogger("sandlot.trees")
 
 STALE_BUILD_SECONDS = 3600.0  # a half-built tree untouched this long, and unlocked, was left by a dead build
 
+# One tree built at a time, whichever language: side by side (threads of one process, one disk) each would take as
+# long as both, and the first runs (Python's, whose runtime starts first) would wait for the Node.js tree's copy of
+# node too
+_building = threading.Lock()
+
 
 IMAGE_TREES = "/var/cache/sandlot"  # made by the service image's Dockerfile, on the image's own filesystem
 
@@ -171,6 +176,12 @@ class TreeStore:
         return path
 
     def _build(self, spec: dict, path: str) -> None:
+        with _building:
+            if os.path.isdir(path):
+                return  # another store of this process built it while this one waited
+            self._build_now(spec, path)
+
+    def _build_now(self, spec: dict, path: str) -> None:
         scratch = f"{path}.build-{time.time_ns()}"
         os.mkdir(scratch, 0o700)  # nobody looks in while it is built; materialize() opens it up at the end
         held = lock_shared(scratch)  # another instance's collect() leaves it alone
