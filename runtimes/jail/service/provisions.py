@@ -42,6 +42,7 @@ from runtimes.jail.tmp.scratch import Scratch
 from runtimes.jail.tmp.shared_tmp import SharedRunDirectories
 from runtimes.jail.trees import tree_store
 from runtimes.jail.zygote_config import Confinement, ZygoteConfig, ZygoteNetwork
+from runtimes.languages import DEFAULT
 from runtimes.linux import pasta, tempdirs
 from runtimes.linux.egress import EgressFilter, resolvers
 from runtimes.linux.pasta import REFUSED as REFUSED_PREFIX
@@ -346,7 +347,9 @@ class Provisions:
 
     def _open_trees(self) -> tree_store.TreeStore:
         try:
-            return tree_store.TreeStore(tree_store.trees_dir(self.config.data_dir))
+            # the default language's tree is built first (tree_store: one at a time)
+            first = self.language == DEFAULT.wire_name
+            return tree_store.TreeStore(tree_store.trees_dir(self.config.data_dir), first=first)
         except tree_store.TreeUnusable as exc:
             raise modes.JailRefused(f"the chroot jail's tree cannot be made: {exc}") from exc
 
