@@ -40,10 +40,10 @@ from runtimes.jail.service.uids import UidPool, UidPoolExhausted
 from runtimes.jail.tmp.caps import RunDirectories, TmpWatcher
 from runtimes.jail.tmp.scratch import Scratch
 from runtimes.jail.tmp.shared_tmp import SharedRunDirectories
-from runtimes.jail.trees import tree_store
+from runtimes.jail.trees import materialized, tree_store
 from runtimes.jail.zygote_config import Confinement, ZygoteConfig, ZygoteNetwork
-from runtimes.languages import DEFAULT
-from runtimes.linux import pasta, tempdirs
+from runtimes.languages import DEFAULT, NODEJS
+from runtimes.linux import pasta, rootfs, tempdirs
 from runtimes.linux.egress import EgressFilter, resolvers
 from runtimes.linux.pasta import REFUSED as REFUSED_PREFIX
 from runtimes.linux.pasta import NamespaceNetwork
@@ -79,6 +79,7 @@ class Provisions:
         self.unfiltered_why = ""  # userns without pasta, SANDLOT_UNFILTERED_EGRESS=allow: why there is no filter
         self.trees: tree_store.TreeStore | None = None  # the chroot mode: materialized trees
         self._forgetting: dict[str, int] = {}  # trees of copies (their pages dropped at rest): zygotes on each
+        self._forgetting_files: set[str] = set()  # files of the image (node) whose pages are dropped at rest
         self._forget_hooked: ChildPool | None = None  # the pool whose going idle drops the trees' pages
         self.tmp_watcher: TmpWatcher | None = None  # the chroot and landlock modes: each run's /tmp capped
         self.run_dirs: RunDirectories | SharedRunDirectories | None = None
@@ -314,11 +315,21 @@ class Provisions:
             self.network_failed(zygote.network_error)
         if root and self.trees.uncache:
             self._forgetting[root] = self._forgetting.get(root, 0) + 1
-            if self._forget_hooked is not pool:  # once per pool (a runtime started again has a new one)
-                self._forget_hooked = pool
-                pool.on_idle.append(lambda: pool.background(self._forget_tree_pages(TREE_SETTLE_SECONDS)))
+            self._forget_at_rest(pool)
             pool.background(self._forget_tree_pages(TREE_SETTLE_SECONDS))
+        elif not root and self.language == NODEJS.wire_name:
+            # the other modes run the image's own node: at rest no node is left (its idle level is none), and the
+            # ~70 MB of it the children mapped would stay charged to the container that first read them
+            node = os.path.realpath(self.config.nodejs_path)
+            if materialized.filesystem(node) == "overlay":
+                self._forgetting_files.add(node)
+                self._forget_at_rest(pool)
         return zygote
+
+    def _forget_at_rest(self, pool: ChildPool) -> None:
+        if self._forget_hooked is not pool:  # once per pool (a runtime started again has a new one)
+            self._forget_hooked = pool
+            pool.on_idle.append(lambda: pool.background(self._forget_tree_pages(TREE_SETTLE_SECONDS)))
 
     async def _forget_tree_pages(self, delay: float) -> None:
         """The chroot mode on a container's own filesystem: once the zygote and its first children have read what
@@ -327,6 +338,8 @@ class Provisions:
         part of node no live process maps): the container is not charged for them at rest. What a run reads later
         comes back from the disk."""
         await asyncio.sleep(delay)
+        for path in list(self._forgetting_files):
+            rootfs.forget_cached_pages(path)
         for root in list(self._forgetting):
             try:
                 await asyncio.to_thread(tree_store.forget_pages, root)

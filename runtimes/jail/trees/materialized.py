@@ -271,12 +271,12 @@ def fills_cache(root: str, source: str) -> bool:
     """Whether materializing under root reads and writes the bytes of files from source's filesystem: root on
     overlayfs (linking a file of a lower layer copies it up first) or on another filesystem (a copy)."""
     try:
-        return os.stat(root).st_dev != os.stat(source).st_dev or _filesystem(root) == "overlay"
+        return os.stat(root).st_dev != os.stat(source).st_dev or filesystem(root) == "overlay"
     except OSError:
         return False
 
 
-def _filesystem(path: str) -> str:
+def filesystem(path: str) -> str:
     """The type of the filesystem mounted where path lies (/proc/self/mountinfo), "" if not found."""
     path = os.path.realpath(path)
     found, kind = "", ""
