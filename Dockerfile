@@ -33,6 +33,17 @@ ENV PATH=/opt/sandlot/venv/bin:$PATH \
     SANDBOX_PORT=8194 \
     SANDLOT_DATA_DIR=/var/lib/sandlot
 
+# the default dependency layers (layers/python, layers/nodejs), built now as the Lambda images' are, into a
+# read-only store the service serves them from (layers/store.py: IMAGE_LAYERS): a new volume needs no package
+# index for the defaults; an operator's additions still build into the volume. The build's uid must pass through
+# its data dir (0711); the bytecode is compiled once here (runs read the layer read-only).
+RUN install -d -m 0711 /opt/sandlot/image-data \
+    && SANDLOT_CONFIG=/nonexistent SANDLOT_DATA_DIR=/opt/sandlot/image-data sandlot layers build >/dev/null \
+    && mv /opt/sandlot/image-data/layers /opt/sandlot/image-layers \
+    && rm -rf /opt/sandlot/image-data \
+    && python3 -m compileall -q -j 0 --invalidation-mode unchecked-hash /opt/sandlot/image-layers/python \
+    && chmod -R a+rX,go-w /opt/sandlot/image-layers
+
 # the chroot jail's trees (runtimes/jail/trees/tree_store.py), on the image's own filesystem: the system files in them are hard
 # links there, not copies on the data volume
 RUN mkdir -m 0700 -p /var/cache/sandlot

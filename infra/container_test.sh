@@ -5,9 +5,17 @@
 #   2. compose: the compose file's privileges (SYS_ADMIN, NET_ADMIN, AppArmor unconfined): the full jail;
 #   3. userns: a user namespace of the container's own (`--uidmap 0:100000:65536`, as rootless podman or
 #      Docker, userns-remap, Kubernetes' hostUsers: false give): ids from the container's own map;
+#      Its volume's root is 0770 and the container's root's (as `install -d -m 0770` gives): no other uid passes
+#      through it. userns-additions: the same with an operator's addition (dify-sandbox's dependencies file),
+#      built at start into that volume from the package index;
 #   4. restricted: an arbitrary uid, group 0, no capabilities, no_new_privs (Kubernetes' restricted Pod
 #      Security Standard, OpenShift's restricted-v2): podman's seccomp profile lets user namespaces through
 #      but refuses sethostname, so the userns mode with the run's hostname step dropped.
+# The shapes started with `podman run` reach no package index (PIP_INDEX_URL and npm's registry point at a closed
+# port): the image's own default layers serve them. Each line gives the time from `podman run` (or `kube play`) to
+# the first correct run (a Python run importing the default layer's packages), and the memory the container's
+# cgroup is charged once idle (SANDLOT_CT_IDLE_SECONDS after its last run, default 30: past the 20 s after which
+# the surplus ready children go), nothing dropped by hand.
 # Each must be healthy, serve both languages, report its mode; a literal /tmp round trip (write
 # /tmp/report.txt, read it back) is run and reported, and must pass in the modes whose /tmp is the run's own
 # (full, userns: a tmpfs; chroot: its cell's directory), and elsewhere (landlock) say where to write instead. `sandlot serve` is the container's pid 1 and must have put its init in front
@@ -21,12 +29,15 @@
 # made once and kept in podman's storage, as is the state under $SANDLOT_CT_DIR (default
 # /var/tmp/sandlot-container-test).
 #
-# Needs root, and Debian's podman, runc, slirp4netns and debootstrap (installed when missing). Takes about
-# half a minute with the stand-ins made and the image cached (the first time: about 2 minutes more). Not
+# Needs root, and Debian's podman, runc, slirp4netns and debootstrap (installed when missing). Takes about five
+# minutes with the stand-ins made and the image cached, 30 s of it at rest per shape (the first time: about 2
+# minutes more; an image build, a minute or two: it builds the default layers). Not
 # part of `./dev.sh test`: CI runs it first, as root (.ci/run), and anyone can run it alone.
 #
 # Environment: EXPECT_DEFAULT_MODE (chroot), EXPECT_COMPOSE_MODE (full), EXPECT_USERNS_MODE (chroot),
-# EXPECT_RESTRICTED_MODE (userns), SANDLOT_CT_DIR.
+# EXPECT_RESTRICTED_MODE (userns), SANDLOT_CT_DIR; SANDLOT_CT_PREFIX (sandlot-ct: the names of this run's
+# containers, pods and volumes) and SANDLOT_CT_IMAGE (localhost/sandlot-container-test:latest), for a run beside
+# another; SANDLOT_CT_SHAPES (only these shapes, by name), SANDLOT_CT_IDLE_SECONDS (30).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,7 +47,15 @@ EXPECT_COMPOSE_MODE=${EXPECT_COMPOSE_MODE:-full}
 EXPECT_USERNS_MODE=${EXPECT_USERNS_MODE:-chroot}
 EXPECT_RESTRICTED_MODE=${EXPECT_RESTRICTED_MODE:-userns}
 RESTRICTED_UID=1000990000 # as OpenShift's restricted-v2 picks one
-IMAGE=localhost/sandlot-container-test:latest
+# names of this run's own (containers, pods, volumes, image): another run of this script may share the machine
+CT=${SANDLOT_CT_PREFIX:-sandlot-ct}
+IMAGE=${SANDLOT_CT_IMAGE:-localhost/sandlot-container-test:latest}
+# no package index is reachable from the shapes that serve the image's default layers (the Dockerfile bakes them)
+NO_INDEX=(-e PIP_INDEX_URL=http://127.0.0.1:9/simple/ -e npm_config_registry=http://127.0.0.1:9/)
+DEFAULT_PY='import requests, httpx, jinja2\nprint(6 * 7)' # the default layer's packages, and the answer
+IDLE_SECONDS=${SANDLOT_CT_IDLE_SECONDS:-30}                  # at rest this long before its memory is read
+SHAPES=${SANDLOT_CT_SHAPES:-} # only these shapes (names, space-separated); all when empty
+wanted() { [ -z "$SHAPES" ] || [[ " $SHAPES " == *" $1 "* ]]; }
 KEY=container-test-$RANDOM$RANDOM
 KEEP=0
 [ "${1:-}" = "--keep" ] && KEEP=1
@@ -87,10 +106,14 @@ api() { # api PORT PATH [JSON]: the body of a request to the service
 
 results=()
 DATA_OWNER=""
+DATA_MODE=0775
+PY_CODE=$DEFAULT_PY
+OFFLINE=1 # 0: the shape reaches the package index (it builds an operator's addition)
 check() { # check NAME EXPECTED_MODE podman-run-options...: start, wait healthy, run both languages, read the mode
     local name=$1 expected=$2
     shift 2
-    local container="sandlot-ct-$name" port data
+    wanted "$name" || return 0
+    local container="$CT-$name" port data
     port=$(free_port)
     data="$STATE/data-$name"
     podman rm -f "$container" >/dev/null 2>&1 || true
@@ -98,12 +121,15 @@ check() { # check NAME EXPECTED_MODE podman-run-options...: start, wait healthy,
     # the volume as the shape's own user finds it: root of a user namespace is 100000 here, and a restricted
     # pod's arbitrary uid writes through group 0 (Kubernetes' fsGroup, OpenShift's convention)
     [ -z "$DATA_OWNER" ] || chown "$DATA_OWNER" "$data"
-    chmod 0775 "$data"
+    # a group-owned volume, or one made with `install -d -m 0770`, is closed to every other uid (DATA_MODE=0770)
+    chmod "$DATA_MODE" "$data"
     say "$name: starting ($*)"
-    local begin=$(date +%s)
+    local offline=()
+    [ "$OFFLINE" = 0 ] || offline=("${NO_INDEX[@]}")
+    local begin=$(date +%s.%N)
     podman run -d --name "$container" --no-healthcheck --network slirp4netns:port_handler=slirp4netns \
         -p "127.0.0.1:$port:8194" -e API_KEY="$KEY" \
-        -v "$data:/var/lib/sandlot" "$@" "$IMAGE" >/dev/null
+        -v "$data:/var/lib/sandlot" "${offline[@]}" "$@" "$IMAGE" >/dev/null
     verify "$name" "$expected" "$port" "$container" "$KEY" "$begin"
     if [ $KEEP = 0 ]; then
         podman rm -f "$container" >/dev/null 2>&1 || true
@@ -135,7 +161,8 @@ EOF
 
 check_kube() { # check_kube NAME EXPECTED_MODE MANIFEST [runAsUser]: `podman kube play` of a manifest as it is
     local name=$1 expected=$2 manifest=$3 user=${4:-}
-    local port played="$STATE/kube-$name.yaml" pod="sandlot-ct-$name-pod-0" key
+    wanted "$name" || return 0
+    local port played="$STATE/kube-$name.yaml" pod="$CT-$name-pod-0" key
     port=$(free_port)
     podman pod rm -f "$pod" >/dev/null 2>&1 || true
     podman secret rm sandlot-api-key >/dev/null 2>&1 || true
@@ -145,7 +172,7 @@ check_kube() { # check_kube NAME EXPECTED_MODE MANIFEST [runAsUser]: `podman kub
     # operator creates with kubectl (made here as a podman secret of the form podman 4.3's env lookup reads;
     # the manifests hold no key), a host port on loopback to reach the pod, the RuntimeDefault
     # profile (by annotation), and for the restricted variant the uid OpenShift would pick.
-    key=$(NAME="$name" MANIFEST="$manifest" PLAYED="$played" PORT="$port" RUN_AS="$user" python3 - <<'EOF'
+    key=$(NAME="$name" MANIFEST="$manifest" PLAYED="$played" PORT="$port" RUN_AS="$user" CT="$CT" IMAGE="$IMAGE" python3 - <<'EOF'
 import base64, json, os, re
 played = open(os.environ["MANIFEST"]).read().split("\n---\n")
 key = "kube-" + os.urandom(16).hex()  # the operator's Secret: the manifests hold no key
@@ -153,10 +180,10 @@ for i, doc in enumerate(played):
     if "kind: Deployment" in doc:
         doc = doc.replace("              containerPort: 8194", "              containerPort: 8194\n"
                           f"              hostPort: {os.environ['PORT']}\n              hostIP: 127.0.0.1")
-        doc = doc.replace("\n  name: sandbox\n", f"\n  name: sandlot-ct-{os.environ['NAME']}\n", 1)  # its pod's name
+        doc = doc.replace("\n  name: sandbox\n", f"\n  name: {os.environ['CT']}-{os.environ['NAME']}\n", 1)  # its pod's name
         # podman makes a named volume of each emptyDir, by its name: one of each shape's own here
-        doc = re.sub(r"(- name: )(data|tmp)\b", rf"\1sandlot-ct-{os.environ['NAME']}-\2", doc)
-        doc = doc.replace("image: localhost/sandlot:latest", "image: localhost/sandlot-container-test:latest")
+        doc = re.sub(r"(- name: )(data|tmp)\b", rf"\1{os.environ['CT']}-{os.environ['NAME']}-\2", doc)
+        doc = doc.replace("image: localhost/sandlot:latest", f"image: {os.environ['IMAGE']}")
         doc = doc.replace("    metadata:\n      labels:", "    metadata:\n      annotations:\n"
                           "        seccomp.security.alpha.kubernetes.io/pod: localhost/runtime-default.json\n      labels:")
         if os.environ["RUN_AS"]:
@@ -171,7 +198,7 @@ EOF
     podman secret create sandlot-api-key "$played.secret" >/dev/null 2>&1 || true # kept from --keep's last
     rm -f "$played.secret"
     say "$name: podman kube play $manifest"
-    local begin=$(date +%s)
+    local begin=$(date +%s.%N)
     podman kube play --network slirp4netns:port_handler=slirp4netns --seccomp-profile-root "$STATE/seccomp" \
         "$played" >"$STATE/$name.play.log" 2>&1 || cat "$STATE/$name.play.log"
     verify "$name" "$expected" "$port" "$pod-sandlot" "$key" "$begin"
@@ -185,6 +212,23 @@ EOF
 
 verify() { # verify NAME EXPECTED PORT CONTAINER API_KEY BEGIN: wait healthy, run both languages, read the mode
     local name=$1 expected=$2 port=$3 container=$4 KEY=$5 begin=$6
+    # exec -> first correct run: a Python run asked for again and again from `podman run` (or `kube play`) on,
+    # until one answers right (a run that comes while the service starts waits for it, within its timeout)
+    local first_run="" tick=0 answer
+    while [ "$expected" != refused ] && [ $tick -lt 1200 ]; do
+        tick=$((tick + 1))
+        answer=$(curl -s --max-time 30 -H "X-Api-Key: $KEY" -H 'Content-Type: application/json' \
+            -d "{\"language\":\"python3\",\"code\":\"$PY_CODE\"}" "http://127.0.0.1:$port/v1/sandbox/run" || true)
+        if [[ $answer == *'"stdout":"42\n"'* ]]; then
+            first_run=$(python3 -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.2f}')" "$begin")
+            break
+        fi
+        if [ $((tick % 20)) = 0 ]; then
+            [ "$(podman inspect -f '{{.State.Running}}' "$container" 2>/dev/null)" = true ] || break
+            [[ $answer == *'"code":-500'* ]] && break # refused for good (a layer that could not be built)
+        fi
+        sleep 0.1
+    done
     local healthy=0
     for tick in $(seq 1 300); do
         if [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health")" = 200 ]; then
@@ -202,10 +246,11 @@ sys.exit(0 if refused else 1)' 2>/dev/null; then
         fi
         sleep 1
     done
-    local ready=$(($(date +%s) - begin))
+    local ready
+    ready=$(python3 -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$begin")
     podman logs "$container" >"$STATE/$name.log" 2>&1 || true
     local python node detail
-    python=$(api "$port" /v1/sandbox/run '{"language":"python3","code":"print(6 * 7)","enable_network":true}' || true)
+    python=$(api "$port" /v1/sandbox/run "{\"language\":\"python3\",\"code\":\"$PY_CODE\",\"enable_network\":true}" || true)
     node=$(api "$port" /v1/sandbox/run '{"language":"nodejs","code":"console.log(6 * 7)","enable_network":true}' || true)
     # a literal /tmp path, written and read back (Dify code writes /tmp/report.pdf)
     local tmp_trip
@@ -217,9 +262,32 @@ sys.exit(0 if refused else 1)' 2>/dev/null; then
     local init
     init=$(podman exec "$container" python3 -c 'print(open("/proc/1/cmdline").read().replace("\0", " "))' || true)
     podman logs "$container" >"$STATE/$name.log" 2>&1 || true
+    # charged idle memory: what the container's memory cgroup is charged at rest (podman stats' figure; the
+    # cgroup's own usage and its page cache beside it), nothing dropped by hand
+    sleep "$IDLE_SECONDS"
+    local memory cgroup_dir
+    memory=$(podman stats --no-stream --format '{{.MemUsage}}' "$container" 2>/dev/null | awk '{print $1}' || true)
+    cgroup_dir=/sys/fs/cgroup/memory$(podman inspect -f '{{.State.CgroupPath}}' "$container" 2>/dev/null || true)
+    [ -f "$cgroup_dir/memory.usage_in_bytes" ] || cgroup_dir=/sys/fs/cgroup$(podman inspect -f '{{.State.CgroupPath}}' "$container" 2>/dev/null || true)
+    local cgroup_memory
+    cgroup_memory=$(CGROUP="$cgroup_dir" python3 -c '
+import os
+d = os.environ["CGROUP"]
+def read(name):
+    try:
+        return open(os.path.join(d, name)).read()
+    except OSError:
+        return ""
+usage = read("memory.usage_in_bytes") or read("memory.current")
+stat = dict(line.split() for line in read("memory.stat").splitlines() if len(line.split()) == 2)
+cache = stat.get("total_cache") or stat.get("file") or "0"
+slab = stat.get("slab") or "0"
+print(f"{int(usage or 0) / 1e6:.0f} MB (page cache {int(cache) / 1e6:.0f} MB, slab {int(slab) / 1e6:.0f} MB)" if usage else "unknown")
+' || true)
     local verdict
     verdict=$(NAME="$name" EXPECTED="$expected" HEALTHY="$healthy" READY="$ready" PYTHON_RUN="$python" NODE_RUN="$node" \
-        DETAIL="$detail" INIT="$init" TMP_TRIP="$tmp_trip" HEALTH_CODE="$health_code" python3 - <<'EOF'
+        DETAIL="$detail" INIT="$init" TMP_TRIP="$tmp_trip" HEALTH_CODE="$health_code" FIRST_RUN="$first_run" \
+        MEMORY="$memory" CGROUP_MEMORY="$cgroup_memory" BUILDS="${BUILDS:-0}" python3 - <<'EOF'
 import json, os
 def load(name):
     try:
@@ -253,7 +321,11 @@ if not tmp and "write under the working directory" not in tmp_error:
     ok = False  # where /tmp cannot be the run's own (landlock), the error says where to write instead
 tmp_shown = tmp or tmp_error.splitlines()[-1:]
 hostname = {lang: (rt.get("protections") or {}).get("hostname") for lang, rt in detail.items()}
-print(f"{'PASS' if ok else 'FAIL'} {os.environ['NAME']}: healthy={os.environ['HEALTHY'] == '1'} in {os.environ['READY']} s, "
+first_run = os.environ["FIRST_RUN"]
+print(f"{'PASS' if ok else 'FAIL'} {os.environ['NAME']}: first correct run {first_run or 'never'} s after start"
+      + (" (builds an operator's addition)" if os.environ["BUILDS"] == "1" else "")
+      + f", idle memory {os.environ['MEMORY'] or 'unknown'} (cgroup: {os.environ['CGROUP_MEMORY']}), "
+      f"healthy={os.environ['HEALTHY'] == '1'} in {os.environ['READY']} s, "
       f"serves={serves}, init={init}, modes={modes} (expected {expected}), tmp={tmp_shown}, "
       f"hostname={hostname}, record={record}"
       + (f", errors={why}" if why else ""))
@@ -265,7 +337,15 @@ EOF
 
 check default "$EXPECT_DEFAULT_MODE"
 check compose "$EXPECT_COMPOSE_MODE" --cap-add SYS_ADMIN --cap-add NET_ADMIN --security-opt apparmor=unconfined
-DATA_OWNER=100000:100000 check userns "$EXPECT_USERNS_MODE" --uidmap 0:100000:65536 --gidmap 0:100000:65536
+# the volume's root as `install -d -m 0770` gives it, the container's root's: no other uid passes through it
+DATA_OWNER=100000:100000 DATA_MODE=0770 check userns "$EXPECT_USERNS_MODE" --uidmap 0:100000:65536 --gidmap 0:100000:65536
+# the same with an operator's addition (dify-sandbox's dependencies file: one more package), which is built at
+# start into that volume, from the package index: the build's uid cannot pass through the volume's root
+printf 'requests\nhttpx\njinja2\nsix\n' >"$STATE/additions-requirements.txt"
+chmod 0644 "$STATE/additions-requirements.txt"
+DATA_OWNER=100000:100000 DATA_MODE=0770 PY_CODE='import requests, six\nprint(6 * 7)' OFFLINE=0 BUILDS=1 \
+    check userns-additions "$EXPECT_USERNS_MODE" --uidmap 0:100000:65536 --gidmap 0:100000:65536 \
+    -v "$STATE/additions-requirements.txt:/dependencies/python-requirements.txt:ro"
 DATA_OWNER=$RESTRICTED_UID:0 check restricted "$EXPECT_RESTRICTED_MODE" \
     --user "$RESTRICTED_UID:0" --cap-drop=all --security-opt no-new-privileges
 

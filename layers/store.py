@@ -7,6 +7,15 @@ the sources (layers/packages.py) are part of the key too. A finished layer is
 never written again; a new build goes next to it and the runtime switches over.
 Builds are serialized.
 
+An image may carry layers built when it was built (the service image's Dockerfile: IMAGE_LAYERS), in a
+read-only store of the same form: a layer for the current key found there is served as it is, and a new
+volume needs no package index for the defaults. Anything else (an operator's additions, other sources) is
+built into the data directory as always.
+
+Where the build's uid cannot reach the store (a data volume whose root is closed to others, as
+`install -d -m 0770` gives, and a build that runs as that uid on the container's own files: the chroot mode),
+the build runs in a staging directory of its own under the temporary directory, and its result is copied in.
+
 Several instances may share a data directory: each holds a shared flock on every
 layer it uses, from the moment it starts building it (the scratch directory is
 locked before the build and renamed into place with the lock held), and a layer,
@@ -21,6 +30,8 @@ import json
 import logging
 import os
 import shutil
+import stat
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +42,12 @@ from runtimes.linux.dirlock import TRASH, lock_shared, remove_if_unlocked
 log = logging.getLogger("sandlot.layers")
 
 STALE_BUILD_SECONDS = 3600.0  # a build directory untouched this long, and unlocked, was left by a dead build
+IMAGE_LAYERS = "/opt/sandlot/image-layers"  # the service image's layers, one store per language folder (Dockerfile)
+
+
+def image_layers(folder: str) -> Path:
+    """The read-only store of the layers the image carries for a language (may not exist)."""
+    return Path(IMAGE_LAYERS) / folder
 
 
 class LayerBuildError(RuntimeError):
@@ -57,11 +74,16 @@ class LayerStore:
         build: Callable[[Path, Requested, Output], None],
         salt: str = "",
         requested: Callable[[], Requested] = lambda: None,
+        baked: Path | None = None,
+        build_uid: Callable[[], int | None] = lambda: None,
     ):
         """sources(): the files the layer is built from; requested(): the packages asked for on top of them (the
         ones the serving layer has); build(scratch, requested, on_output): fills scratch or raises
-        LayerBuildError."""
+        LayerBuildError. baked: a read-only store of layers built with the image, used as they are when their
+        key is the current one. build_uid(): the uid the build runs as when the service is root (staging, above)."""
         self.root = root
+        self.baked = baked
+        self._build_uid = build_uid
         self._sources = sources
         self._build = build
         self._salt = salt
@@ -84,10 +106,13 @@ class LayerStore:
     def existing(self) -> Path | None:
         """The newest finished layer built from the current sources and requested packages, if any."""
         key = self.key()
-        if not self.root.is_dir():
-            return None
-        candidates = [p for p in self.root.iterdir() if p.name.startswith(key + "-") and _finished(p.name)]
-        return max(candidates, key=_mtime, default=None)
+        for root in (self.root, self.baked):
+            if root is None or not root.is_dir():
+                continue
+            candidates = [p for p in root.iterdir() if p.name.startswith(key + "-") and _finished(p.name)]
+            if candidates:
+                return max(candidates, key=_mtime)
+        return None
 
     def ensure(self) -> str:
         """A layer for the current sources: an existing one, or a new build. Collects unused ones."""
@@ -134,16 +159,37 @@ class LayerStore:
             shutil.rmtree(scratch, ignore_errors=True)
             scratch.mkdir(mode=0o755)
             held = lock_shared(scratch)  # no other instance's collect() removes it, built or not
+            staging = self._staging()
             try:
-                self._build(scratch, requested, on_output)
-                make_readable(scratch)
+                if staging is None:
+                    self._build(scratch, requested, on_output)
+                    make_readable(scratch)
+                else:  # built where the build's uid can reach, then copied in by the service
+                    self._build(staging, requested, on_output)
+                    make_readable(staging)
+                    shutil.copytree(staging, scratch, symlinks=True, dirs_exist_ok=True)
+                    os.chmod(scratch, 0o755)
                 os.rename(scratch, target)  # the same directory: our lock stays on it
             except BaseException:
                 os.close(held)
                 shutil.rmtree(scratch, ignore_errors=True)
                 raise
+            finally:
+                if staging is not None:
+                    shutil.rmtree(staging, ignore_errors=True)
             self._held[str(target)] = held
             return str(target)
+
+    def _staging(self) -> Path | None:
+        """A directory of the build's own outside the store when the build's uid could not reach the store (root
+        runs the build as another uid, without a tree of its own where the store is bound in), else None."""
+        uid = self._build_uid() if os.geteuid() == 0 else None
+        if uid is None or reachable(self.root, uid):
+            return None
+        staging = Path(tempfile.mkdtemp(prefix="sandlot-layer-build-"))
+        os.chmod(staging, 0o755)
+        log.info("the build's uid %d cannot reach %s: building in %s, then copying in", uid, self.root, staging)
+        return staging
 
     def retire(self, path: str) -> None:
         """This instance is done with a layer (never the current one): remove it unless another uses it."""
@@ -169,6 +215,16 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except FileNotFoundError:  # removed by another instance since we listed it
         return 0.0
+
+
+def reachable(path: Path, uid: int) -> bool:
+    """Whether uid, with no groups, may pass through every directory down to path."""
+    path = Path(os.path.realpath(path))
+    for directory in [*reversed(path.parents), path]:
+        info = os.stat(directory)
+        if not info.st_mode & (stat.S_IXUSR if info.st_uid == uid else stat.S_IXOTH):
+            return False
+    return True
 
 
 def make_readable(root: Path) -> None:

@@ -161,3 +161,18 @@ def _top_level_packages() -> list[str]:
     return [
         name for name in os.listdir(ROOT) if name != "tests" and os.path.isfile(os.path.join(ROOT, name, "__init__.py"))
     ]
+
+
+def test_the_image_builds_the_default_layers_where_the_service_looks_for_them(dockerfile):
+    """A new volume serves the defaults without a package index: the image builds them into the store the service
+    reads (layers/store.py: IMAGE_LAYERS), after the ENV that the layers' keys hash (node's path), so that the key
+    the service computes at start is the one the image's layer was built under."""
+    from layers.store import IMAGE_LAYERS
+
+    stage = final_stage(dockerfile)
+    builds = [n for n, i in enumerate(stage) if i["instruction"] == "RUN" and "sandlot layers build" in i["value"]]
+    assert len(builds) == 1, "one RUN builds the default layers"
+    command = stage[builds[0]]["value"]
+    assert IMAGE_LAYERS in command and "compileall" in command
+    envs = [n for n, i in enumerate(stage) if i["instruction"] == "ENV" and "NODEJS_PATH" in i["value"]]
+    assert envs and envs[0] < builds[0]

@@ -19,6 +19,7 @@ class FakePool:
     def __init__(self):
         self.on_replaced: list = []
         self.on_running: list = []
+        self.on_idle: list = []
         self.last_error = ""
         self.made = 0
         self.killed: list[FakeChild] = []
@@ -100,6 +101,28 @@ def test_ready_children_follow_the_load(quick_idle):
         await pooled.finish(child)
         await settle()
         assert pooled.status()["ready_children"] == 4
+        await pooled.stop()
+
+    asyncio.run(scenario())
+
+
+def test_going_idle_is_told_once_until_runs_come_again(quick_idle):
+    # the chroot mode drops the page cache of its trees then (provisions.py): what the surplus children mapped
+    async def scenario():
+        pool = FakePool()
+        told = []
+        pool.on_idle.append(lambda: told.append(pool.made))
+        pooled = schedule.PooledSchedule(pool, {(): 3}, {(): 1})
+        await pooled.start()
+        await settle()
+        await asyncio.sleep(0.35)
+        assert len(told) == 1 and pooled.status()["ready_children"] == 1  # told once its surplus was let go
+        await asyncio.sleep(0.3)
+        assert len(told) == 1  # still idle: nothing more to let go, nothing told
+        child = await pooled.take(())
+        await pooled.finish(child)
+        await asyncio.sleep(0.35)
+        assert len(told) == 2
         await pooled.stop()
 
     asyncio.run(scenario())

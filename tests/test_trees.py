@@ -314,6 +314,59 @@ def test_a_tree_is_built_once_reused_after_a_restart_and_rebuilt_when_a_source_c
 
 
 @needs_root
+def test_the_runtimes_trees_are_built_one_at_a_time(place, monkeypatch):
+    # side by side, each would take as long as both: the first Python run would wait for node's copy too
+    python_spec, _ = _store_spec(os.path.join(place, "python"))
+    node_spec, _ = _store_spec(os.path.join(place, "nodejs"))
+    building, overlapped = [], []
+    materialize = materialized.materialize
+
+    def watched(spec, scratch, device_nodes=True, uncache=False):
+        building.append(scratch)
+        overlapped.append(len(building) > 1)
+        time.sleep(0.2)
+        try:
+            return materialize(spec, scratch, device_nodes, uncache)
+        finally:
+            building.remove(scratch)
+
+    monkeypatch.setattr(materialized, "materialize", watched)
+    stores = [trees.TreeStore(os.path.join(place, "trees")) for _ in range(2)]  # each runtime opens its own
+    with ThreadPoolExecutor(2) as pool:
+        paths = list(pool.map(lambda store, spec: store.ensure(spec), stores, [python_spec, node_spec]))
+    assert len(set(paths)) == 2 and all(os.path.isdir(path) for path in paths)
+    assert overlapped == [False, False]
+    for store in stores:
+        store.close()
+
+
+@needs_root
+def test_the_default_languages_tree_is_built_first_though_another_asked_first(place, monkeypatch):
+    # the Node.js runtime asks a little earlier (its spec is quicker made): the first Python run must not wait for
+    # node's copy
+    python_spec, _ = _store_spec(os.path.join(place, "python"))
+    node_spec, _ = _store_spec(os.path.join(place, "nodejs"))
+    order = []
+    materialize = materialized.materialize
+
+    def watched(spec, scratch, device_nodes=True, uncache=False):
+        order.append("python" if spec is python_spec else "nodejs")
+        return materialize(spec, scratch, device_nodes, uncache)
+
+    monkeypatch.setattr(materialized, "materialize", watched)
+    python_store = trees.TreeStore(os.path.join(place, "trees"), first=True)
+    node_store = trees.TreeStore(os.path.join(place, "trees"))
+    with ThreadPoolExecutor(2) as pool:
+        node = pool.submit(node_store.ensure, node_spec)
+        time.sleep(0.3)  # node's build is waiting its turn
+        python = pool.submit(python_store.ensure, python_spec)
+        python.result(10), node.result(10)
+    assert order == ["python", "nodejs"]
+    python_store.close()
+    node_store.close()
+
+
+@needs_root
 def test_a_tree_another_instance_holds_is_not_removed(place):
     spec, _module = _store_spec(place)
     first = trees.TreeStore(os.path.join(place, "trees"))

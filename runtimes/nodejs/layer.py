@@ -39,7 +39,7 @@ def managed_layer(settings, data_dir: Path) -> Layer | None:
     data_dir/packages)."""
     from layers.manager import Layer
     from layers.requested import RequestedPackages
-    from layers.store import LayerStore
+    from layers.store import LayerStore, image_layers
 
     node = os.path.realpath(settings.NODEJS_PATH)
     if not os.access(node, os.X_OK):
@@ -54,6 +54,8 @@ def managed_layer(settings, data_dir: Path) -> Layer | None:
         ),
         salt=node,
         requested=requested.render,
+        baked=image_layers(NODEJS.folder),  # the defaults the service image carries (Dockerfile)
+        build_uid=lambda: settings.build_uid,
     )
     return Layer(
         store,

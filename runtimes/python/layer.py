@@ -45,7 +45,7 @@ def managed_layer(settings, data_dir: Path) -> Layer:
     from the requirements file, with the packages an operator asked for on top (kept in data_dir/packages)."""
     from layers.manager import Layer
     from layers.requested import RequestedPackages
-    from layers.store import LayerStore
+    from layers.store import LayerStore, image_layers
 
     python = os.path.realpath(settings.PYTHON_PATH)
     requirements = lambda: requirements_file(settings.SANDLOT_PYTHON_REQUIREMENTS)  # noqa: E731
@@ -64,6 +64,8 @@ def managed_layer(settings, data_dir: Path) -> Layer:
         ),
         salt=python,
         requested=requested.render,
+        baked=image_layers(PYTHON.folder),  # the defaults the service image carries (Dockerfile)
+        build_uid=lambda: settings.build_uid,
     )
     return Layer(
         store,

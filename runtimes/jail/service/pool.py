@@ -104,6 +104,7 @@ class ChildPool:
         self.on_retired: list[Callable[[ZygoteHandle], None]] = []  # each retired zygote, once it has exited
         self.on_replaced: list[Callable[[ZygoteHandle], None]] = []  # the zygote that is no longer current
         self.on_running: list[Callable[[], None]] = []  # a zygote is running again after none was
+        self.on_idle: list[Callable[[], None]] = []  # a schedule let its surplus ready children go (no runs for long)
         self.generation = 0
         self.last_error = ""
         # ready means a run can be served (runtime.ready): children fully confined so far, and the failures

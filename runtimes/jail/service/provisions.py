@@ -41,9 +41,10 @@ from runtimes.jail.service.uids import UidPool, UidPoolExhausted
 from runtimes.jail.tmp.caps import RunDirectories, TmpWatcher
 from runtimes.jail.tmp.scratch import Scratch
 from runtimes.jail.tmp.shared_tmp import SharedRunDirectories
-from runtimes.jail.trees import tree_store
+from runtimes.jail.trees import materialized, tree_store
 from runtimes.jail.zygote_config import Confinement, ZygoteConfig, ZygoteNetwork
-from runtimes.linux import pasta, tempdirs
+from runtimes.languages import DEFAULT, NODEJS
+from runtimes.linux import pasta, rootfs, tempdirs
 from runtimes.linux.egress import EgressFilter, resolvers
 from runtimes.linux.pasta import REFUSED as REFUSED_PREFIX
 from runtimes.linux.pasta import NamespaceNetwork
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
     from runtimes.linux.rootfs import TreeSpec
 
 log = logging.getLogger("sandlot.runtime")
+
+TREE_SETTLE_SECONDS = 5.0  # after a chroot zygote's start or the surplus children's end, before the trees' pages go
 
 # runs sharing the runtime's uid, one at a time (a Lambda function): the platform's network, as before
 PLATFORM_NETWORK = network_access.RunNetwork(
@@ -76,6 +79,9 @@ class Provisions:
         self.proxy: ProxyEgress | None = None  # egress not filtered, a proxy configured: its port only
         self.unfiltered_why = ""  # userns without pasta, SANDLOT_UNFILTERED_EGRESS=allow: why there is no filter
         self.trees: tree_store.TreeStore | None = None  # the chroot mode: materialized trees
+        self._forgetting: dict[str, int] = {}  # trees of copies (their pages dropped at rest): zygotes on each
+        self._forgetting_files: set[str] = set()  # files of the image (node) whose pages are dropped at rest
+        self._forget_hooked: ChildPool | None = None  # the pool whose going idle drops the trees' pages
         self.tmp_watcher: TmpWatcher | None = None  # the chroot and landlock modes: each run's /tmp capped
         self.run_dirs: RunDirectories | SharedRunDirectories | None = None
         self.thread_cap: ThreadCap | None = None  # the landlock mode: RLIMIT_NPROC would count the service's tasks
@@ -312,12 +318,46 @@ class Provisions:
             raise
         if zygote.network_error:
             self.network_failed(zygote.network_error)
+        if root and self.trees.uncache:
+            self._forgetting[root] = self._forgetting.get(root, 0) + 1
+            self._forget_at_rest(pool)
+            pool.background(self._forget_tree_pages(TREE_SETTLE_SECONDS))
+        elif not root and self.language == NODEJS.wire_name:
+            # the other modes run the image's own node: at rest no node is left (its idle level is none), and the
+            # ~70 MB of it the children mapped would stay charged to the container that first read them
+            node = os.path.realpath(self.config.nodejs_path)
+            if materialized.filesystem(node) == "overlay":
+                self._forgetting_files.add(node)
+                self._forget_at_rest(pool)
         return zygote
+
+    def _forget_at_rest(self, pool: ChildPool) -> None:
+        if self._forget_hooked is not pool:  # once per pool (a runtime started again has a new one)
+            self._forget_hooked = pool
+            pool.on_idle.append(lambda: pool.background(self._forget_tree_pages(TREE_SETTLE_SECONDS)))
+
+    async def _forget_tree_pages(self, delay: float) -> None:
+        """The chroot mode on a container's own filesystem: once the zygote and its first children have read what
+        they start on, and again whenever the service goes idle (its surplus children gone), the pages of the
+        trees' copies that no process maps are dropped (the interpreter's modules, read once into the zygote; the
+        part of node no live process maps): the container is not charged for them at rest. What a run reads later
+        comes back from the disk."""
+        await asyncio.sleep(delay)
+        for path in list(self._forgetting_files):
+            rootfs.forget_cached_pages(path)
+        for root in list(self._forgetting):
+            try:
+                await asyncio.to_thread(tree_store.forget_pages, root)
+            except OSError as exc:  # the tree retired meanwhile: nothing to forget
+                log.debug("%s: the tree's pages were not dropped: %s", self.language, exc)
 
     def zygote_retired(self, zygote: ZygoteHandle, pool: ChildPool) -> None:
         """The chroot mode: a retired zygote's tree is released, removed if no zygote (of any instance) is left on
         it: thousands of files, off the event loop."""
         if self.trees is not None and zygote.tree_root:
+            users = self._forgetting.pop(zygote.tree_root, 0) - 1
+            if users > 0:
+                self._forgetting[zygote.tree_root] = users
             pool.background(asyncio.to_thread(self.release_tree, zygote.tree_root))
             zygote.tree_root = ""
 
@@ -325,7 +365,9 @@ class Provisions:
 
     def _open_trees(self) -> tree_store.TreeStore:
         try:
-            return tree_store.TreeStore(tree_store.trees_dir(self.config.data_dir))
+            # the default language's tree is built first (tree_store: one at a time)
+            first = self.language == DEFAULT.wire_name
+            return tree_store.TreeStore(tree_store.trees_dir(self.config.data_dir), first=first)
         except tree_store.TreeUnusable as exc:
             raise modes.JailRefused(f"the chroot jail's tree cannot be made: {exc}") from exc
 

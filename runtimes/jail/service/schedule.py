@@ -160,6 +160,8 @@ class PooledSchedule:
                 went_idle = True
         if went_idle:  # the service's own heap too: what the busy spell freed goes back to the kernel (~1 ms)
             syscalls.malloc_trim()
+            for callback in self.pool.on_idle:  # and what the pool's provisions keep at rest (trees' pages)
+                callback()
         self._idle_check = asyncio.get_running_loop().call_later(IDLE_SECONDS / 4, self._watch_idle)
 
     def _refill(self) -> None:

@@ -251,16 +251,17 @@ def _file_in(source: str, target: str, info: os.stat_result, done: Materialized)
     done.copied += 1
 
 
-def drop_cache(root: str) -> int:
+def drop_cache(root: str, skipped: tuple[str, ...] = ()) -> int:
     """Drop what the page cache holds of the files under root (written back first: dirty pages stay), except
-    pages a process maps; how many files were told."""
+    pages a process maps, and the directories in skipped; how many files were told."""
     told = 0
     pending = [root]
     while pending:
         with os.scandir(pending.pop()) as entries:
             for entry in entries:
                 if entry.is_dir(follow_symlinks=False):
-                    pending.append(entry.path)
+                    if entry.path not in skipped:
+                        pending.append(entry.path)
                 elif entry.is_file(follow_symlinks=False):
                     told += forget_cached_pages(entry.path)
     return told
@@ -270,12 +271,12 @@ def fills_cache(root: str, source: str) -> bool:
     """Whether materializing under root reads and writes the bytes of files from source's filesystem: root on
     overlayfs (linking a file of a lower layer copies it up first) or on another filesystem (a copy)."""
     try:
-        return os.stat(root).st_dev != os.stat(source).st_dev or _filesystem(root) == "overlay"
+        return os.stat(root).st_dev != os.stat(source).st_dev or filesystem(root) == "overlay"
     except OSError:
         return False
 
 
-def _filesystem(path: str) -> str:
+def filesystem(path: str) -> str:
     """The type of the filesystem mounted where path lies (/proc/self/mountinfo), "" if not found."""
     path = os.path.realpath(path)
     found, kind = "", ""

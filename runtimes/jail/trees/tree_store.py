@@ -54,6 +54,15 @@ log = logging.getLogger("sandlot.trees")
 
 STALE_BUILD_SECONDS = 3600.0  # a half-built tree untouched this long, and unlocked, was left by a dead build
 
+# One tree built at a time, whichever language: side by side (threads of one process, one disk) each would take as
+# long as both. The first language's (the default, Python: a store opened with first=True) goes first: the other
+# stores' builds wait until it has its first tree (or FIRST_WAIT_SECONDS), so that the first Python run does not
+# wait for the Node.js tree's copy of node (whose runtime asks a little earlier: its tree's spec is quicker made).
+_building = threading.Lock()
+_first_turn = threading.Condition()
+_first_pending = 0  # stores opened with first=True that have not got their first tree yet
+FIRST_WAIT_SECONDS = 10.0  # at most: a first store that never builds (its runtime failed) holds no one up for long
+
 
 IMAGE_TREES = "/var/cache/sandlot"  # made by the service image's Dockerfile, on the image's own filesystem
 
@@ -131,8 +140,9 @@ def devices_work(directory: str) -> str:
 class TreeStore:
     """The materialized trees of one instance, under root (`<data dir>/trees`)."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, first: bool = False):
         self.root = root
+        self._pending_first = False
         os.makedirs(root, mode=0o755, exist_ok=True)
         os.chmod(root, 0o755)
         if os.statvfs(root).f_flag & os.ST_NOEXEC:
@@ -148,6 +158,12 @@ class TreeStore:
             log.warning("trees get stand-ins for /dev (a read-only empty null, no zero or random): %s", self.no_devices)
         self._lock = threading.Lock()
         self._held: dict[str, tuple[int, int]] = {}  # tree path -> (directory fd holding our shared lock, users)
+        self._first = first
+        if first:
+            global _first_pending
+            with _first_turn:
+                _first_pending += 1
+                self._pending_first = True
 
     @property
     def device_nodes(self) -> bool:
@@ -155,6 +171,20 @@ class TreeStore:
 
     def ensure(self, spec: dict) -> str:
         """A finished tree for spec, built now if there is none; held until release() (once per ensure())."""
+        try:
+            return self._ensure(spec)
+        finally:
+            self._first_done()
+
+    def _first_done(self) -> None:
+        global _first_pending
+        if self._pending_first:
+            with _first_turn:
+                _first_pending -= 1
+                self._pending_first = False
+                _first_turn.notify_all()
+
+    def _ensure(self, spec: dict) -> str:
         key = fingerprint(spec, self.device_nodes)
         path = os.path.join(self.root, key)
         with self._lock:
@@ -172,6 +202,15 @@ class TreeStore:
         return path
 
     def _build(self, spec: dict, path: str) -> None:
+        if not self._first:
+            with _first_turn:
+                _first_turn.wait_for(lambda: _first_pending == 0, timeout=FIRST_WAIT_SECONDS)
+        with _building:
+            if os.path.isdir(path):
+                return  # another store of this process built it while this one waited
+            self._build_now(spec, path)
+
+    def _build_now(self, spec: dict, path: str) -> None:
         scratch = f"{path}.build-{time.time_ns()}"
         os.mkdir(scratch, 0o700)  # nobody looks in while it is built; materialize() opens it up at the end
         held = lock_shared(scratch)  # another instance's collect() leaves it alone
@@ -231,6 +270,7 @@ class TreeStore:
                 log.info("removed unused tree %s", path)
 
     def close(self) -> None:
+        self._first_done()
         with self._lock:
             for fd, _users in self._held.values():
                 os.close(fd)
@@ -249,6 +289,13 @@ def _mtime(path: str) -> float:
         return os.stat(path).st_mtime
     except FileNotFoundError:
         return 0.0
+
+
+def forget_pages(tree_root: str) -> int:
+    """Drop the page cache of a tree's files that no process maps (its cells' files are the same inodes, and
+    are not walked); how many files were told. Only for a tree of copies of its own (TreeStore.uncache): the
+    pages of a tree of hard links are the host's files' too."""
+    return materialized.drop_cache(tree_root, skipped=(tree_root + tree_files.CELLS,))
 
 
 # ---- each run's own /tmp in a tree ------------------------------------------------------------------------
