@@ -5,7 +5,7 @@
 #   infra/sam_local_test.sh            # as root: build, check in the cold and the warm container modes, stop
 #   infra/sam_local_test.sh --keep     # the same, then leave start-api and start-lambda (warm) running and print
 #                                      # SAM_API_URL=..., SAM_LAMBDA_URL=..., SAM_API_KEY=... lines
-#   infra/sam_local_test.sh --stop     # end what --keep left running
+#   infra/sam_local_test.sh --stop     # end what --keep left running (that run's, nobody else's)
 #
 # It installs what is missing (Debian's podman, runc, debootstrap; aws-sam-cli $SAM_CLI_VERSION and boto3 in
 # a venv of their own under $STATE), starts podman's API service on a socket of its own, makes the base
@@ -25,6 +25,11 @@
 # set with --env-vars), at podman's bridge gateway, where start-lambda listens: SAM's containers are on
 # podman's default bridge network, and the host's loopback is not theirs.
 #
+# Other runs share the machine (another SAM run, other tests' containers): this one removes only the containers it
+# started. SAM labels its containers (sam.cli.container.type) but with nothing of the run's own, so every container
+# created through this run's podman API socket carries the annotation sandlot.sam-test.run=RUN (the run's id, from
+# the run's own CONTAINERS_CONF), and only SAM's containers with this run's annotation are removed.
+#
 # Environment: SAM_CLI_VERSION (1.170.0), SAM_TEST_MODES ("none EAGER"), STATE, SAM_LAMBDA_PORT (18201),
 # SAM_API_PORT (18202).
 set -euo pipefail
@@ -38,6 +43,9 @@ API_PORT=${SAM_API_PORT:-18202}
 VENV="$STATE/sam-venv"
 SOCK="$STATE/podman.sock"
 PIDS="$STATE/kept.pids"
+KEPT_RUN="$STATE/kept.run" # the kept run's id, for --stop
+RUN_ANNOTATION=sandlot.sam-test.run
+RUN_ID=$(date +%s)-$$-$RANDOM
 ACTION=run
 case "${1:-}" in
     --keep) ACTION=keep ;;
@@ -62,18 +70,35 @@ stop_pid() { # stop_pid PID: SIGTERM, SIGKILL after 20 s (SAM leaves its contain
     kill -KILL "$pid" 2>/dev/null || true
 }
 
-remove_sam_containers() { # what SAM left: its containers carry the label sam.cli.container.type
+run_containers() { # run_containers RUN: the ids of SAM's containers that RUN started (its annotation), none other
+    local id run
+    podman ps -aq --no-trunc --filter label=sam.cli.container.type 2>/dev/null | while read -r id; do
+        run=$(podman container inspect -f "{{index .Config.Annotations \"$RUN_ANNOTATION\"}}" "$id" 2>/dev/null) || continue
+        [ "$run" = "$1" ] && echo "$id"
+    done
+    return 0
+}
+
+remove_sam_containers() { # remove_sam_containers [RUN]: what SAM left of this run (or of RUN), by id
     local ids
-    ids=$(podman ps -aq --filter label=sam.cli.container.type 2>/dev/null || true)
+    ids=$(run_containers "${1:-$RUN_ID}")
     [ -z "$ids" ] || podman rm -f $ids >/dev/null 2>&1 || true
 }
 
-export CONTAINERS_CONF="$STATE/containers.conf"
+run_conf() { # run_conf FILE: this machine's podman settings (infra/standins.sh), every container annotated with the run
+    podman_conf "$1"
+    sed -i "s|^\[containers\]\$|[containers]\nannotations = [\"$RUN_ANNOTATION=$RUN_ID\"]|" "$1"
+    grep -qF "$RUN_ANNOTATION=$RUN_ID" "$1" || fail "$1: no run annotation"
+}
+
+export CONTAINERS_CONF="$STATE/containers-$RUN_ID.conf"
 if [ "$ACTION" = stop ]; then
     [ -s "$PIDS" ] || { echo "nothing kept (no $PIDS)"; exit 0; }
     while read -r pid; do stop_pid "$pid"; done < <(tac "$PIDS")
-    remove_sam_containers
-    rm -f "$PIDS"
+    kept_run=$(cat "$KEPT_RUN" 2>/dev/null || true)
+    if [ -s "$STATE/containers-$kept_run.conf" ]; then export CONTAINERS_CONF="$STATE/containers-$kept_run.conf"; else unset CONTAINERS_CONF; fi
+    [ -z "$kept_run" ] || remove_sam_containers "$kept_run"
+    rm -f "$PIDS" "$KEPT_RUN" "$STATE/containers-$kept_run.conf"
     echo "stopped"
     exit 0
 fi
@@ -105,7 +130,7 @@ export AWS_ACCESS_KEY_ID=sam-local AWS_SECRET_ACCESS_KEY=sam-local
 
 # shellcheck source=infra/standins.sh
 source "$ROOT/infra/standins.sh"
-podman_conf "$CONTAINERS_CONF"
+run_conf "$CONTAINERS_CONF"
 
 # ---- podman's Docker API -------------------------------------------------------------------------------------
 kept=()
@@ -113,6 +138,7 @@ cleanup() {
     local pid
     for ((i = ${#kept[@]} - 1; i >= 0; i--)); do stop_pid "${kept[$i]}"; done
     remove_sam_containers
+    rm -f "$CONTAINERS_CONF"
 }
 trap cleanup EXIT
 rm -f "$SOCK"
@@ -269,6 +295,7 @@ for line in "${results[@]}"; do
 done
 if [ "$ACTION" = keep ]; then
     printf '%s\n' "${kept[@]}" >"$PIDS"
+    echo "$RUN_ID" >"$KEPT_RUN"
     trap - EXIT
     echo "SAM_API_URL=$API_URL"
     echo "SAM_LAMBDA_URL=$LAMBDA_URL"
