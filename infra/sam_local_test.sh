@@ -30,8 +30,13 @@
 # created through this run's podman API socket carries the annotation sandlot.sam-test.run=RUN (the run's id, from
 # the run's own CONTAINERS_CONF), and only SAM's containers with this run's annotation are removed.
 #
+# SAM_ARCH=arm64 builds for Lambda's arm64 (template.yaml's Architecture, and SANDLOT_API_ARCH for the API zip) and
+# checks what was built by its metadata (infra/sam/arches.py): the runtime images are arm64, the zip's extension
+# modules aarch64 ELF files. Its images' RUN steps must run arm64 programs: podman's builds need qemu-user registered
+# for the podman service (on an arm64 machine, nothing). The invokes follow only where this machine is arm64.
+#
 # Environment: SAM_CLI_VERSION (1.170.0), SAM_TEST_MODES ("none EAGER"), STATE, SAM_LAMBDA_PORT (18201),
-# SAM_API_PORT (18202).
+# SAM_API_PORT (18202), SAM_ARCH (x86_64 or arm64; default x86_64).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,6 +45,10 @@ SAM_CLI_VERSION=${SAM_CLI_VERSION:-1.170.0}
 MODES=${SAM_TEST_MODES:-none EAGER}
 LAMBDA_PORT=${SAM_LAMBDA_PORT:-18201}
 API_PORT=${SAM_API_PORT:-18202}
+ARCH=${SAM_ARCH:-x86_64}
+case "$ARCH" in x86_64 | arm64) ;; *) echo "SAM_ARCH must be x86_64 or arm64 (Lambda's names)" >&2; exit 2 ;; esac
+# the machine's own architecture, in Lambda's names: only its functions can be invoked here
+case "$(uname -m)" in aarch64) NATIVE_ARCH=arm64 ;; *) NATIVE_ARCH=$(uname -m) ;; esac
 VENV="$STATE/sam-venv"
 SOCK="$STATE/podman.sock"
 PIDS="$STATE/kept.pids"
@@ -171,18 +180,38 @@ check() { # check NAME COMMAND...: PASS when the command succeeds
 
 # ---- 1. sam build -------------------------------------------------------------------------------------------------
 BUILD="$STATE/build"
-say "sam build (podman; the first time about 2 minutes)"
+BUILD_CACHE="$STATE/cache"
+[ "$ARCH" = x86_64 ] || { BUILD="$STATE/build-$ARCH"; BUILD_CACHE="$STATE/cache-$ARCH"; }
+say "sam build for $ARCH (podman; the first time about 2 minutes)"
 begin=$(date +%s)
-if (cd "$ROOT" && "$SAM" build --skip-pull-image --build-dir "$BUILD" --cache-dir "$STATE/cache" --cached) \
-    >"$STATE/build.log" 2>&1; then
+if (cd "$ROOT" && SANDLOT_API_ARCH=$ARCH "$SAM" build --skip-pull-image --build-dir "$BUILD" \
+    --cache-dir "$BUILD_CACHE" --cached --parameter-overrides "Architecture=$ARCH") >"$STATE/build.log" 2>&1; then
     record "PASS sam build: $(($(date +%s) - begin)) s"
 else
     record "FAIL sam build: see $STATE/build.log: $(grep -m3 -i 'error' "$STATE/build.log" | tr '\n' ' ')"
 fi
 TEMPLATE="$BUILD/template.yaml"
+# what was built, by its metadata: the zip's ELF files and each runtime image are of $ARCH
+mapfile -t lines < <(python3 "$ROOT/infra/sam/arches.py" zip "$BUILD/ApiFunction" "$ARCH" || true)
+record "${lines[@]}"
+for image in $(sed -n 's/^ *ImageUri: *//p' "$TEMPLATE" 2>/dev/null); do
+    mapfile -t lines < <(python3 "$ROOT/infra/sam/arches.py" image "$image" "$ARCH" || true)
+    record "${lines[@]}"
+done
+if [ "$ARCH" != "$NATIVE_ARCH" ]; then # nothing of another architecture runs here: the summary
+    say "no invoke: the functions are $ARCH, this machine $NATIVE_ARCH (infra/arm64_test.sh runs arm64's)"
+    passed=0
+    for line in "${results[@]}"; do
+        echo "$line"
+        [[ $line == PASS* ]] && passed=$((passed + 1))
+    done
+    echo "sam_local: $passed passed, $((${#results[@]} - passed)) failed"
+    [ "$passed" = ${#results[@]} ]
+    exit
+fi
 
 # ---- 2. the zip on its runtime's stand-in --------------------------------------------------------------------------
-lambda_image="public.ecr.aws/lambda/python:$api_runtime-x86_64"
+lambda_image="public.ecr.aws/lambda/python:$api_runtime-$ARCH"
 others=$(find "$BUILD/ApiFunction" -name '*.cpython-3*.so' ! -name "*.cpython-${api_runtime/./}-*" | head -3)
 record "$([ -z "$others" ] && echo PASS || echo FAIL) the API zip holds only python$api_runtime extension modules${others:+: $others}"
 check "the API zip imports on the python$api_runtime stand-in (handler.lambda_function)" \
