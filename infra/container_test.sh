@@ -241,6 +241,7 @@ EOF
         podman pod rm -f "$pod" >/dev/null 2>&1 || true
         podman volume rm -f "sandlot-ct-$name-$RUN_ID-data" "sandlot-ct-$name-$RUN_ID-tmp" >/dev/null 2>&1 || true
         podman secret rm "$secret" >/dev/null 2>&1 || true
+        rm -f "$played"
     else
         say "$name: left running on 127.0.0.1:$port (API key $key)"
     fi

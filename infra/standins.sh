@@ -71,7 +71,7 @@ standin_rootfs() { # standin_rootfs DIR APT-PACKAGES...: bookworm's minbase with
             mount --rbind /proc proc && mount --rbind /dev dev && mount --rbind /sys sys &&
                 container=lxc chroot . /debootstrap/debootstrap --second-stage
             status=$?
-            umount -R proc dev sys 2>/dev/null || umount -lR proc dev sys 2>/dev/null || true
+            umount -l proc 2>/dev/null; umount -l dev 2>/dev/null; umount -l sys 2>/dev/null
             exit $status
         ) >>"$STATE/debootstrap-$STANDIN_ARCH.log" 2>&1 || fail "debootstrap: see $STATE/debootstrap-$STANDIN_ARCH.log"
         tar -C "$STATE/minbase-$STANDIN_ARCH" -cf "$cache.part" . && mv "$cache.part" "$cache"
@@ -99,7 +99,10 @@ standin_rootfs() { # standin_rootfs DIR APT-PACKAGES...: bookworm's minbase with
     chroot "$dir" /bin/sh -c "export DEBIAN_FRONTEND=noninteractive; apt-get update -q &&
         apt-get install -y -q --no-install-recommends ca-certificates $* && update-ca-certificates &&
         apt-get clean && rm -rf /var/lib/apt/lists/*" >"$STATE/apt-$(basename "$dir").log" 2>&1 || status=$?
-    [ $bind_dev = 0 ] || umount -R "$dir/dev" || umount -lR "$dir/dev" || true
+    if [ $bind_dev = 1 ]; then # detached with everything under it (/dev/shm, /dev/pts...), so that no node is imported
+        umount -l "$dir/dev" 2>/dev/null || true
+        ! mountpoint -q "$dir/dev" || fail "$dir/dev is still mounted"
+    fi
     [ $status = 0 ] || fail "apt in the stand-in: see $STATE/apt-$(basename "$dir").log"
     : >"$dir/etc/resolv.conf"
 }
