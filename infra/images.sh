@@ -2,6 +2,7 @@
 # The three images for both architectures, one manifest list each, as a registry would publish them:
 #
 #   infra/images.sh [PLATFORMS]        # as root; PLATFORMS default linux/amd64,linux/arm64
+#   IMAGES="runtime-python" infra/images.sh     # only some of them (runtime-python, runtime-nodejs, service)
 #
 #   localhost/sandlot:latest                  Dockerfile                  (the service)
 #   localhost/sandlot-runtime-python:latest   runtimes/python/Dockerfile  (template.yaml's PythonFunction)
@@ -15,7 +16,9 @@
 # a manifest list under the name the Dockerfiles use. arm64's RUN steps run under qemu-user: the whole script runs
 # under infra/arm64_userns.sh (a user namespace with a binfmt_misc of its own; the machine's own is left alone),
 # with a podman storage of its own ($STATE/storage, default /var/tmp/sandlot-images/storage; use it with
-# `podman --root $STATE/storage --runroot $STATE/run`), never the machine's rootful one, which other runs share.
+# `podman --root $STATE/storage --runroot $STATE/run --storage-driver vfs`), never the machine's rootful one, which
+# other runs share. vfs, not overlay: in a user namespace overlayfs cannot hide a lower layer's directory (no
+# whiteout device can be made), and a RUN step's `rm -rf` of what a COPY brought fails with EIO.
 # Under emulation an arm64 build takes several times an amd64 one (apt, pip, npm and the layers' builds run
 # emulated). qemu-user emulates no seccomp for its guest: these builds prove the images, not the jail on arm64.
 #
@@ -38,7 +41,8 @@ started=$(date +%s)
 say() { printf '[%4ss] %s\n' "$(($(date +%s) - started))" "$*"; }
 fail() { say "FAILED: $*"; exit 1; }
 mkdir -p "$STATE"
-podman() { command podman --root "$STATE/storage" --runroot "$STATE/run" "$@"; }
+podman() { command podman --root "$STATE/storage" --runroot "$STATE/run" --storage-driver vfs "$@"; }
+IMAGES=${IMAGES:-runtime-python runtime-nodejs service}
 
 # shellcheck source=infra/standins.sh
 . "$ROOT/infra/standins.sh"
@@ -58,7 +62,7 @@ standin_list() { # standin_list NAME MAKER: NAME as a list of MAKER's image for 
     done
 }
 standin_list docker.io/library/python:3.11-slim-bookworm standin_python_base
-standin_list docker.io/library/node:20-bookworm-slim standin_node_base
+[ "$IMAGES" = runtime-python ] || standin_list docker.io/library/node:20-bookworm-slim standin_node_base
 
 # ---- the images ---------------------------------------------------------------------------------------------
 results=()
@@ -122,9 +126,14 @@ build_list() { # build_list NAME DOCKERFILE
         record "FAIL $name: podman build, see $STATE/build-${name##*/}.log: $(tail -3 "$STATE/build-${name##*/}.log" | tr '\n' ' ')"
     fi
 }
-build_list localhost/sandlot-runtime-python:latest runtimes/python/Dockerfile
-build_list localhost/sandlot-runtime-nodejs:latest runtimes/nodejs/Dockerfile
-build_list localhost/sandlot:latest Dockerfile
+for image in $IMAGES; do
+    case "$image" in
+        runtime-python) build_list localhost/sandlot-runtime-python:latest runtimes/python/Dockerfile ;;
+        runtime-nodejs) build_list localhost/sandlot-runtime-nodejs:latest runtimes/nodejs/Dockerfile ;;
+        service) build_list localhost/sandlot:latest Dockerfile ;;
+        *) fail "IMAGES: $image is none of runtime-python, runtime-nodejs, service" ;;
+    esac
+done
 
 say "done; logs in $STATE; the images in podman --root $STATE/storage --runroot $STATE/run"
 passed=0
