@@ -137,6 +137,7 @@ class SandboxAPI:
                     "enable_network": s.ENABLE_NETWORK,
                     "enable_preload": s.ENABLE_PRELOAD,
                 },
+                "allowed_syscalls": s.allowed_syscalls_in_force(),
                 "admission": self.admission.status(),
             }
         )

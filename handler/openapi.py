@@ -39,6 +39,9 @@ class HealthDetail(BaseModel):
     backend: str
     runtimes: dict[str, Any] = Field(description="per language: state, protections in force, platform record, layer")
     limits: dict[str, Any]
+    allowed_syscalls: dict[str, Any] = Field(
+        description="ALLOWED_SYSCALLS as this machine reads them: its architecture, and each number's call there"
+    )
     admission: dict[str, Any]
 
 

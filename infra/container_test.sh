@@ -22,6 +22,11 @@
 # (handler/pid_one.py).
 #
 #   infra/container_test.sh [--keep]     # as root; --keep leaves the containers running
+#   infra/container_test.sh --stop       # removes what the runs kept with --keep left (theirs, nobody else's)
+#
+# Other runs share the machine (this script's from another tree, SAM's, other tests'): a run names everything it
+# makes with its own id (containers, pods, their volumes and secrets, the image's tag), labels its containers
+# sandlot.container-test.run=ID, and removes only those, by name or id, never by a pattern.
 #
 # No image registry is reachable here, so the Dockerfile's two base images are local stand-ins
 # tagged with the names it uses (infra/standins.sh: Debian bookworm's minbase from debootstrap with
@@ -35,9 +40,9 @@
 # part of `./dev.sh test`: CI runs it first, as root (.ci/run), and anyone can run it alone.
 #
 # Environment: EXPECT_DEFAULT_MODE (chroot), EXPECT_COMPOSE_MODE (full), EXPECT_USERNS_MODE (chroot),
-# EXPECT_RESTRICTED_MODE (userns), SANDLOT_CT_DIR; SANDLOT_CT_PREFIX (sandlot-ct: the names of this run's
-# containers, pods and volumes) and SANDLOT_CT_IMAGE (localhost/sandlot-container-test:latest), for a run beside
-# another; SANDLOT_CT_SHAPES (only these shapes, by name), SANDLOT_CT_IDLE_SECONDS (30).
+# EXPECT_RESTRICTED_MODE (userns), SANDLOT_CT_DIR; SANDLOT_CT_SHAPES (only these shapes, by name),
+# SANDLOT_CT_IDLE_SECONDS (30). Everything a run makes carries its run id in its name (or label), so runs beside
+# each other remove only their own.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -47,24 +52,71 @@ EXPECT_COMPOSE_MODE=${EXPECT_COMPOSE_MODE:-full}
 EXPECT_USERNS_MODE=${EXPECT_USERNS_MODE:-chroot}
 EXPECT_RESTRICTED_MODE=${EXPECT_RESTRICTED_MODE:-userns}
 RESTRICTED_UID=1000990000 # as OpenShift's restricted-v2 picks one
-# names of this run's own (containers, pods, volumes, image): another run of this script may share the machine
-CT=${SANDLOT_CT_PREFIX:-sandlot-ct}
-IMAGE=${SANDLOT_CT_IMAGE:-localhost/sandlot-container-test:latest}
 # no package index is reachable from the shapes that serve the image's default layers (the Dockerfile bakes them)
 NO_INDEX=(-e PIP_INDEX_URL=http://127.0.0.1:9/simple/ -e npm_config_registry=http://127.0.0.1:9/)
 DEFAULT_PY='import requests, httpx, jinja2\nprint(6 * 7)' # the default layer's packages, and the answer
 IDLE_SECONDS=${SANDLOT_CT_IDLE_SECONDS:-30}                  # at rest this long before its memory is read
 SHAPES=${SANDLOT_CT_SHAPES:-} # only these shapes (names, space-separated); all when empty
 wanted() { [ -z "$SHAPES" ] || [[ " $SHAPES " == *" $1 "* ]]; }
+# names of this run's own (containers, pods, volumes, secrets, image): another run of this script may share the machine
+RUN_ID=$(date +%s)-$$-$RANDOM
+RUN_LABEL=sandlot.container-test.run=$RUN_ID
+IMAGE=localhost/sandlot-container-test:$RUN_ID
 KEY=container-test-$RANDOM$RANDOM
 KEEP=0
-[ "${1:-}" = "--keep" ] && KEEP=1
+case "${1:-}" in
+    --keep) KEEP=1 ;;
+    --stop) KEEP=stop ;;
+    "") ;;
+    *) echo "usage: $0 [--keep|--stop]" >&2; exit 2 ;;
+esac
 
 started=$(date +%s)
 say() { printf '[%4ss] %s\n' "$(($(date +%s) - started))" "$*"; }
 fail() { say "FAILED: $*"; exit 1; }
 
 [ "$(id -u)" = 0 ] || fail "needs root (podman's rootful storage, debootstrap)"
+
+# what this run made, one "KIND NAME" a line (container ID, pod NAME, volume NAME, secret NAME, image NAME): removed
+# at its end, or kept in $STATE/kept-RUN.list for --stop
+MADE="$STATE/made-$RUN_ID.list"
+made() { echo "$1 $2" >>"$MADE"; }
+remove_made() { # remove_made LIST: what a run listed, each by its own name or id, the pods before their volumes
+    local kind name
+    [ -s "$1" ] || return 0
+    for kind in container pod volume secret image; do
+        while read -r k name; do
+            [ "$k" = "$kind" ] || continue
+            case "$kind" in
+                container) podman rm -f "$name" ;;
+                pod) podman pod rm -f "$name" ;;
+                volume) podman volume rm -f "$name" ;;
+                secret) podman secret rm "$name" ;;
+                image) podman rmi "$name" ;; # the tag (the layers stay cached for the next run)
+            esac >/dev/null 2>&1 || true
+        done <"$1"
+    done
+}
+if [ "$KEEP" = stop ]; then
+    shopt -s nullglob
+    lists=("$STATE"/kept-*.list)
+    [ ${#lists[@]} -gt 0 ] || { echo "nothing kept (no $STATE/kept-*.list)"; exit 0; }
+    for list in "${lists[@]}"; do remove_made "$list" && rm -f "$list"; done
+    echo "stopped"
+    exit 0
+fi
+mkdir -p "$STATE"
+: >"$MADE"
+finish() {
+    if [ "$KEEP" = 1 ]; then
+        mv "$MADE" "$STATE/kept-$RUN_ID.list"
+    else
+        remove_made "$MADE"
+        rm -f "$MADE"
+    fi
+}
+trap finish EXIT
+
 missing=()
 # slirp4netns: the containers' network (below), which podman does not pull in on every Debian release;
 # catatonit: the pause process of the pods `podman kube play` makes
@@ -89,6 +141,7 @@ standin_node_base
 # ---- the image -------------------------------------------------------------------------------------------
 say "building the image from $ROOT/Dockerfile"
 # the build's RUN steps on the host's network; the containers on slirp4netns (below): neither needs iptables
+made image "$IMAGE"
 podman build --quiet --network host --format docker --pull=never -t "$IMAGE" "$ROOT" >"$STATE/build.log" 2>&1 ||
     { tail -30 "$STATE/build.log"; fail "podman build: see $STATE/build.log"; }
 say "built $IMAGE"
@@ -113,10 +166,9 @@ check() { # check NAME EXPECTED_MODE podman-run-options...: start, wait healthy,
     local name=$1 expected=$2
     shift 2
     wanted "$name" || return 0
-    local container="$CT-$name" port data
+    local container="sandlot-ct-$name-$RUN_ID" port data id
     port=$(free_port)
-    data="$STATE/data-$name"
-    podman rm -f "$container" >/dev/null 2>&1 || true
+    data="$STATE/data-$name-$RUN_ID"
     rm -rf "$data" && mkdir -p "$data"
     # the volume as the shape's own user finds it: root of a user namespace is 100000 here, and a restricted
     # pod's arbitrary uid writes through group 0 (Kubernetes' fsGroup, OpenShift's convention)
@@ -127,12 +179,14 @@ check() { # check NAME EXPECTED_MODE podman-run-options...: start, wait healthy,
     local offline=()
     [ "$OFFLINE" = 0 ] || offline=("${NO_INDEX[@]}")
     local begin=$(date +%s.%N)
-    podman run -d --name "$container" --no-healthcheck --network slirp4netns:port_handler=slirp4netns \
-        -p "127.0.0.1:$port:8194" -e API_KEY="$KEY" \
-        -v "$data:/var/lib/sandlot" "${offline[@]}" "$@" "$IMAGE" >/dev/null
-    verify "$name" "$expected" "$port" "$container" "$KEY" "$begin"
+    id=$(podman run -d --name "$container" --label "$RUN_LABEL" --no-healthcheck \
+        --network slirp4netns:port_handler=slirp4netns -p "127.0.0.1:$port:8194" -e API_KEY="$KEY" \
+        -v "$data:/var/lib/sandlot" "${offline[@]}" "$@" "$IMAGE") || fail "$name: podman run"
+    made container "$id"
+    verify "$name" "$expected" "$port" "$id" "$KEY" "$begin"
     if [ $KEEP = 0 ]; then
-        podman rm -f "$container" >/dev/null 2>&1 || true
+        podman rm -f "$id" >/dev/null 2>&1 || true
+        rm -rf "$data"
     else
         say "$name: left running on 127.0.0.1:$port (API key $KEY)"
     fi
@@ -162,17 +216,17 @@ EOF
 check_kube() { # check_kube NAME EXPECTED_MODE MANIFEST [runAsUser]: `podman kube play` of a manifest as it is
     local name=$1 expected=$2 manifest=$3 user=${4:-}
     wanted "$name" || return 0
-    local port played="$STATE/kube-$name.yaml" pod="$CT-$name-pod-0" key
+    local port played="$STATE/kube-$name-$RUN_ID.yaml" pod="sandlot-ct-$name-$RUN_ID-pod-0" key
+    local secret="sandlot-api-key-$name-$RUN_ID"
     port=$(free_port)
-    podman pod rm -f "$pod" >/dev/null 2>&1 || true
-    podman secret rm sandlot-api-key >/dev/null 2>&1 || true
     mkdir -p "$STATE/seccomp"
     runtime_default_profile "$STATE/seccomp/runtime-default.json"
     # What a cluster does that podman's kube play does not, done here and nothing else: the Secret the
     # operator creates with kubectl (made here as a podman secret of the form podman 4.3's env lookup reads;
     # the manifests hold no key), a host port on loopback to reach the pod, the RuntimeDefault
     # profile (by annotation), and for the restricted variant the uid OpenShift would pick.
-    key=$(NAME="$name" MANIFEST="$manifest" PLAYED="$played" PORT="$port" RUN_AS="$user" CT="$CT" IMAGE="$IMAGE" python3 - <<'EOF'
+    key=$(NAME="$name-$RUN_ID" MANIFEST="$manifest" PLAYED="$played" PORT="$port" RUN_AS="$user" IMAGE="$IMAGE" \
+        SECRET="$secret" python3 - <<'EOF'
 import base64, json, os, re
 played = open(os.environ["MANIFEST"]).read().split("\n---\n")
 key = "kube-" + os.urandom(16).hex()  # the operator's Secret: the manifests hold no key
@@ -180,10 +234,11 @@ for i, doc in enumerate(played):
     if "kind: Deployment" in doc:
         doc = doc.replace("              containerPort: 8194", "              containerPort: 8194\n"
                           f"              hostPort: {os.environ['PORT']}\n              hostIP: 127.0.0.1")
-        doc = doc.replace("\n  name: sandbox\n", f"\n  name: {os.environ['CT']}-{os.environ['NAME']}\n", 1)  # its pod's name
+        doc = doc.replace("\n  name: sandbox\n", f"\n  name: sandlot-ct-{os.environ['NAME']}\n", 1)  # its pod's name
         # podman makes a named volume of each emptyDir, by its name: one of each shape's own here
-        doc = re.sub(r"(- name: )(data|tmp)\b", rf"\1{os.environ['CT']}-{os.environ['NAME']}-\2", doc)
+        doc = re.sub(r"(- name: )(data|tmp)\b", rf"\1sandlot-ct-{os.environ['NAME']}-\2", doc)
         doc = doc.replace("image: localhost/sandlot:latest", f"image: {os.environ['IMAGE']}")
+        doc = doc.replace("name: sandlot-api-key\n", f"name: {os.environ['SECRET']}\n")  # the run's own secret
         doc = doc.replace("    metadata:\n      labels:", "    metadata:\n      annotations:\n"
                           "        seccomp.security.alpha.kubernetes.io/pod: localhost/runtime-default.json\n      labels:")
         if os.environ["RUN_AS"]:
@@ -195,18 +250,24 @@ json.dump({"api-key": base64.b64encode(key.encode()).decode()}, open(os.environ[
 print(key)
 EOF
     )
-    podman secret create sandlot-api-key "$played.secret" >/dev/null 2>&1 || true # kept from --keep's last
+    podman secret create "$secret" "$played.secret" >/dev/null 2>&1 || fail "$name: podman secret create $secret"
+    made secret "$secret"
     rm -f "$played.secret"
     say "$name: podman kube play $manifest"
     local begin=$(date +%s.%N)
+    made pod "$pod"
+    made volume "sandlot-ct-$name-$RUN_ID-data"
+    made volume "sandlot-ct-$name-$RUN_ID-tmp"
     podman kube play --network slirp4netns:port_handler=slirp4netns --seccomp-profile-root "$STATE/seccomp" \
         "$played" >"$STATE/$name.play.log" 2>&1 || cat "$STATE/$name.play.log"
     verify "$name" "$expected" "$port" "$pod-sandlot" "$key" "$begin"
     if [ $KEEP = 0 ]; then
         podman pod rm -f "$pod" >/dev/null 2>&1 || true
-        podman secret rm sandlot-api-key >/dev/null 2>&1 || true
+        podman volume rm -f "sandlot-ct-$name-$RUN_ID-data" "sandlot-ct-$name-$RUN_ID-tmp" >/dev/null 2>&1 || true
+        podman secret rm "$secret" >/dev/null 2>&1 || true
+        rm -f "$played"
     else
-        say "$name: left running on 127.0.0.1:$port (API key $key); the next kube shape replaces its pod"
+        say "$name: left running on 127.0.0.1:$port (API key $key)"
     fi
 }
 

@@ -5,7 +5,7 @@
 #   infra/sam_local_test.sh            # as root: build, check in the cold and the warm container modes, stop
 #   infra/sam_local_test.sh --keep     # the same, then leave start-api and start-lambda (warm) running and print
 #                                      # SAM_API_URL=..., SAM_LAMBDA_URL=..., SAM_API_KEY=... lines
-#   infra/sam_local_test.sh --stop     # end what --keep left running
+#   infra/sam_local_test.sh --stop     # end what --keep left running (that run's, nobody else's)
 #
 # It installs what is missing (Debian's podman, runc, debootstrap; aws-sam-cli $SAM_CLI_VERSION and boto3 in
 # a venv of their own under $STATE), starts podman's API service on a socket of its own, makes the base
@@ -25,8 +25,18 @@
 # set with --env-vars), at podman's bridge gateway, where start-lambda listens: SAM's containers are on
 # podman's default bridge network, and the host's loopback is not theirs.
 #
+# Other runs share the machine (another SAM run, other tests' containers): this one removes only the containers it
+# started. SAM labels its containers (sam.cli.container.type) but with nothing of the run's own, so every container
+# created through this run's podman API socket carries the annotation sandlot.sam-test.run=RUN (the run's id, from
+# the run's own CONTAINERS_CONF), and only SAM's containers with this run's annotation are removed.
+#
+# SAM_ARCH=arm64 builds for Lambda's arm64 (template.yaml's Architecture, and SANDLOT_API_ARCH for the API zip) and
+# checks what was built by its metadata (infra/sam/arches.py): the runtime images are arm64, the zip's extension
+# modules aarch64 ELF files. Its images' RUN steps must run arm64 programs: podman's builds need qemu-user registered
+# for the podman service (on an arm64 machine, nothing). The invokes follow only where this machine is arm64.
+#
 # Environment: SAM_CLI_VERSION (1.170.0), SAM_TEST_MODES ("none EAGER"), STATE, SAM_LAMBDA_PORT (18201),
-# SAM_API_PORT (18202).
+# SAM_API_PORT (18202), SAM_ARCH (x86_64 or arm64; default x86_64).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -35,9 +45,16 @@ SAM_CLI_VERSION=${SAM_CLI_VERSION:-1.170.0}
 MODES=${SAM_TEST_MODES:-none EAGER}
 LAMBDA_PORT=${SAM_LAMBDA_PORT:-18201}
 API_PORT=${SAM_API_PORT:-18202}
+ARCH=${SAM_ARCH:-x86_64}
+case "$ARCH" in x86_64 | arm64) ;; *) echo "SAM_ARCH must be x86_64 or arm64 (Lambda's names)" >&2; exit 2 ;; esac
+# the machine's own architecture, in Lambda's names: only its functions can be invoked here
+case "$(uname -m)" in aarch64) NATIVE_ARCH=arm64 ;; *) NATIVE_ARCH=$(uname -m) ;; esac
 VENV="$STATE/sam-venv"
 SOCK="$STATE/podman.sock"
 PIDS="$STATE/kept.pids"
+KEPT_RUN="$STATE/kept.run" # the kept run's id, for --stop
+RUN_ANNOTATION=sandlot.sam-test.run
+RUN_ID=$(date +%s)-$$-$RANDOM
 ACTION=run
 case "${1:-}" in
     --keep) ACTION=keep ;;
@@ -62,18 +79,35 @@ stop_pid() { # stop_pid PID: SIGTERM, SIGKILL after 20 s (SAM leaves its contain
     kill -KILL "$pid" 2>/dev/null || true
 }
 
-remove_sam_containers() { # what SAM left: its containers carry the label sam.cli.container.type
+run_containers() { # run_containers RUN: the ids of SAM's containers that RUN started (its annotation), none other
+    local id run
+    podman ps -aq --no-trunc --filter label=sam.cli.container.type 2>/dev/null | while read -r id; do
+        run=$(podman container inspect -f "{{index .Config.Annotations \"$RUN_ANNOTATION\"}}" "$id" 2>/dev/null) || continue
+        [ "$run" = "$1" ] && echo "$id"
+    done
+    return 0
+}
+
+remove_sam_containers() { # remove_sam_containers [RUN]: what SAM left of this run (or of RUN), by id
     local ids
-    ids=$(podman ps -aq --filter label=sam.cli.container.type 2>/dev/null || true)
+    ids=$(run_containers "${1:-$RUN_ID}")
     [ -z "$ids" ] || podman rm -f $ids >/dev/null 2>&1 || true
 }
 
-export CONTAINERS_CONF="$STATE/containers.conf"
+run_conf() { # run_conf FILE: this machine's podman settings (infra/standins.sh), every container annotated with the run
+    podman_conf "$1"
+    sed -i "s|^\[containers\]\$|[containers]\nannotations = [\"$RUN_ANNOTATION=$RUN_ID\"]|" "$1"
+    grep -qF "$RUN_ANNOTATION=$RUN_ID" "$1" || fail "$1: no run annotation"
+}
+
+export CONTAINERS_CONF="$STATE/containers-$RUN_ID.conf"
 if [ "$ACTION" = stop ]; then
     [ -s "$PIDS" ] || { echo "nothing kept (no $PIDS)"; exit 0; }
     while read -r pid; do stop_pid "$pid"; done < <(tac "$PIDS")
-    remove_sam_containers
-    rm -f "$PIDS"
+    kept_run=$(cat "$KEPT_RUN" 2>/dev/null || true)
+    if [ -s "$STATE/containers-$kept_run.conf" ]; then export CONTAINERS_CONF="$STATE/containers-$kept_run.conf"; else unset CONTAINERS_CONF; fi
+    [ -z "$kept_run" ] || remove_sam_containers "$kept_run"
+    rm -f "$PIDS" "$KEPT_RUN" "$STATE/containers-$kept_run.conf"
     echo "stopped"
     exit 0
 fi
@@ -105,7 +139,7 @@ export AWS_ACCESS_KEY_ID=sam-local AWS_SECRET_ACCESS_KEY=sam-local
 
 # shellcheck source=infra/standins.sh
 source "$ROOT/infra/standins.sh"
-podman_conf "$CONTAINERS_CONF"
+run_conf "$CONTAINERS_CONF"
 
 # ---- podman's Docker API -------------------------------------------------------------------------------------
 kept=()
@@ -113,6 +147,7 @@ cleanup() {
     local pid
     for ((i = ${#kept[@]} - 1; i >= 0; i--)); do stop_pid "${kept[$i]}"; done
     remove_sam_containers
+    rm -f "$CONTAINERS_CONF"
 }
 trap cleanup EXIT
 rm -f "$SOCK"
@@ -145,18 +180,38 @@ check() { # check NAME COMMAND...: PASS when the command succeeds
 
 # ---- 1. sam build -------------------------------------------------------------------------------------------------
 BUILD="$STATE/build"
-say "sam build (podman; the first time about 2 minutes)"
+BUILD_CACHE="$STATE/cache"
+[ "$ARCH" = x86_64 ] || { BUILD="$STATE/build-$ARCH"; BUILD_CACHE="$STATE/cache-$ARCH"; }
+say "sam build for $ARCH (podman; the first time about 2 minutes)"
 begin=$(date +%s)
-if (cd "$ROOT" && "$SAM" build --skip-pull-image --build-dir "$BUILD" --cache-dir "$STATE/cache" --cached) \
-    >"$STATE/build.log" 2>&1; then
+if (cd "$ROOT" && SANDLOT_API_ARCH=$ARCH "$SAM" build --skip-pull-image --build-dir "$BUILD" \
+    --cache-dir "$BUILD_CACHE" --cached --parameter-overrides "Architecture=$ARCH") >"$STATE/build.log" 2>&1; then
     record "PASS sam build: $(($(date +%s) - begin)) s"
 else
     record "FAIL sam build: see $STATE/build.log: $(grep -m3 -i 'error' "$STATE/build.log" | tr '\n' ' ')"
 fi
 TEMPLATE="$BUILD/template.yaml"
+# what was built, by its metadata: the zip's ELF files and each runtime image are of $ARCH
+mapfile -t lines < <(python3 "$ROOT/infra/sam/arches.py" zip "$BUILD/ApiFunction" "$ARCH" || true)
+record "${lines[@]}"
+for image in $(sed -n 's/^ *ImageUri: *//p' "$TEMPLATE" 2>/dev/null); do
+    mapfile -t lines < <(python3 "$ROOT/infra/sam/arches.py" image "$image" "$ARCH" || true)
+    record "${lines[@]}"
+done
+if [ "$ARCH" != "$NATIVE_ARCH" ]; then # nothing of another architecture runs here: the summary
+    say "no invoke: the functions are $ARCH, this machine $NATIVE_ARCH (infra/arm64_test.sh runs arm64's)"
+    passed=0
+    for line in "${results[@]}"; do
+        echo "$line"
+        [[ $line == PASS* ]] && passed=$((passed + 1))
+    done
+    echo "sam_local: $passed passed, $((${#results[@]} - passed)) failed"
+    [ "$passed" = ${#results[@]} ]
+    exit
+fi
 
 # ---- 2. the zip on its runtime's stand-in --------------------------------------------------------------------------
-lambda_image="public.ecr.aws/lambda/python:$api_runtime-x86_64"
+lambda_image="public.ecr.aws/lambda/python:$api_runtime-$ARCH"
 others=$(find "$BUILD/ApiFunction" -name '*.cpython-3*.so' ! -name "*.cpython-${api_runtime/./}-*" | head -3)
 record "$([ -z "$others" ] && echo PASS || echo FAIL) the API zip holds only python$api_runtime extension modules${others:+: $others}"
 check "the API zip imports on the python$api_runtime stand-in (handler.lambda_function)" \
@@ -269,6 +324,7 @@ for line in "${results[@]}"; do
 done
 if [ "$ACTION" = keep ]; then
     printf '%s\n' "${kept[@]}" >"$PIDS"
+    echo "$RUN_ID" >"$KEPT_RUN"
     trap - EXIT
     echo "SAM_API_URL=$API_URL"
     echo "SAM_LAMBDA_URL=$LAMBDA_URL"

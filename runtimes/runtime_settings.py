@@ -14,6 +14,7 @@ loads the service's settings.
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, IPvAnyNetwork, ValidationError, field_validator, model_validator
@@ -137,6 +138,16 @@ class RuntimeSettings(BaseSettings):
 
             check_extra_syscalls(value)
         return value
+
+    def allowed_syscalls_in_force(self) -> dict[str, Any]:
+        """ALLOWED_SYSCALLS as this machine reads them (the health detail): its architecture, and each number's
+        call there. A number is another call on another architecture (57 is fork on x86_64, close on aarch64)."""
+        added: dict[str, str] = {}
+        if self.ALLOWED_SYSCALLS:  # imported only then: pyseccomp loads libseccomp
+            from runtimes.jail.policy.allowlist import extra_syscall_names
+
+            added = {str(n): name for n, name in extra_syscall_names(self.ALLOWED_SYSCALLS).items()}
+        return {"architecture": os.uname().machine, "added": added}
 
     def keeps_layers(self) -> bool:
         """Whether layers are built and kept in SANDLOT_DATA_DIR (then it must outlive runs: not under /tmp)."""

@@ -275,55 +275,78 @@ def test_a_nodejs_run_finds_nothing_naming_the_services_install_path(jailed):
 # ---- settings that would reopen the jail -----------------------------------------------
 
 
+def native(name: str) -> int:
+    """A call's number on this machine: ALLOWED_SYSCALLS takes the running architecture's numbers."""
+    from runtimes.linux.seccomp import syscall_number
+
+    number = syscall_number(name)
+    assert number is not None, name
+    return number
+
+
 @pytest.mark.parametrize(
-    ("number", "name"),
+    "name",
     [
-        (425, "io_uring_setup"),
-        (426, "io_uring_enter"),
-        (427, "io_uring_register"),
-        (319, "memfd_create"),
-        (29, "shmget"),
-        (64, "semget"),
-        (68, "msgget"),
-        (240, "mq_open"),
-        (41, "socket"),
-        (53, "socketpair"),
-        (49, "bind"),
-        (50, "listen"),
-        (43, "accept"),
-        (288, "accept4"),
-        (16, "ioctl"),
-        (72, "fcntl"),
-        (73, "flock"),
-        (62, "kill"),
-        (200, "tkill"),
-        (234, "tgkill"),
-        (121, "getpgid"),
-        (302, "prlimit64"),
-        (254, "inotify_add_watch"),
-        (304, "open_by_handle_at"),
-        (135, "personality"),
+        "io_uring_setup",
+        "io_uring_enter",
+        "io_uring_register",
+        "memfd_create",
+        "shmget",
+        "semget",
+        "msgget",
+        "mq_open",
+        "socket",
+        "socketpair",
+        "bind",
+        "listen",
+        "accept",
+        "accept4",
+        "ioctl",
+        "fcntl",
+        "flock",
+        "kill",
+        "tkill",
+        "tgkill",
+        "getpgid",
+        "prlimit64",
+        "inotify_add_watch",
+        "open_by_handle_at",
+        "personality",
     ],
 )
-def test_allowed_syscalls_cannot_reopen_what_the_jail_closes(monkeypatch, number, name):
-    monkeypatch.setenv("ALLOWED_SYSCALLS", f"0,{number}")
+def test_allowed_syscalls_cannot_reopen_what_the_jail_closes(monkeypatch, name):
+    monkeypatch.setenv("ALLOWED_SYSCALLS", f"0,{native(name)}")
     with pytest.raises(SettingsError) as info:
         load_settings()
     assert "ALLOWED_SYSCALLS" in str(info.value) and name in str(info.value)
 
 
 def test_allowed_syscalls_still_adds_harmless_calls(monkeypatch):
-    monkeypatch.setenv("ALLOWED_SYSCALLS", "309")  # getcpu: which CPU the caller is on
-    assert load_settings().ALLOWED_SYSCALLS == [309]
+    getcpu = native("getcpu")  # which CPU the caller is on
+    monkeypatch.setenv("ALLOWED_SYSCALLS", str(getcpu))
+    settings = load_settings()
+    assert [getcpu] == settings.ALLOWED_SYSCALLS
 
 
 def test_start_up_refuses_io_uring_with_a_message():
-    svc = Service(ALLOWED_SYSCALLS="425")
+    svc = Service(ALLOWED_SYSCALLS=str(native("io_uring_setup")))
     result = subprocess.run(
         [sys.executable, "-m", "handler.cli", "serve"], env=svc.env, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 2
     assert "ALLOWED_SYSCALLS" in result.stderr and "io_uring_setup" in result.stderr
+
+
+def test_the_health_detail_names_the_added_calls_on_this_architecture():
+    """Through the API: ALLOWED_SYSCALLS read as this machine's numbers, each named, beside the architecture."""
+    getcpu = native("getcpu")
+    svc = Service(ALLOWED_SYSCALLS=str(getcpu)).start()
+    try:
+        with svc.client() as client:
+            detail = client.get("/v1/sandbox/health").json()["data"]
+    finally:
+        svc.stop()
+    assert detail["allowed_syscalls"] == {"architecture": os.uname().machine, "added": {str(getcpu): "getcpu"}}
 
 
 # ---- request parsing ----------------------------------------------------------------------

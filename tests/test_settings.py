@@ -10,8 +10,13 @@ import pytest
 from service import Service
 
 from handler.settings import SettingsError, load_settings
+from runtimes.linux.seccomp import syscall_number
 
-DIFY_YAML = """
+# ALLOWED_SYSCALLS takes the running architecture's numbers: one harmless call, one forbidden ones, by name
+GETCPU = syscall_number("getcpu")
+CLONE, EXECVE, PTRACE = (syscall_number(name) for name in ("clone", "execve", "ptrace"))
+
+DIFY_YAML = f"""
 app:
   port: 8200
   key: from-file
@@ -19,7 +24,7 @@ max_workers: 2
 max_requests: 7
 worker_timeout: 9
 enable_network: false
-allowed_syscalls: [39]
+allowed_syscalls: [{GETCPU}]
 proxy:
   http: http://proxy.example:3128
 """
@@ -35,7 +40,7 @@ def test_file_in_dify_shape_and_env_wins(tmp_path, monkeypatch):
     assert settings.SANDBOX_PORT == 8200 and settings.API_KEY == "from-file"
     assert settings.MAX_WORKERS == 2 and settings.WORKER_TIMEOUT == 9
     assert settings.MAX_REQUESTS == 11  # environment over file
-    assert settings.ENABLE_NETWORK is False and settings.ALLOWED_SYSCALLS == [39]
+    assert settings.ENABLE_NETWORK is False and settings.ALLOWED_SYSCALLS == [GETCPU]
     assert settings.runtime_config().run_env["HTTP_PROXY"] == "http://proxy.example:3128"
 
 
@@ -52,8 +57,8 @@ def test_defaults(monkeypatch):
     [
         ("MAX_WORKERS", "many"),
         ("SANDBOX_PORT", "70000"),
-        ("ALLOWED_SYSCALLS", "59"),
-        ("ALLOWED_SYSCALLS", "101"),
+        ("ALLOWED_SYSCALLS", str(EXECVE)),
+        ("ALLOWED_SYSCALLS", str(PTRACE)),
         ("ENABLE_NETWORK", "perhaps"),
         ("SANDLOT_JAIL", "paper"),
         ("SANDLOT_UNFILTERED_EGRESS", "open"),
@@ -86,7 +91,7 @@ RUNTIME_ENVIRONMENT = {
     "SANDLOT_MAX_MEMORY_LIMIT_MB": "1024",
     "SANDLOT_OUTPUT_LIMIT_BYTES": "65536",
     "ENABLE_PRELOAD": "true",
-    "ALLOWED_SYSCALLS": "39",
+    "ALLOWED_SYSCALLS": str(GETCPU),
     "HTTP_PROXY": "http://proxy.example:3128",
     "SOCKS5_PROXY": "socks5://proxy.example:1080",
     "SANDLOT_JAIL": "userns",
@@ -162,16 +167,16 @@ def test_a_functions_bad_syscall_list_is_refused_as_the_services_is():
     from runtimes.function.environment import ConfigError, function_environment
 
     with pytest.raises(ConfigError, match="ALLOWED_SYSCALLS"):
-        function_environment({"ALLOWED_SYSCALLS": "57"})
+        function_environment({"ALLOWED_SYSCALLS": str(CLONE)})
 
 
 def test_bad_value_stops_start_up_with_a_message():
-    svc = Service(ALLOWED_SYSCALLS="57")  # fork
+    svc = Service(ALLOWED_SYSCALLS=str(CLONE))
     result = subprocess.run(
         [sys.executable, "-m", "handler.cli", "serve"], env=svc.env, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 2
-    assert "ALLOWED_SYSCALLS" in result.stderr and "fork" in result.stderr
+    assert "ALLOWED_SYSCALLS" in result.stderr and "clone" in result.stderr
 
 
 def test_without_api_key_a_random_one_is_generated_and_printed_once():

@@ -18,15 +18,48 @@ from runtimes.linux.syscalls import SeccompProgram, set_no_new_privs
 # struct seccomp_data's offsets, and the classic BPF instructions the hand-written programs use
 DATA_NR, DATA_ARCH, DATA_ARG0 = 0, 4, 16
 LD_ABS, JEQ, JGT, JGE, SUB, RET = 0x20, 0x15, 0x25, 0x35, 0x14, 0x06
-RET_ALLOW, RET_ERRNO = 0x7FFF0000, 0x00050000
+RET_KILL_PROCESS, RET_ALLOW, RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
 LITTLE_ENDIAN = sys.byteorder == "little"
 INSN = "HBBI"  # struct sock_filter: code, jt, jf, k
 
+# The architectures Sandlot is built for, by the audit arch a filter's seccomp_data.arch holds (libseccomp's
+# SCMP_ARCH_* values are these), and the name `uname -m` gives them
+ARCHITECTURES = {pyseccomp.Arch.X86_64: "x86_64", pyseccomp.Arch.AARCH64: "aarch64"}
 
-def syscall_name(number: int) -> str:
-    """The name libseccomp gives a system call number on this machine."""
-    name = pyseccomp.resolve_syscall(pyseccomp.system_arch(), number)
+
+def native_arch() -> int:
+    """This machine's audit arch (AUDIT_ARCH_X86_64 0xc000003e, AUDIT_ARCH_AARCH64 0xc00000b7...)."""
+    return int(pyseccomp.system_arch())
+
+
+def arch_name(arch: int | None = None) -> str:
+    arch = native_arch() if arch is None else arch
+    return ARCHITECTURES.get(arch, f"audit arch {arch:#x}")
+
+
+def syscall_number(name: str, arch: int | None = None) -> int | None:
+    """The number of a system call on an architecture (this machine's by default), None where it has none:
+    libseccomp answers a negative pseudo-number for a name it knows of another architecture only (open on
+    aarch64) and -1 for a name it does not know at all (one newer than itself)."""
+    number = pyseccomp.resolve_syscall(native_arch() if arch is None else arch, name)
+    return int(number) if number >= 0 else None
+
+
+def syscall_name(number: int, arch: int | None = None) -> str:
+    """The name libseccomp gives a system call number on an architecture (this machine's by default);
+    ValueError for a number that is none there."""
+    name = pyseccomp.resolve_syscall(native_arch() if arch is None else arch, number)
     return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def for_arch(flt: pyseccomp.SyscallFilter, arch: int | None) -> pyseccomp.SyscallFilter:
+    """flt made for another architecture than this machine's (its rules then resolve names there): what the tests
+    read on x86_64 of the programs an aarch64 machine builds. None: unchanged (this machine's)."""
+    native = native_arch()
+    if arch is not None and arch != native:
+        flt.add_arch(arch)
+        flt.remove_arch(native)
+    return flt
 
 
 def all_but(excluded: set[int], below: int) -> tuple[tuple[int, int], ...]:

@@ -226,6 +226,45 @@ BASE_SYSCALLS = (
     "getpeername",
 )
 
+# The calls of the list that some architectures lack, each with the calls a libc uses there for the same thing,
+# all in the list too. aarch64, like every architecture younger than x86_64, has only the generic table, without
+# these; libseccomp drops a name its architecture lacks without a word, so each is declared here and
+# tests/test_seccomp_arches.py proves, for x86_64 and aarch64, that every name of the list resolves or is one of
+# these with its stand-ins resolving in its place.
+LEGACY_CALLS = {
+    "open": ("openat",),
+    "stat": ("newfstatat", "statx"),
+    "lstat": ("newfstatat", "statx"),
+    "access": ("faccessat", "faccessat2"),
+    "readlink": ("readlinkat",),
+    "getdents": ("getdents64",),
+    "mkdir": ("mkdirat",),
+    "rmdir": ("unlinkat",),
+    "unlink": ("unlinkat",),
+    "rename": ("renameat", "renameat2"),
+    "link": ("linkat",),
+    "symlink": ("symlinkat",),
+    "chmod": ("fchmodat",),
+    "utime": ("utimensat",),
+    "utimes": ("utimensat",),
+    "futimesat": ("utimensat",),
+    "dup2": ("dup3",),
+    "pipe": ("pipe2",),
+    "pause": ("rt_sigsuspend", "ppoll"),
+    "alarm": ("setitimer",),
+    "time": ("clock_gettime", "gettimeofday"),
+    "getpgrp": ("getpgid",),  # getpgid(0), the caller's: SELF_ONLY
+    "select": ("pselect6",),
+    "poll": ("ppoll",),
+    "epoll_create": ("epoll_create1",),
+    "epoll_wait": ("epoll_pwait",),
+    "eventfd": ("eventfd2",),
+    "signalfd": ("signalfd4",),
+    # x86's own: its thread pointer is set by a call (ARCH_SET_FS); aarch64's is a register (tpidr_el0) the
+    # thread writes itself, so nothing stands in for it
+    "arch_prctl": (),
+}
+
 # Advice that touches only the run's own mappings or reads ahead: everything madvise offers but
 # MADV_MERGEABLE (12, KSM), MADV_COLD (20) and MADV_PAGEOUT (21), which push shared file pages
 # towards eviction, MADV_COLLAPSE (25), which rewrites a shared file's cached pages, and the
@@ -456,31 +495,49 @@ NEVER_ALLOWED = frozenset(
 )
 
 
-def check_extra_syscalls(numbers: list[int]) -> None:
-    """Refuse an operator's ALLOWED_SYSCALLS that would reopen what must stay closed."""
+def extra_syscall_names(numbers: list[int] | tuple[int, ...], arch: int | None = None) -> dict[int, str]:
+    """An operator's ALLOWED_SYSCALLS, read as the numbers of the architecture the runs execute on (this
+    machine's unless arch says: a number is a different call on x86_64 and on aarch64, 57 fork on one and close
+    on the other), by name; ValueError for one that is no call there, or one that would reopen what must stay
+    closed, named."""
+    names = {}
+    where = engine.arch_name(arch)
     for number in numbers:
         try:
-            name = engine.syscall_name(number)
+            name = engine.syscall_name(number, arch)
         except Exception as exc:  # libseccomp does not know it
-            raise ValueError(f"ALLOWED_SYSCALLS: {number} is not a system call on this machine") from exc
+            raise ValueError(f"ALLOWED_SYSCALLS: {number} is not a system call on this machine ({where})") from exc
         if name in NEVER_ALLOWED:
             raise ValueError(
-                f"ALLOWED_SYSCALLS: {number} ({name}) may not be allowed: it would reopen what the jail closes"
+                f"ALLOWED_SYSCALLS: {number} ({name} on {where}) may not be allowed: it would reopen what the jail "
+                "closes"
             )
+        names[number] = name
+    return names
 
 
-def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) -> pyseccomp.SyscallFilter:
-    """The allow-list for one run. Build once per process, load in each child."""
-    check_extra_syscalls(list(extra))  # whoever built the config (a Lambda's environment too)
-    flt = pyseccomp.SyscallFilter(pyseccomp.ERRNO(errno.EPERM))
+def check_extra_syscalls(numbers: list[int], arch: int | None = None) -> None:
+    """Refuse an operator's ALLOWED_SYSCALLS that would reopen what must stay closed."""
+    extra_syscall_names(numbers, arch)
+
+
+def build(
+    network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False, arch: int | None = None
+) -> pyseccomp.SyscallFilter:
+    """The allow-list for one run. Build once per process, load in each child. arch: for another architecture
+    than this machine's (what the tests read of aarch64's program on x86_64); extra is that architecture's."""
+    # checked here too, whoever built the config (a Lambda's environment too); added by the name the number has on
+    # the filter's architecture (libseccomp reads a rule's number as this machine's and translates it)
+    extra_names = extra_syscall_names(extra, arch)
+    flt = engine.for_arch(pyseccomp.SyscallFilter(pyseccomp.ERRNO(errno.EPERM)), arch)
     try:  # a binary tree instead of a linear list: every system call of a run pays for the lookup
         flt.set_attr(pyseccomp.Attr.CTL_OPTIMIZE, 2)
     except OSError:
         pass  # libseccomp older than 2.5
     for name in BASE_SYSCALLS:
         engine.allow(flt, name)
-    for number in extra:
-        flt.add_rule(pyseccomp.ALLOW, number)
+    for name in extra_names.values():
+        flt.add_rule(pyseccomp.ALLOW, name)
     # threads share one descriptor table (pthread_create's flags), which the service reads for files a run holds
     # after their names went (tmp/held.py): no thread of a table of its own, by clone or by close_range
     thread = CLONE_THREAD | CLONE_FILES
@@ -550,7 +607,7 @@ def build(network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False) 
     return flt
 
 
-def fence_for(pid: int) -> pyseccomp.SyscallFilter:
+def fence_for(pid: int, arch: int | None = None) -> pyseccomp.SyscallFilter:
     """Every child: signals and limits for itself only.
 
     The kernel lets a process signal, or set the limits of, any other process of its
@@ -560,7 +617,7 @@ def fence_for(pid: int) -> pyseccomp.SyscallFilter:
     anywhere but at pid (process groups too), and prlimit64 on any process but the
     caller (pid 0). A child loads fence_program(its pid).
     """
-    flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    flt = engine.for_arch(pyseccomp.SyscallFilter(pyseccomp.ALLOW), arch)
     refuse = pyseccomp.ERRNO(errno.EPERM)
     for name in ("kill", "tgkill", "tkill"):  # unsigned comparisons: negative pids are above pid
         flt.add_rule(refuse, name, pyseccomp.Arg(0, pyseccomp.GT, pid))
@@ -602,16 +659,12 @@ SYSTEM_CLOCKS = 12  # CLOCK_REALTIME (0) to CLOCK_TAI (11)
 CPU_CLOCK_TYPES = (0, 1, 2, 4, 5, 6)  # a process's and a thread's PROF, VIRT, SCHED; not 3 or 7 (CLOCKFD)
 
 
-def _clock_calls() -> tuple[int, tuple[int, ...]]:
-    """(this machine's audit arch, the numbers of CLOCK_CALLS on it)."""
-    arch = pyseccomp.system_arch()
-    numbers = []
-    for name in CLOCK_CALLS:
-        try:
-            numbers.append(pyseccomp.resolve_syscall(arch, name))
-        except (ValueError, OSError):
-            pass
-    return int(arch), tuple(int(n) for n in numbers)
+def _clock_calls(arch: int | None = None) -> tuple[int, tuple[int, ...]]:
+    """(an architecture's audit arch, this machine's by default, and the numbers of CLOCK_CALLS there, resolved
+    by name by libseccomp: never one architecture's numbers on another)."""
+    arch = engine.native_arch() if arch is None else arch
+    numbers = (engine.syscall_number(name, arch) for name in CLOCK_CALLS)
+    return arch, tuple(number for number in numbers if number is not None)
 
 
 def clock_prefix(pid: int, calls: tuple[int, tuple[int, ...]] | None = None) -> bytes:
@@ -621,7 +674,9 @@ def clock_prefix(pid: int, calls: tuple[int, tuple[int, ...]] | None = None) -> 
     argument is an int: only its lower 32 bits are tested, all the kernel reads (glibc's syscall passes a
     negative id sign-extended, the vDSO's fallback zero-extended). Other calls go on to the fence's program,
     which follows. Hand-written because libseccomp takes one test per argument in a rule, and this one needs
-    a range and the pid's encoding. The other threads of a run have their CPU clock as
+    a range and the pid's encoding. Its first test is the architecture's, as libseccomp's programs' is: a call
+    made under another one (an x86_64 process's int 0x80, the i386 table) kills the process, since the numbers
+    it compares mean other calls there. The other threads of a run have their CPU clock as
     CLOCK_THREAD_CPUTIME_ID (or pid 0) only: pthread_getcpuclockid() of a thread but the first gives an id
     this refuses."""
     arch, numbers = calls or _clock_calls()
@@ -629,7 +684,8 @@ def clock_prefix(pid: int, calls: tuple[int, tuple[int, ...]] | None = None) -> 
     refuse, allow = "refuse", "allow"
     code: list[tuple] = [
         (engine.LD_ABS, 0, 0, engine.DATA_ARCH),
-        (engine.JEQ, 0, "next", arch),
+        (engine.JEQ, 1, 0, arch),
+        (engine.RET, 0, 0, engine.RET_KILL_PROCESS),
         (engine.LD_ABS, 0, 0, engine.DATA_NR),
     ]
     for i, number in enumerate(numbers):
