@@ -101,6 +101,18 @@ print("\n".join([*project["project"]["dependencies"], *project["build-system"]["
 EOF
 }
 
+tests_venv() {  # tests_venv DIR: what tests/unprivileged.py's venv_python() installs, and its cached venv's name
+    python3 - "$1" <<'EOF'
+import hashlib, sys, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+deps = sorted([*project["dependencies"], *project["optional-dependencies"]["lambda"]])
+open(sys.argv[1] + "/tests-requirements.txt", "w").write("\n".join(deps) + "\n")
+name = "venv-" + hashlib.sha256("\n".join(deps).encode()).hexdigest()[:16]
+open(sys.argv[1] + "/tests-venv", "w").write(name + "\n")
+print(name)
+EOF
+}
+
 build_image() {  # build_image DIR KERNEL: the root filesystem, kernel and initramfs, into DIR
     local out=$1 kernel=$2 work
     work=$(mktemp -d "$STATE/build.XXXXXX")
@@ -149,10 +161,12 @@ build_image() {  # build_image DIR KERNEL: the root filesystem, kernel and initr
     # the service's dependencies: manylinux aarch64 wheels for CPython 3.11 (installed offline in the machine)
     mkdir -p "$work/root/opt/sandlot/wheels"
     requirements >"$work/root/opt/sandlot/wheels/requirements.txt"
+    tests_venv "$work/root/opt/sandlot/wheels" >/dev/null
     python3 -m pip download --quiet --disable-pip-version-check --no-cache-dir --only-binary=:all: \
         --platform manylinux2014_aarch64 --platform manylinux_2_17_aarch64 --platform manylinux_2_28_aarch64 \
         --python-version 3.11 --implementation cp --abi cp311 --abi abi3 --abi none \
-        -d "$work/root/opt/sandlot/wheels" -r "$work/root/opt/sandlot/wheels/requirements.txt" 2>&1 |
+        -d "$work/root/opt/sandlot/wheels" -r "$work/root/opt/sandlot/wheels/requirements.txt" \
+        -r "$work/root/opt/sandlot/wheels/tests-requirements.txt" 2>&1 |
         grep -v "^WARNING: Location" >&2 || true
     ls "$work/root/opt/sandlot/wheels"/*.whl >/dev/null
     cp "$REPO/infra/arm64/build-inside.sh" "$work/root/sbin/sandlot-build"
@@ -179,13 +193,14 @@ build_image() {  # build_image DIR KERNEL: the root filesystem, kernel and initr
 }
 
 install_missing
-mkdir -p "$STATE/images" "$STATE/runs"
+mkdir -p "$STATE/images" "$STATE/runs" "$STATE/key"
 chmod 0700 "$STATE"
 KERNEL=$(kernel_package)
 [ -n "$KERNEL" ] || { log "no linux-image-$KERNEL_FLAVOUR in Debian's arm64 lists"; exit 1; }
 KEY=$( {
     echo "$SUITE $MIRROR $PACKAGES $KERNEL $MODULES node $NODE_VERSION npm $NPM_VERSION"
     requirements
+    tests_venv "$STATE/key"
     cat infra/arm64/build-inside.sh infra/arm64/root-init infra/arm64/initramfs-init
 } | sha256sum | cut -c1-16)
 IMAGE="$STATE/images/$KEY"
@@ -197,6 +212,10 @@ if [ ! -f "$IMAGE/root.img" ]; then
     find "$STATE/images" -mindepth 1 -maxdepth 1 -type d ! -name "$KEY" -exec rm -rf {} +
 fi
 
+if [ "$ACTION" = --keep ] && kept=$(readlink "$STATE/kept" 2>/dev/null); then
+    stop_machine "$kept" # the machine an earlier --keep left up: one kept at a time
+    rm -f "$STATE/kept"
+fi
 RUN=$(mktemp -d "$STATE/runs/run.XXXXXX")
 cleanup() { [ "$ACTION" = --keep ] || stop_machine "$RUN"; }
 trap cleanup EXIT
@@ -205,8 +224,10 @@ qemu-img create -q -f qcow2 -F raw -b "$IMAGE/root.img" "$RUN/overlay.qcow2"
 # the checkout's HEAD, and the run's key, as a tar on the second disk
 git archive --format=tar -o "$RUN/src.tar" HEAD
 printf 'API_KEY=%s\n' "$API_KEY" >"$RUN/.arm64-run.env"
-tar -C "$RUN" -rf "$RUN/src.tar" .arm64-run.env
-rm "$RUN/.arm64-run.env"
+# this host's CA bundle: what pip and npm in the machine trust (infra/arm64/survey.sh), as they do here
+cp /etc/ssl/certs/ca-certificates.crt "$RUN/.arm64-ca.crt" 2>/dev/null || touch "$RUN/.arm64-ca.crt"
+tar -C "$RUN" -rf "$RUN/src.tar" .arm64-run.env .arm64-ca.crt
+rm "$RUN/.arm64-run.env" "$RUN/.arm64-ca.crt"
 truncate -s %512 "$RUN/src.tar"
 read -r PORT_FULL PORT_CHROOT PORT_LANDLOCK < <(python3 -c '
 import socket

@@ -21,6 +21,14 @@ step "venv"
 python3 -m venv /opt/sandlot/venv || fail venv
 /opt/sandlot/venv/bin/pip install --quiet --disable-pip-version-check --no-index --find-links /opt/sandlot/wheels \
     -r /opt/sandlot/wheels/requirements.txt || fail "pip install"
+# the venv tests/unprivileged.py makes for services of another uid (the stand-ins' pytest runs here), made
+# now, offline, under the name it looks for
+step "tests' venv"
+tests=/var/cache/sandlot-tests/$(cat /opt/sandlot/wheels/tests-venv)
+mkdir -p -m 0755 /var/cache/sandlot-tests
+(umask 022 && /usr/bin/python3.11 -m venv "$tests" && "$tests/bin/pip" install --quiet --disable-pip-version-check \
+    --no-index --find-links /opt/sandlot/wheels -r /opt/sandlot/wheels/tests-requirements.txt) || fail "tests' venv"
+touch "$tests/.complete"
 rm -rf /opt/sandlot/wheels
 chmod -R a+rX,go-w /opt/sandlot
 step "node $(/usr/local/bin/node --version) npm $(/usr/local/bin/npm --version)" || fail node

@@ -30,14 +30,18 @@ from cases.expect import check  # noqa: E402
 
 # In the machine: pytest as each mode's services run there (tests/service.py's stand-in switch, and the
 # restricted pod of tests/test_landlock_mode.py)
+HOSTILE = (
+    "tests/test_hostile.py tests/test_api.py::test_dify_python_wrapper "
+    "tests/test_api.py::test_dify_jinja2_template_with_preload_field"
+)
 IN_MACHINE = {
-    "full": ("", "tests/test_hostile.py tests/test_api.py::test_dify_python_wrapper "
-             "tests/test_api.py::test_dify_jinja2_template_with_preload_field"),
-    "chroot": ("SANDLOT_TEST_CONTAINER=docker-default", "tests/test_hostile.py tests/test_api.py::test_dify_python_wrapper "
-               "tests/test_api.py::test_dify_jinja2_template_with_preload_field"),
+    "full": ("", HOSTILE),
+    "chroot": ("SANDLOT_TEST_CONTAINER=docker-default", HOSTILE),
     "landlock": ("", "tests/test_landlock_mode.py -k restricted_pod"),
 }
-KILL = re.compile(r"audit: type=1326 .*?comm=\"(?P<comm>[^\"]*)\".*? sig=(?P<sig>\d+) arch=(?P<arch>\w+) syscall=(?P<nr>\d+)")
+KILL = re.compile(
+    r"audit: type=1326 .*?comm=\"(?P<comm>[^\"]*)\".*? sig=(?P<sig>\d+) arch=(?P<arch>\w+) syscall=(?P<nr>\d+)"
+)
 
 
 class Agent:
@@ -80,7 +84,10 @@ def http(url: str, key: str, body: dict | None = None, timeout: float = 120) -> 
 def wait_console(path: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        text = open(path, errors="replace").read() if os.path.exists(path) else ""
+        text = ""
+        if os.path.exists(path):
+            with open(path, errors="replace") as f:
+                text = f.read()
         if "SANDLOT-FAILED" in text:
             raise RuntimeError("the machine failed to start:\n" + text[-4000:])
         if "SANDLOT-READY" in text:
@@ -115,7 +122,7 @@ def kills(agent: Agent) -> list[str]:
     )
     name = dict(zip(numbers, [n.decode() if isinstance(n, bytes) else n for n in names.split()], strict=False))
     return [
-        f"seccomp kill: {m['comm']} syscall {m['nr']} ({name.get(int(m['nr']), '?')}) signal {m['sig']} arch {m['arch']}"
+        f"seccomp kill: {m['comm']} syscall {m['nr']} ({name.get(int(m['nr']), '?')}) sig {m['sig']} arch {m['arch']}"
         for m in found
     ]
 
