@@ -176,7 +176,7 @@ build_image() {  # build_image DIR KERNEL: the root filesystem, kernel and initr
     rm -rf "$work/root"
     # the first boot: debootstrap's second stage and the venv (the machine powers itself off)
     log "first boot: debootstrap's second stage and the venv"
-    qemu-system-aarch64 -M virt -cpu cortex-a72 -smp 2 -m 2048 -display none -no-reboot \
+    qemu-system-aarch64 -M virt -cpu cortex-a72 -smp 2 -m 2048 -display none -no-reboot -nic none \
         -kernel "$work/vmlinuz" -initrd "$work/initrd.img" \
         -append "console=ttyAMA0 panic=-1 sandlot.init=/sbin/sandlot-build" \
         -drive "if=none,id=root,file=$work/root.img,format=raw" -device virtio-blk-pci,drive=root \
@@ -195,6 +195,10 @@ build_image() {  # build_image DIR KERNEL: the root filesystem, kernel and initr
 install_missing
 mkdir -p "$STATE/images" "$STATE/runs" "$STATE/key"
 chmod 0700 "$STATE"
+# one build at a time; a build an earlier run left unfinished (killed) is removed
+exec 9>"$STATE/build.lock"
+flock 9
+rm -rf "$STATE"/build.*/
 KERNEL=$(kernel_package)
 [ -n "$KERNEL" ] || { log "no linux-image-$KERNEL_FLAVOUR in Debian's arm64 lists"; exit 1; }
 KEY=$( {
@@ -216,6 +220,7 @@ if [ "$ACTION" = --keep ] && kept=$(readlink "$STATE/kept" 2>/dev/null); then
     stop_machine "$kept" # the machine an earlier --keep left up: one kept at a time
     rm -f "$STATE/kept"
 fi
+flock -u 9
 RUN=$(mktemp -d "$STATE/runs/run.XXXXXX")
 cleanup() { [ "$ACTION" = --keep ] || stop_machine "$RUN"; }
 trap cleanup EXIT
