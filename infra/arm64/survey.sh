@@ -34,9 +34,11 @@ trace npm-install /usr/local/bin/npm install --no-audit --no-fund --prefix "$out
 for name in python-run python-venv-run node-run pip-install npm-install; do
     echo "== $name: $(wc -l <"$out/$name.calls") calls; output: $(head -c 300 "$out/$name.out" | tr '\n' ' ')"
 done
-echo "== every call (name: scenarios)"
+echo "== every call (name: scenarios; [base] where the allow-list's BASE_SYSCALLS names it)"
+base=$(cd /opt/sandlot/src && python3 -c 'from runtimes.jail.policy import allowlist as a; print(*a.BASE_SYSCALLS)')
 cat "$out"/*.calls | sort -u | while read -r call; do
     printf '%s:' "$call"
+    case " $base " in *" $call "*) printf ' [base]' ;; esac
     for name in python-run python-venv-run node-run pip-install npm-install; do
         grep -qx "$call" "$out/$name.calls" && printf ' %s' "$name"
     done
