@@ -3,6 +3,7 @@
 #   infra/arm64_test.sh           boot, run the cases in each jail mode, power off
 #   infra/arm64_test.sh --keep    the same, then leave the machine up: prints ARM64_URL=... and ARM64_API_KEY=...
 #   infra/arm64_test.sh --stop    power off the machine a --keep left up
+# (ARM64_NO_PYTEST=1: only the cases from the host, not the test files in the machine)
 # The machine: Debian's qemu-system-aarch64 (`virt`, cortex-a72, TCG), Debian bookworm's arm64 cloud kernel
 # (6.1: Landlock ABI 2) with a small initramfs that loads its virtio drivers (infra/arm64/initramfs-init), and
 # a root filesystem debootstrap makes for arm64 (its second stage runs in the machine's first boot,
@@ -260,7 +261,7 @@ qemu-system-aarch64 -M virt -cpu cortex-a72 -smp 2 -m 2048 -display none -no-reb
 set +e
 python3 infra/arm64/vm.py cases --console "$RUN/console.log" --ctl "$RUN/ctl.sock" --key "$API_KEY" \
     --mode "full=http://127.0.0.1:$PORT_FULL" --mode "chroot=http://127.0.0.1:$PORT_CHROOT" \
-    --mode "landlock=http://127.0.0.1:$PORT_LANDLOCK" --report "$RUN/report.txt"
+    --mode "landlock=http://127.0.0.1:$PORT_LANDLOCK" --report "$RUN/report.txt" ${ARM64_NO_PYTEST:+--no-pytest}
 status=$?
 set -e
 log "booted and ran the cases in $(($(date +%s) - booted)) s (this run: $(($(date +%s) - started)) s)"
