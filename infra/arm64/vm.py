@@ -1,0 +1,220 @@
+"""The host's side of infra/arm64_test.sh (plain python3, no third-party module: it runs before any venv).
+
+  vm.py exec CTL_SOCKET COMMAND...   run a shell command in the machine through its agent (infra/arm64/agent.py)
+  vm.py cases --console LOG --ctl CTL_SOCKET --key KEY --mode NAME=URL ... --report FILE
+
+`cases` waits for the machine's services, then per jail mode: the shared run cases (tests/cases/run_cases.json,
+Dify's Python and Node.js wrappers among them) through the forwarded port, checked as tests/test_cases.py checks
+them (tests/cases/expect.py); then, in the machine, tests/test_hostile.py and Dify's wrappers of tests/test_api.py
+under pytest (their cases look at the service's processes, so they run where the service runs) in `full` and
+under the default-privilege container stand-in (`chroot`), and the restricted pod's cases of
+tests/test_landlock_mode.py (`landlock`). Every seccomp kill the machine's kernel logged (audit type 1326) is
+named (number and aarch64 name) and fails the run: no case means one. Last line: `arm64: N passed, N failed`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+from cases.expect import check  # noqa: E402
+
+# In the machine: pytest as each mode's services run there (tests/service.py's stand-in switch, and the
+# restricted pod of tests/test_landlock_mode.py)
+HOSTILE = (
+    "tests/test_hostile.py tests/test_api.py::test_dify_python_wrapper "
+    "tests/test_api.py::test_dify_jinja2_template_with_preload_field"
+)
+IN_MACHINE = {
+    "full": ("", HOSTILE),
+    "chroot": ("SANDLOT_TEST_CONTAINER=docker-default", HOSTILE),
+    "landlock": ("", "tests/test_landlock_mode.py"),
+}
+KILL = re.compile(
+    r"audit: type=1326 .*?comm=\"(?P<comm>[^\"]*)\".*? sig=(?P<sig>\d+) arch=(?P<arch>\w+) syscall=(?P<nr>\d+)"
+)
+
+
+class Agent:
+    def __init__(self, path: str):
+        self.path = path
+        self.serial = 0
+
+    def run(self, command: str, timeout: float = 900) -> tuple[int, str]:
+        self.serial += 1
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(self.path)
+            sock.settimeout(timeout + 30)
+            sock.sendall(json.dumps({"id": self.serial, "cmd": command, "timeout": timeout}).encode() + b"\n")
+            buffer = b""
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise ConnectionError("the machine's agent went away")
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    try:
+                        answer = json.loads(line)
+                    except ValueError:
+                        continue
+                    if answer.get("id") == self.serial:
+                        return answer["rc"], answer["out"]
+
+
+def http(url: str, key: str, body: dict | None = None, timeout: float = 120) -> tuple[int, dict | str]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers={"X-Api-Key": key, "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def wait_console(path: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = ""
+        if os.path.exists(path):
+            with open(path, errors="replace") as f:
+                text = f.read()
+        if "SANDLOT-FAILED" in text:
+            raise RuntimeError("the machine failed to start:\n" + text[-4000:])
+        if "SANDLOT-READY" in text:
+            return
+        time.sleep(1)
+    raise RuntimeError(f"the machine not ready in {timeout} s:\n" + (text[-4000:] if text else "(no console)"))
+
+
+def wait_healthy(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"{url} not healthy in {timeout} s")
+
+
+def kills(agent: Agent) -> list[str]:
+    """The seccomp kills the machine's kernel logged, each named."""
+    _, log = agent.run("dmesg")
+    found = [m for m in KILL.finditer(log)]
+    if not found:
+        return []
+    numbers = sorted({int(m["nr"]) for m in found})
+    _, names = agent.run(
+        "/opt/sandlot/venv/bin/python -c 'import sys, pyseccomp as s; "
+        "print(*[s.resolve_syscall(s.Arch.AARCH64, int(n)) for n in sys.argv[1:]])' " + " ".join(map(str, numbers))
+    )
+    name = dict(zip(numbers, [n.decode() if isinstance(n, bytes) else n for n in names.split()], strict=False))
+    return [
+        f"seccomp kill: {m['comm']} syscall {m['nr']} ({name.get(int(m['nr']), '?')}) sig {m['sig']} arch {m['arch']}"
+        for m in found
+    ]
+
+
+def cases(args) -> int:
+    results: list[tuple[str, bool, str]] = []  # (name, passed, why)
+    agent = Agent(args.ctl)
+    started = time.monotonic()
+    wait_console(args.console, args.boot_timeout)
+    print(f"arm64: the machine is up in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    with open(os.path.join(REPO, "tests", "cases", "run_cases.json")) as f:
+        run_cases = json.load(f)["cases"]
+    for spec in args.mode:
+        mode, url = spec.split("=", 1)
+        began = time.monotonic()
+        try:
+            wait_healthy(url, args.service_timeout)
+            status, detail = http(url + "/v1/sandbox/health", args.key)
+            runtimes = detail["data"]["runtimes"] if isinstance(detail, dict) else {}
+            served = {language: r["protections"]["mode"] for language, r in runtimes.items()}
+            right = bool(served) and set(served.values()) == {mode}
+            results.append((f"{mode}: serves in the {mode} jail", right, f"health detail says {served!r}"))
+        except (RuntimeError, KeyError, TypeError) as e:
+            results.append((f"{mode}: healthy", False, str(e)))
+            continue
+        print(f"arm64: {mode} healthy in {time.monotonic() - began:.0f} s", file=sys.stderr)
+        for case in run_cases:
+            if case.get("requires") == "root" and mode == "landlock":
+                continue  # tests/test_cases.py: the chroot that case needs is only in force as root
+            body = {"language": case["language"], "code": case["code"], "enable_network": case["enable_network"]}
+            if "timeout" in case:
+                body["timeout"] = case["timeout"]
+            status, envelope = http(url + "/v1/sandbox/run", args.key, body)
+            try:
+                assert status == 200 and envelope["code"] == 0, envelope
+                check(case["expect"], envelope["data"])
+                results.append((f"{mode}: {case['id']}", True, ""))
+            except (AssertionError, KeyError, TypeError) as e:
+                results.append((f"{mode}: {case['id']}", False, f"{e!r}: {str(envelope)[:600]}"))
+        print(f"arm64: {mode} run cases done in {time.monotonic() - began:.0f} s", file=sys.stderr)
+    for mode, (env, selection) in IN_MACHINE.items():
+        if args.no_pytest:
+            break
+        began = time.monotonic()
+        rc, out = agent.run(
+            f"cd /opt/sandlot/src && {env} /opt/sandlot/venv/bin/python -m pytest -q -p no:cacheprovider "
+            f"-o addopts= {selection} 2>&1 | tail -60",
+            timeout=args.pytest_timeout,
+        )
+        summary = re.findall(r"(\d+) (passed|failed|error|errors)", out.strip().splitlines()[-1] if out.strip() else "")
+        counts = {kind.rstrip("s"): int(n) for n, kind in summary}
+        for n in range(counts.get("passed", 0)):
+            results.append((f"{mode}: pytest #{n}", True, ""))
+        bad = counts.get("failed", 0) + counts.get("error", 0) or (0 if counts.get("passed") else 1)
+        for _ in range(bad):
+            results.append((f"{mode}: pytest in the machine", False, out[-3000:]))
+        print(f"arm64: {mode} pytest in the machine: {counts} in {time.monotonic() - began:.0f} s", file=sys.stderr)
+    for line in kills(agent):
+        results.append((line, False, "a run killed by a call the jail did not mean to refuse"))
+    with open(args.report, "w") as report:
+        for name, passed, why in results:
+            if not passed:
+                print(f"FAILED {name}: {why}", file=sys.stderr)
+            report.write(f"{'ok' if passed else 'FAILED'} {name} {why}\n")
+        passed = sum(1 for _, ok, _ in results if ok)
+        report.write(f"arm64: {passed} passed, {len(results) - passed} failed\n")
+    return 0 if passed == len(results) else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command", required=True)
+    do = sub.add_parser("exec")
+    do.add_argument("ctl")
+    do.add_argument("words", nargs="+")
+    run = sub.add_parser("cases")
+    run.add_argument("--console", required=True)
+    run.add_argument("--ctl", required=True)
+    run.add_argument("--key", required=True)
+    run.add_argument("--mode", action="append", required=True)
+    run.add_argument("--report", required=True)
+    run.add_argument("--boot-timeout", type=float, default=900)
+    run.add_argument("--service-timeout", type=float, default=600)
+    run.add_argument("--pytest-timeout", type=float, default=1200)
+    run.add_argument("--no-pytest", action="store_true")
+    args = parser.parse_args()
+    if args.command == "exec":
+        rc, out = Agent(args.ctl).run(" ".join(args.words))
+        sys.stdout.write(out)
+        return rc
+    return cases(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
