@@ -215,7 +215,8 @@ lambda_image="public.ecr.aws/lambda/python:$api_runtime-$ARCH"
 others=$(find "$BUILD/ApiFunction" -name '*.cpython-3*.so' ! -name "*.cpython-${api_runtime/./}-*" | head -3)
 record "$([ -z "$others" ] && echo PASS || echo FAIL) the API zip holds only python$api_runtime extension modules${others:+: $others}"
 check "the API zip imports on the python$api_runtime stand-in (handler.lambda_function)" \
-    podman run --rm --network none -e AWS_REGION=us-east-1 -e AWS_DEFAULT_REGION=us-east-1 -v "$BUILD/ApiFunction:/var/task:ro" \
+    podman run --rm --network none -e AWS_REGION=us-east-1 -e AWS_DEFAULT_REGION=us-east-1 -e API_KEY="sam-import-check-$RANDOM$RANDOM" \
+    -v "$BUILD/ApiFunction:/var/task:ro" \
     --entrypoint /var/lang/bin/python3 "$lambda_image" -c \
     "import sys, handler.lambda_function; assert sys.version_info[:2] == tuple(map(int, '$api_runtime'.split('.')))"
 
