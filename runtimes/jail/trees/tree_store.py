@@ -47,6 +47,7 @@ import time
 
 from runtimes.jail.policy import tree_files
 from runtimes.jail.trees import materialized
+from runtimes.linux import removal
 from runtimes.linux.dirlock import TRASH, lock_shared, remove_if_unlocked
 from runtimes.linux.removal import remove_tree as remove_tree  # re-exported: runs' /tmp directories, trees
 
@@ -361,12 +362,4 @@ def clear_stale_run_tmps(tree_root: str, own: range = range(0)) -> list[str]:
 
 def remove_run_tmp(tree_root: str, uid: int) -> None:
     """Remove uid's /tmp directory and what is in it (no process of the uid may be left: sweep first)."""
-    path = run_tmp(tree_root, uid)
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(info.st_mode):
-        remove_tree(path)
-    else:
-        os.unlink(path)
+    removal.remove(run_tmp(tree_root, uid))
