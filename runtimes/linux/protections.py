@@ -332,12 +332,12 @@ _IN_A_USER_NAMESPACE = (
 
 
 def _writable_here(path: str) -> bool:
-    """Whether this process may make a file in path at all (access(2) with its effective ids: permissions, a
-    read-only mount); only where it may is a file really made (_writable)."""
-    try:
-        return os.access(path, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids)
-    except OSError:
-        return False
+    """Whether this process may make a file in path at all (permissions, a read-only mount); only where it may is a
+    file really made (_writable). access(2) itself, which every platform lets through (the dynamic loader calls it
+    as any program starts), not faccessat2, which old container profiles refused with EPERM (glibc calls it for
+    effective ids): a refusal there would pass for a place not writable. Our processes' real and effective ids are
+    the same (no setuid program starts them)."""
+    return os.access(path, os.W_OK | os.X_OK)
 
 
 def _cgroup_bases() -> list[str]:
