@@ -57,17 +57,21 @@ def lay_out_image() -> str:
 def _own_copy(shared: str, own: str) -> str:
     key = os.path.join(own, f".copied-{os.path.basename(shared)}")
     if not os.path.exists(key):
-        _shared(shared)
-        shutil.rmtree(own, ignore_errors=True)
-        shutil.copytree(shared, own, symlinks=True)
+        with open("/var/tmp/sandlot-lambda-image.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # copied whole: no other checkout's code half laid into it
+            if not os.path.exists(os.path.join(shared, ".complete")):
+                _shared(shared, locked=True)
+            shutil.rmtree(own, ignore_errors=True)
+            shutil.copytree(shared, own, symlinks=True)
         open(key, "w").close()
     subprocess.run([os.path.join(REPO, "infra", "layout.sh"), own, "--project-only"], check=True, capture_output=True)
     return own
 
 
-def _shared(root: str) -> str:
+def _shared(root: str, locked: bool = False) -> str:
     with open("/var/tmp/sandlot-lambda-image.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not locked:
+            fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.exists(os.path.join(root, ".complete")):
             shutil.rmtree(root, ignore_errors=True)
             subprocess.run(
