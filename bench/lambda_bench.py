@@ -39,6 +39,10 @@ of one block as ratios to each other, not as absolutes.
 
 --base REF: the per-run rows of REF's runtime functions too (e.g. main), in the same run, interleaved with
 the others (a copy of the simulated image with REF's code, started as REF's images were).
+
+The simulated image (/var/tmp/sandlot-lambda-image-<key>) is shared by every checkout, each laying its own code into
+it: beside other worktrees, SANDLOT_LAMBDA_IMAGE=/var/tmp/<a dir of yours> runs on a copy of this checkout's own
+(tests/lambda/simulated.py's lay_out_image), and REF's copy is made from it.
 """
 
 from __future__ import annotations

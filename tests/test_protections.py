@@ -111,3 +111,48 @@ def test_without_mknod_device_nodes_are_reported_missing():
     record = probe_under("--caps", "setuid,setgid,sys_chroot,net_admin")
     assert record["mknod"] is False and "Operation not permitted" in record["errors"]["mknod"]
     assert record["host_nft"] is True
+
+
+@needs_root
+def test_what_the_process_itself_rules_out_is_said_without_a_child_and_the_record_is_the_same(tmp_path):
+    """A Lambda-like platform (no capabilities, no user namespaces): the mechanisms the process's own state rules
+    out are reported missing, saying why, without a child each (a fork of a Lambda function's init is a few ms of
+    its CPU); every value is still the one a child of its own finds."""
+    os.chmod(tmp_path, 0o755)
+    python = "/usr/bin/python3.11"
+    if not os.access(python, os.X_OK):
+        pytest.skip("needs /usr/bin/python3.11 for an unprivileged interpreter")
+    code = (
+        f"import sys; sys.path.insert(0, {unprivileged.source()!r}); "
+        "import json, os; from runtimes.linux import protections as p\n"
+        "def no_pyseccomp():\n"  # pyseccomp lives in a venv this uid cannot read
+        "    raise ImportError('no pyseccomp for this uid')\n"
+        "p._PROBES['seccomp'] = no_pyseccomp\n"
+        "each = {n: p.in_child(f) for n, f in p._PROBES.items()}\n"
+        "forks, fork = [], os.fork\n"
+        "os.fork = lambda: forks.append(1) or fork()\n"
+        "record = p.probe().to_dict()\n"
+        "print(json.dumps({'each': each, 'record': record, 'forks': len(forks)}))"
+    )
+    out = subprocess.run(
+        [sys.executable, os.path.join(HERE, "outer_filter.py"), "--uid", "65534", "--eperm", "unshare", "--"]
+        + [python, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        timeout=60,
+    )
+    if out.returncode != 0 and "Permission denied" in out.stderr:
+        pytest.skip(f"the project is not readable by uid 65534: {out.stderr.strip()[-200:]}")
+    found = json.loads(out.stdout)
+    each, record = found["each"], found["record"]
+    for name, (value, error) in each.items():
+        expected = {"writable": value or [], "landlock": value or 0}.get(name, bool(value))
+        assert record[name] == expected, (name, each[name])
+        assert bool(record["errors"].get(name)) == bool(error), (name, record["errors"].get(name), error)
+    for name, capability in (("setuid", "CAP_SETUID"), ("chroot", "CAP_SYS_CHROOT"), ("mknod", "CAP_MKNOD")):
+        assert capability in record["errors"][name] and "Operation not permitted" in record["errors"][name]
+    for name in ("mount_namespaces", "pid_namespaces", "net_namespaces", "netns_egress", "hostname"):
+        assert "user namespace" in record["errors"][name], record["errors"][name]
+    # seccomp, no_new_privs, dumpable, pdeathsig, user_namespaces, rlimits, landlock, writable (/tmp): 19 before
+    assert found["forks"] <= 8, found["forks"]

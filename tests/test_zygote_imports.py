@@ -62,6 +62,18 @@ def test_the_zygote_imports_nothing_heavy_nor_of_the_service(runner):
     assert not found, f"the {runner} zygote imports {found} ({len(modules)} modules: {modules})"
 
 
+# what neither a zygote nor its runs need: ctypes.util (with subprocess's and shutil's kin) only finds pyseccomp's
+# libraries, which load by soname (runtimes/linux/libseccomp.py); the probe's module is the service's
+NOT_IN_A_ZYGOTE = ("ctypes.util", "tempfile", "shutil", "runtimes.linux.protections")
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_the_zygote_imports_neither_ctypes_util_nor_the_probe(runner):
+    modules = zygote_imports(runner)
+    assert "pyseccomp" in modules
+    assert not [m for m in NOT_IN_A_ZYGOTE if m in modules], modules
+
+
 def test_the_service_side_imports_nothing_of_the_zygote():
     """The service builds the config and starts a zygote through the shared module, never through the zygote's."""
     script = (

@@ -46,9 +46,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from runtimes.linux import syscalls
-from runtimes.linux.protections import Protections
+
+if TYPE_CHECKING:  # the record is read, never made here: the zygote, which imports this, never loads the probe
+    from runtimes.linux.protections import Protections
 
 # tree: what a run sees as /
 PIVOT = "pivot"  # a mount namespace, the tree bind-mounted read-only, pivot_root into it

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import secrets
 from collections.abc import Callable
 
 from runtimes.linux import removal
@@ -65,7 +64,7 @@ def remove_if_unlocked(
         except FileNotFoundError:
             return False
         name = os.fspath(path)
-        trash = f"{name}{TRASH}{secrets.token_hex(16)}" if TRASH not in name else name
+        trash = f"{name}{TRASH}{os.urandom(16).hex()}" if TRASH not in name else name
         if trash_dir is not None and TRASH not in name:
             trash = os.path.join(trash_dir, os.path.basename(trash))
         try:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 import signal
 import socket
 
@@ -96,7 +95,7 @@ class Forker:
 
 def fork_into(flags: int) -> int:
     """fork() into new namespaces: 0 in the child, the child's pid in the parent."""
-    number = _SYS_CLONE[platform.machine()]
+    number = _SYS_CLONE[os.uname().machine]  # platform.machine()'s answer, without its import
     ctypes.pythonapi.PyOS_BeforeFork()
     pid = _libc_holding_gil.syscall(ctypes.c_long(number), ctypes.c_ulong(flags | signal.SIGCHLD), 0, 0, 0, 0)
     err = ctypes.get_errno()

@@ -7,6 +7,13 @@ its mode from it instead of from a single "am I root" switch.
 
 Every probe runs in a forked child, because on some platforms a refused call
 does not fail: it kills the caller with SIGSYS. A probe that dies says so.
+A mechanism that this process's own state already rules out is said without a
+child (`_ruled_out`): one that needs a capability the process's effective set
+lacks, a place it has no write access to, and, without root, every namespace
+probe once a user namespace of its own was refused (each of them would start by
+creating one). Only failures are said that way, never a success: a fork of the
+runtime costs a few ms of CPU, and a Lambda function's init forked 19 of them
+where 7 can tell it something.
 
 Only the standard library, pyseccomp (for the seccomp probe) and libnftables (through
 ctypes, for the network namespace's) are used: the record must be obtainable before
@@ -191,14 +198,15 @@ def _rlimits() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 64), min(hard, 64)))
 
 
+_NO_CGROUP = "no cgroup hierarchy this process may create groups in"
+
+
 def _cgroups() -> None:
-    for base in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup"):
-        hierarchy = base.endswith("/pids") or os.path.exists(os.path.join(base, "cgroup.controllers"))
-        if hierarchy and os.access(base, os.W_OK):
-            path = tempfile.mkdtemp(prefix="sandlot-probe-", dir=base)
-            os.rmdir(path)
-            return
-    raise OSError(errno.EACCES, "no cgroup hierarchy this process may create groups in")
+    for base in _cgroup_bases():
+        path = tempfile.mkdtemp(prefix="sandlot-probe-", dir=base)
+        os.rmdir(path)
+        return
+    raise OSError(errno.EACCES, _NO_CGROUP)
 
 
 def _netns_egress() -> None:
@@ -211,7 +219,7 @@ def _netns_egress() -> None:
         raise OSError(exc.errno, why) from None
 
 
-CAP_NET_ADMIN = 12
+CAP_SETGID, CAP_SETUID, CAP_NET_ADMIN, CAP_SYS_CHROOT, CAP_MKNOD = 6, 7, 12, 18, 27
 
 
 def _effective_capabilities() -> int:
@@ -296,13 +304,63 @@ _PROBES: dict[str, Callable[[], object]] = {
     "rlimits": _rlimits,
     "landlock": _landlock,
     "cgroups": _cgroups,
-    "writable": lambda: [p for p in WRITABLE_CANDIDATES if _writable(p)],
+    "writable": lambda: [p for p in WRITABLE_CANDIDATES if _writable_here(p) and _writable(p)],
     "netns_egress": _netns_egress,
     "host_nft": _host_nft,
     "mknod": _mknod,
     "time_namespaces": _time_namespaces,
     "hostname": _hostname,
 }
+
+
+# what each of these needs in this process's effective capability set (the kernel checks it before anything else)
+_NEEDS_CAPABILITY = {
+    "setuid": {"CAP_SETGID": CAP_SETGID, "CAP_SETUID": CAP_SETUID},
+    "chroot": {"CAP_SYS_CHROOT": CAP_SYS_CHROOT},
+    "mknod": {"CAP_MKNOD": CAP_MKNOD},
+    "host_nft": {"CAP_NET_ADMIN": CAP_NET_ADMIN},
+}
+# without root, each of these begins by creating a user namespace of its own (_unshare_as_caller)
+_IN_A_USER_NAMESPACE = (
+    "mount_namespaces",
+    "pid_namespaces",
+    "net_namespaces",
+    "netns_egress",
+    "time_namespaces",
+    "hostname",
+)
+
+
+def _writable_here(path: str) -> bool:
+    """Whether this process may make a file in path at all (permissions, a read-only mount); only where it may is a
+    file really made (_writable). access(2) itself, which every platform lets through (the dynamic loader calls it
+    as any program starts), not faccessat2, which old container profiles refused with EPERM (glibc calls it for
+    effective ids): a refusal there would pass for a place not writable. Our processes' real and effective ids are
+    the same (no setuid program starts them)."""
+    return os.access(path, os.W_OK | os.X_OK)
+
+
+def _cgroup_bases() -> list[str]:
+    """The cgroup hierarchies _cgroups may try, of those this process may write to."""
+    found = []
+    for base in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup"):
+        hierarchy = base.endswith("/pids") or os.path.exists(os.path.join(base, "cgroup.controllers"))
+        if hierarchy and _writable_here(base):
+            found.append(base)
+    return found
+
+
+def _ruled_out(name: str, errors: dict[str, str], capabilities: int) -> str:
+    """Why this mechanism cannot work here, said from this process's own state without a child, or "" (probe it).
+    Only certain failures: what these checks pass is still probed in a child."""
+    missing = [cap for cap, bit in _NEEDS_CAPABILITY.get(name, {}).items() if not capabilities >> bit & 1]
+    if missing:
+        return f"PermissionError: [Errno 1] Operation not permitted: no {' or '.join(missing)} (CapEff)"
+    if name == "cgroups" and not _cgroup_bases():
+        return f"PermissionError: [Errno 13] {_NO_CGROUP}"
+    if name in _IN_A_USER_NAMESPACE and os.geteuid() != 0 and errors.get("user_namespaces"):
+        return f"needs a user namespace of its own, which was refused: {errors['user_namespaces']}"
+    return ""
 
 
 def in_child(probe: Callable[[], object]) -> tuple[object, str]:
@@ -360,8 +418,15 @@ def probe() -> Protections:
     _setuid_target = probe_uid()
     values: dict[str, object] = {}
     errors: dict[str, str] = {}
+    capabilities = _effective_capabilities()
     for name, check in _PROBES.items():
-        value, error = in_child(check)
+        error = _ruled_out(name, errors, capabilities)
+        if error:
+            value = None
+        elif name == "writable" and not any(_writable_here(path) for path in WRITABLE_CANDIDATES):
+            value = []  # nowhere to try
+        else:
+            value, error = in_child(check)
         if error:
             errors[name] = error
         values[name] = value

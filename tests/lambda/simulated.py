@@ -42,10 +42,36 @@ def image_key() -> str:
 
 
 def lay_out_image() -> str:
-    """The image's layout under /var/tmp (built once per key), with the project's current code."""
+    """The image's layout under /var/tmp (built once per key), with the project's current code.
+
+    SANDLOT_LAMBDA_IMAGE=DIR: a copy of it of this checkout's own (made once from the shared one), so that
+    another checkout laying out its code into the shared one meanwhile changes nothing of what runs here
+    (bench/lambda_bench.py beside other worktrees)."""
     root = f"/var/tmp/sandlot-lambda-image-{image_key()}"
+    own = os.environ.get("SANDLOT_LAMBDA_IMAGE", "")
+    if own:
+        return _own_copy(root, own)
+    return _shared(root)
+
+
+def _own_copy(shared: str, own: str) -> str:
+    key = os.path.join(own, f".copied-{os.path.basename(shared)}")
+    if not os.path.exists(key):
+        with open("/var/tmp/sandlot-lambda-image.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # copied whole: no other checkout's code half laid into it
+            if not os.path.exists(os.path.join(shared, ".complete")):
+                _shared(shared, locked=True)
+            shutil.rmtree(own, ignore_errors=True)
+            shutil.copytree(shared, own, symlinks=True)
+        open(key, "w").close()
+    subprocess.run([os.path.join(REPO, "infra", "layout.sh"), own, "--project-only"], check=True, capture_output=True)
+    return own
+
+
+def _shared(root: str, locked: bool = False) -> str:
     with open("/var/tmp/sandlot-lambda-image.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not locked:
+            fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.exists(os.path.join(root, ".complete")):
             shutil.rmtree(root, ignore_errors=True)
             subprocess.run(

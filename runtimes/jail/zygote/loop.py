@@ -47,7 +47,6 @@ from runtimes.jail.zygote.confine import Handles, confine, tmpfs_takes_huge_page
 from runtimes.jail.zygote.forkhooks import ForkHooks
 from runtimes.jail.zygote_config import ZygoteConfig
 from runtimes.linux import landlock, namespaces, nftables, rootfs, syscalls, timens
-from runtimes.linux.protections import in_child
 from runtimes.linux.rootfs import DEVICES
 
 CHILD_SETUP_FAILED = 125
@@ -130,6 +129,8 @@ class Zygote:
 
     def _join_network(self, ruleset: str) -> None:
         """The runs' network namespace (linux/pasta.py): its egress rules, then pasta from the service."""
+        from runtimes.linux.protections import in_child  # here only: the probe's module is not the zygote's
+
         _value, error = in_child(lambda: nftables.run(ruleset))  # libnftables never mapped into the zygote
         if error:
             raise OSError(error)
