@@ -93,10 +93,21 @@ def serve(args: argparse.Namespace) -> int:
     from handler import pid_one
 
     pid_one.front()  # a container's pid 1: an init in front of the service, which goes on in a child
+    from runtimes.linux import protections
+
+    if os.environ.get("SANDLOT_BACKEND", "local") == "local":  # (the lambda backend's functions probe their own)
+        protections.probe_ahead()  # a child probes the platform while this process loads its settings and code
+    try:
+        return _serve_probed(args)
+    finally:
+        protections.cancel_ahead()  # a start that stopped before its runtimes asked for the record (bad settings)
+
+
+def _serve_probed(args: argparse.Namespace) -> int:
     import secrets
 
     from handler import logs
-    from runtimes.linux import syscalls
+    from runtimes.linux import protections, syscalls
 
     overrides = {}
     if args.port is not None:
@@ -104,6 +115,8 @@ def serve(args: argparse.Namespace) -> int:
     if args.host is not None:
         overrides["SANDLOT_HOST"] = args.host
     settings = load_settings(**overrides)
+    if settings.SANDLOT_BACKEND != "local":
+        protections.cancel_ahead()  # (the config file named the lambda backend)
     log_config = logs.configure(settings.SANDLOT_LOG_FORMAT, settings.SANDLOT_LOG_LEVEL)
     if "API_KEY" not in settings.model_fields_set:  # unset (set but empty is refused below)
         settings.API_KEY = secrets.token_urlsafe(32)
@@ -154,7 +167,8 @@ async def _serve(settings: Settings, layers: LayerManager | None, refused: dict[
         if backend is not None:
             # the platform's probe forks children that run Python (runtimes/linux/protections.py): none may be
             # forked while another thread imports (a lock it holds, the loader's or a module's, would stay
-            # held in the child); the runtimes' own ask waits for this record, then their zygotes are exec'ed
+            # held in the child); the runtimes' own ask waits for this record, then their zygotes are exec'ed.
+            # Usually the record is there already: serve() had a child probe ahead, beside the settings' load
             from runtimes.linux.protections import platform_protections
 
             await asyncio.to_thread(platform_protections)
@@ -181,6 +195,7 @@ async def _serve(settings: Settings, layers: LayerManager | None, refused: dict[
             log_level=settings.SANDLOT_LOG_LEVEL,
             access_log=False,
             lifespan="on",
+            ws="none",  # no route speaks WebSocket: uvicorn's default would import the websockets package at start
             timeout_graceful_shutdown=10,
         )
         server = uvicorn.Server(config)
