@@ -28,8 +28,11 @@ Rows (each for this tree and the base):
   binary mapped by another room's nodes counts less here than on a machine of its own);
 - start: exec of the service -> first correct python run and first correct node run (requests sent
   from the exec on, every 5 ms until one is answered correctly; refusals counted), and when
-  /health first said 200; its breakdown as the service logs it (settings and runtime code loaded, web
-  stack imported, app started, runtimes' first zygotes up, each runtime ready), with the load;
+  /health first said 200; its breakdown as the service logs it (the environment's settings read and
+  layers found, the platform's record there and the runtime code loaded, the settings model loaded, web
+  stack imported, app started, runtimes' first zygotes up, each runtime ready), with the load; the CPU the
+  service tree (a cpuacct cgroup of its own) and the service process had used when the first python run
+  was answered; `--starts-only` measures these rows alone;
 - first runs after start: p50 of the 20 python runs that follow the first one, beside the steady p50.
 """
 
@@ -64,7 +67,16 @@ CPUACCT = "/sys/fs/cgroup/cpuacct"
 IDLE_PAUSE = 70  # seconds without a run before the idle rows (ready children shrink after 20, the preloaded
 # Python zygote is parked after 60: runtimes/python/runtime.py PARK_SECONDS)
 # the start's timeline as the service logs it (handler/app.py), seconds after exec, in the order shown
-START_MARKS = ("settings", "platform probed", "web stack", "app", "runtimes started", "python3 ready", "nodejs ready")
+START_MARKS = (
+    "settings",
+    "platform probed",
+    "settings model",
+    "web stack",
+    "app",
+    "runtimes started",
+    "python3 ready",
+    "nodejs ready",
+)
 HZ = os.sysconf("SC_CLK_TCK")
 # The stand-ins --container starts a service in (tests/outer_filter.py), each with a PID namespace of its own as a
 # container has (its /proc, which the uid sweep of the chroot and landlock jails reads, holds its own processes):
