@@ -288,10 +288,14 @@ class Pages:
         return endpoint
 
 
+METRICS_LOAD_DELAY = 5.0  # seconds after the runtimes' start before prometheus-client is imported
+
+
 async def _load_metrics_after(starting: asyncio.Task, metrics: Metrics) -> None:
-    """prometheus-client, loaded once the runtimes have started (their start and the first runs go first; a
-    scrape before loads it itself)."""
+    """prometheus-client, loaded a few seconds after the runtimes have started: their start and the runs that
+    come first go before its import (a scrape before loads it itself; counts wait for it meanwhile)."""
     await asyncio.wait({starting})
+    await asyncio.sleep(METRICS_LOAD_DELAY)
     await asyncio.to_thread(metrics.load)
 
 
