@@ -28,8 +28,11 @@ Rows (each for this tree and the base):
   binary mapped by another room's nodes counts less here than on a machine of its own);
 - start: exec of the service -> first correct python run and first correct node run (requests sent
   from the exec on, every 5 ms until one is answered correctly; refusals counted), and when
-  /health first said 200; its breakdown as the service logs it (settings and runtime code loaded, web
-  stack imported, app started, runtimes' first zygotes up, each runtime ready), with the load;
+  /health first said 200; its breakdown as the service logs it (the environment's settings read and
+  layers found, the platform's record there and the runtime code loaded, the settings model loaded, web
+  stack imported, app started, runtimes' first zygotes up, each runtime ready), with the load; the CPU the
+  service tree (a cpuacct cgroup of its own) and the service process had used when the first python run
+  was answered; `--starts-only` measures these rows alone;
 - first runs after start: p50 of the 20 python runs that follow the first one, beside the steady p50.
 """
 
@@ -64,7 +67,16 @@ CPUACCT = "/sys/fs/cgroup/cpuacct"
 IDLE_PAUSE = 70  # seconds without a run before the idle rows (ready children shrink after 20, the preloaded
 # Python zygote is parked after 60: runtimes/python/runtime.py PARK_SECONDS)
 # the start's timeline as the service logs it (handler/app.py), seconds after exec, in the order shown
-START_MARKS = ("settings", "platform probed", "web stack", "app", "runtimes started", "python3 ready", "nodejs ready")
+START_MARKS = (
+    "settings",
+    "platform probed",
+    "settings model",
+    "web stack",
+    "app",
+    "runtimes started",
+    "python3 ready",
+    "nodejs ready",
+)
 HZ = os.sysconf("SC_CLK_TCK")
 # The stand-ins --container starts a service in (tests/outer_filter.py), each with a PID namespace of its own as a
 # container has (its /proc, which the uid sweep of the chroot and landlock jails reads, holds its own processes):
@@ -305,10 +317,23 @@ class Subject:
             self.cgroup.remove()
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user and system) the live process has used so far, its reaped children not counted."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def first_correct_runs(subject: Subject, deadline: float = 60.0) -> None:
-    """Exec a fresh service, then ask for a python and a node run every 5 ms until each is answered right."""
-    service = subject.make_service(None)
+    """Exec a fresh service, then ask for a python and a node run every 5 ms until each is answered right; the
+    CPU its tree (a cgroup of its own) and its own process had used when the first python run was answered."""
+    cgroup = Cgroup(subject.label.replace(" ", "-") + "-start")
+    service = subject.make_service(cgroup)
     found: dict[str, float] = {}
+    cpu: dict[str, float] = {}
     refusals = {"python3": 0, "nodejs": 0}
     health: list[float] = []
 
@@ -325,6 +350,8 @@ def first_correct_runs(subject: Subject, deadline: float = 60.0) -> None:
                 continue
             if _correct(answer, "hi\n"):
                 found[language] = time.perf_counter() - started
+                if language == "python3":
+                    cpu["tree"], cpu["service"] = cgroup.seconds(), process_cpu(subject_pid(subject, service))
                 return
             refusals[language] += 1
             time.sleep(0.005)
@@ -356,6 +383,7 @@ def first_correct_runs(subject: Subject, deadline: float = 60.0) -> None:
         after, _rate = drive(service.port, "python3", PYTHON_HELLO, 1, 20)
     finally:
         service.stop()
+        cgroup.remove()
     if len(found) < 2:
         raise SystemExit(f"{subject.label}: no correct run within {deadline} s: {found}\n{service.output()[-3000:]}")
     marks = start_marks(service.output())
@@ -366,7 +394,17 @@ def first_correct_runs(subject: Subject, deadline: float = 60.0) -> None:
     subject.add("start: node", found["nodejs"])
     subject.add("start: /health 200", health[0] if health else float("nan"))
     subject.add("start: refusals", refusals["python3"] + refusals["nodejs"])
+    subject.add("start: CPU of the tree", cpu["tree"])
+    subject.add("start: CPU of the service", cpu["service"])
     subject.add("first 20 python runs after start", *after)
+
+
+def subject_pid(subject: Subject, service: Service) -> int:
+    """The service's own process: the one started (the cgroup's launcher execs into it), or in a container
+    stand-in the first below the launcher (as Subject.root)."""
+    pid = service.process.pid
+    below = descendants(pid) if subject.container else []
+    return below[0] if below else pid
 
 
 def start_marks(output: str) -> dict[str, float]:
@@ -424,6 +462,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=6, help="alternating blocks per service")
     parser.add_argument("--requests", type=int, default=100, help="python runs per row and block (node: half)")
     parser.add_argument("--starts", type=int, default=3, help="fresh starts per service for the start rows")
+    parser.add_argument("--starts-only", action="store_true", help="the start rows alone (no blocks, no idle)")
     parser.add_argument("--unprivileged", action="store_true", help="the services as nobody (no root)")
     parser.add_argument("--jail", default="", help="SANDLOT_JAIL for the services (e.g. chroot, next to full)")
     parser.add_argument(
@@ -458,6 +497,9 @@ def main() -> None:
     for _ in range(args.starts):  # one at a time: a start measures the machine's whole attention
         for subject in subjects:
             first_correct_runs(subject)
+    if args.starts_only:
+        report_starts(subjects, ratios)
+        return
     spawns: list[float] = []
     node_starts: list[float] = []
     node_spawns: list[float] = []
@@ -549,14 +591,7 @@ def report(
     line(f"idle ({IDLE_PAUSE} s) PSS of the service tree (<= 80)", [memory[s.label][0] for s in subjects], "Mi")
     line("  the same on a machine of its own (estimate)", [memory[f"{s.label} alone"][0] for s in subjects], "Mi")
     line("idle processes in the service tree", [len(memory[s.label][1]) for s in subjects], "")
-    line("start: exec -> first python run (<= 0.4)", med("start: python"), "s")
-    line("start: exec -> first node run (<= 1.5)", med("start: node"), "s")
-    line("start: exec -> /health 200", med("start: /health 200"), "s")
-    for mark in START_MARKS:  # the service's own log of its start (older releases log none)
-        line(f"  start: {mark}, after exec", med(f"start mark: {mark}"), "s")
-    line("  load during the starts", med("start: load"), "")
-    line("start: refusals while starting (target 0)", [max(s.samples["start: refusals"]) for s in subjects], "")
-    line("first 20 python runs after start, p50", [v * ms for v in med("first 20 python runs after start")], "ms")
+    report_starts(subjects, ratios, line)
     print("\nidle service tree (PSS MiB, process):")
     for subject in subjects:
         total, rows = memory[subject.label]
@@ -566,6 +601,43 @@ def report(
             kinds.setdefault(describe(command), []).append(pss)
         for kind, values in sorted(kinds.items(), key=lambda kv: -sum(kv[1])):
             print(f"    {len(values):3d} x {kind:40} {sum(values):7.1f} MiB")
+
+
+def report_starts(subjects: list[Subject], ratios: list[tuple[int, int, str]], line=None) -> None:
+    """The start rows (medians over the starts), in report()'s table or, with --starts-only, a table of their
+    own."""
+    ms = 1000
+    if line is None:
+        labels = [s.label for s in subjects]
+        width = max(18, *(len(label) + 2 for label in labels))
+        heads = "".join(f"{head:>{max(12, len(head) + 2)}}" for _n, _d, head in ratios)
+        print(f"{'row (median of the starts)':44}" + "".join(f"{label:>{width}}" for label in labels) + heads)
+
+        def line(name: str, values: list[float], unit: str) -> None:
+            cells = "".join(f"{v:>{width - 3}.2f} {unit:2}" for v in values)
+            columns = ""
+            for numerator, denominator, head in ratios:
+                ratio = f"{values[numerator] / values[denominator]:.2f}x" if values[denominator] else "-"
+                columns += f"{ratio:>{max(12, len(head) + 2)}}"
+            print(f"{name:44}{cells}{columns}")
+
+    def med(row: str) -> list[float]:
+        return [statistics.median(s.samples[row]) for s in subjects]
+
+    line("start: exec -> first python run (<= 0.4)", med("start: python"), "s")
+    line("  CPU before it: the service tree", med("start: CPU of the tree"), "s")
+    line("  CPU before it: the service process", med("start: CPU of the service"), "s")
+    line("start: exec -> first node run (<= 1.5)", med("start: node"), "s")
+    line("start: exec -> /health 200", med("start: /health 200"), "s")
+    for mark in START_MARKS:  # the service's own log of its start (older releases log none)
+        line(f"  start: {mark}, after exec", med(f"start mark: {mark}"), "s")
+    line("  load during the starts", med("start: load"), "")
+    line("start: refusals while starting (target 0)", [max(s.samples["start: refusals"]) for s in subjects], "")
+    line("first 20 python runs after start, p50", [v * ms for v in med("first 20 python runs after start")], "ms")
+    if len(subjects[0].samples["start: python"]) > 1:
+        for subject in subjects:  # each start, for the spread (the machine's load changes by the second)
+            shown = ", ".join(f"{v:.2f}" for v in subject.samples["start: python"])
+            print(f"  {subject.label}: exec -> first python run, each start: {shown} s")
 
 
 if __name__ == "__main__":

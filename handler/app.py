@@ -288,6 +288,17 @@ class Pages:
         return endpoint
 
 
+METRICS_LOAD_DELAY = 5.0  # seconds after the runtimes' start before prometheus-client is imported
+
+
+async def _load_metrics_after(starting: asyncio.Task, metrics: Metrics) -> None:
+    """prometheus-client, loaded a few seconds after the runtimes have started: their start and the runs that
+    come first go before its import (a scrape before loads it itself; counts wait for it meanwhile)."""
+    await asyncio.wait({starting})
+    await asyncio.sleep(METRICS_LOAD_DELAY)
+    await asyncio.to_thread(metrics.load)
+
+
 def create_app(
     settings: Settings,
     invoker: Invoker,
@@ -303,7 +314,7 @@ def create_app(
     metrics.watch(api.admission, api.invoker)
     if packages is not None:
         packages.finished_hooks.append(
-            lambda build: metrics.layer_builds.labels(build.language, "ok" if build.error == "" else "failed").inc()
+            lambda build: metrics.inc("layer_builds", build.language, "ok" if build.error == "" else "failed")
         )
     routes = api.routes() + Pages(settings, api, packages, metrics).routes() + metrics_routes(settings, metrics)
     edge = Middleware(ObservabilityMiddleware, metrics=metrics, routes={route.path for route in routes})
@@ -313,9 +324,11 @@ def create_app(
         async with api.lifespan(app):
             if packages is not None:
                 await packages.start(after=api._starting)  # changes left pending build once the runtimes are up
+            loading = asyncio.create_task(_load_metrics_after(api._starting, metrics))
             try:
                 yield
             finally:
+                loading.cancel()
                 if packages is not None:
                     await packages.stop()
 

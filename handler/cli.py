@@ -93,28 +93,50 @@ def serve(args: argparse.Namespace) -> int:
     from handler import pid_one
 
     pid_one.front()  # a container's pid 1: an init in front of the service, which goes on in a child
-    import secrets
+    from runtimes.linux import protections
 
+    if os.environ.get("SANDLOT_BACKEND", "local") == "local":  # (the lambda backend's functions probe their own)
+        protections.probe_ahead()  # a child probes the platform while this process loads its settings and code
+    try:
+        return _serve_probed(args)
+    finally:
+        protections.cancel_ahead()  # a start that stopped before its runtimes asked for the record (bad settings)
+
+
+def _serve_probed(args: argparse.Namespace) -> int:
     from handler import logs
-    from runtimes.linux import syscalls
+    from handler.early_settings import early_settings
+    from runtimes.linux import protections, syscalls
 
     overrides = {}
     if args.port is not None:
         overrides["SANDBOX_PORT"] = args.port
     if args.host is not None:
         overrides["SANDLOT_HOST"] = args.host
-    settings = load_settings(**overrides)
-    log_config = logs.configure(settings.SANDLOT_LOG_FORMAT, settings.SANDLOT_LOG_LEVEL)
-    if "API_KEY" not in settings.model_fields_set:  # unset (set but empty is refused below)
-        settings.API_KEY = secrets.token_urlsafe(32)
-        print(f"sandlot: API_KEY is not set; this run's key is {settings.API_KEY}", file=sys.stderr, flush=True)
-    if warning := settings.check_keys():  # SettingsError: refused, one line on stderr (main)
-        logging.getLogger("sandlot.settings").warning("%s", warning)
+    # the runtimes start from what the environment says of them (early_settings.py), and the model loads while
+    # their zygotes start (_serve); where that reading cannot vouch for a value, the model first, as before
+    early = early_settings(**overrides)
+    settings = None
+    if early is None or early.SANDLOT_BACKEND != "local":
+        settings = _checked_settings(overrides)
+        if settings.SANDLOT_BACKEND != "local":
+            protections.cancel_ahead()  # (the lambda backend's functions probe their own platform)
+    start_from = early if settings is None else settings
+    log_config = logs.configure(start_from.SANDLOT_LOG_FORMAT, start_from.SANDLOT_LOG_LEVEL)
+    if settings is not None:
+        _warn_of_keys(settings)
+    try:
+        listening = _listen(start_from.SANDLOT_HOST, start_from.SANDBOX_PORT)
+    except OSError as exc:
+        logging.getLogger("sandlot.api").error(
+            "cannot listen on %s:%d: %s", start_from.SANDLOT_HOST, start_from.SANDBOX_PORT, exc
+        )
+        return 3  # uvicorn's STARTUP_FAILURE, as where uvicorn itself could not bind
     syscalls.set_dumpable(False)  # our /proc entries (environment, memory) belong to root from here on
     layers = None
     refused: dict[str, str] = {}
-    if settings.SANDLOT_BACKEND == "local":  # the lambda backend's layers are baked into the functions' images
-        layers = layer_manager(settings)
+    if start_from.SANDLOT_BACKEND == "local":  # the lambda backend's layers are baked into the functions' images
+        layers = layer_manager(start_from)
         for language in layers.layers:
             try:
                 layers.ensure(language)  # builds on first start, showing pip's and npm's progress
@@ -129,8 +151,54 @@ def serve(args: argparse.Namespace) -> int:
         loop_factory = uvloop.new_event_loop
     except ImportError:
         loop_factory = None
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        return runner.run(_serve(settings, layers, refused, log_config))
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(_serve(settings, layers, refused, log_config, start_from, overrides, listening))
+    finally:
+        for sock in listening:
+            sock.close()
+
+
+def _listen(host: str, port: int) -> list:
+    """The service's listening sockets, bound before anything else starts: a client that connects while the
+    service starts waits in the backlog (as a request waits for a starting runtime) instead of being refused.
+    Bound as uvicorn's own bind would (asyncio's create_server: every address the host resolves to, SO_REUSEADDR,
+    IPv6 sockets v6-only, uvicorn's backlog); no process the service starts inherits them."""
+    import socket
+
+    found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets = []
+    try:
+        for family, kind, proto, _name, address in dict.fromkeys(found):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(2048)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def _checked_settings(overrides: dict) -> Settings:
+    """The settings model, a random API_KEY where none is set; SettingsError where a value (or a key) is refused."""
+    import secrets
+
+    settings = load_settings(**overrides)
+    if "API_KEY" not in settings.model_fields_set:  # unset (set but empty is refused below)
+        settings.API_KEY = secrets.token_urlsafe(32)
+        print(f"sandlot: API_KEY is not set; this run's key is {settings.API_KEY}", file=sys.stderr, flush=True)
+    settings.check_keys()  # SettingsError: refused, one line on stderr (main)
+    return settings
+
+
+def _warn_of_keys(settings: Settings) -> None:
+    if warning := settings.check_keys():  # a weak key the operator allowed (SANDLOT_ALLOW_INSECURE_API_KEY)
+        logging.getLogger("sandlot.settings").warning("%s", warning)
 
 
 def _import_web_stack() -> None:
@@ -142,23 +210,39 @@ def _import_web_stack() -> None:
     import handler.app  # noqa: F401
 
 
-async def _serve(settings: Settings, layers: LayerManager | None, refused: dict[str, str], log_config) -> int:
+async def _serve(
+    settings: Settings | None,
+    layers: LayerManager | None,
+    refused: dict[str, str],
+    log_config,
+    start_from=None,
+    overrides: dict | None = None,
+    listening: list | None = None,
+) -> int:
+    """The service; settings None: the runtimes start from start_from (early_settings.py) and the model loads
+    meanwhile, its refusal stopping them before it ends the start."""
     import asyncio
 
     marks = {"settings": since_exec()}
+    start_from = start_from or settings
     backend = starting = app = server = None
-    if settings.SANDLOT_BACKEND == "local":
-        backend = local_backend(settings, layers, refused)
+    if start_from.SANDLOT_BACKEND == "local":
+        backend = local_backend(start_from, layers, refused)
         starting = asyncio.create_task(backend[0].start())  # the zygotes spawn while the web stack is imported
     try:
         if backend is not None:
             # the platform's probe forks children that run Python (runtimes/linux/protections.py): none may be
             # forked while another thread imports (a lock it holds, the loader's or a module's, would stay
-            # held in the child); the runtimes' own ask waits for this record, then their zygotes are exec'ed
+            # held in the child); the runtimes' own ask waits for this record, then their zygotes are exec'ed.
+            # Usually the record is there already: serve() had a child probe ahead, beside the settings' load
             from runtimes.linux.protections import platform_protections
 
             await asyncio.to_thread(platform_protections)
             marks["platform probed"] = since_exec()
+        if settings is None:  # SettingsError: the finally below stops the runtimes, then main() says why
+            settings = await asyncio.to_thread(_checked_settings, overrides or {})
+            _warn_of_keys(settings)
+            marks["settings model"] = since_exec()
         await asyncio.to_thread(_import_web_stack)
         marks["web stack"] = since_exec()
         import uvicorn
@@ -181,10 +265,15 @@ async def _serve(settings: Settings, layers: LayerManager | None, refused: dict[
             log_level=settings.SANDLOT_LOG_LEVEL,
             access_log=False,
             lifespan="on",
+            ws="none",  # no route speaks WebSocket: uvicorn's default would import the websockets package at start
             timeout_graceful_shutdown=10,
         )
         server = uvicorn.Server(config)
-        await server.serve()
+        if listening:  # bound at the start (_listen): uvicorn serves them, and logs nothing of them
+            logging.getLogger("sandlot.api").info(
+                "serving on http://%s:%d", settings.SANDLOT_HOST, settings.SANDBOX_PORT, extra={"listening": True}
+            )
+        await server.serve(sockets=listening or None)
     finally:
         if backend is not None and (app is None or not app.state.api.stopped):  # the app's lifespan never ran
             if not starting.done():

@@ -14,21 +14,10 @@ behind the API key), `off`, or `HOST:PORT` (a separate listener, no key).
 from __future__ import annotations
 
 import hmac
+import threading
 import time
 from typing import Any
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    GCCollector,
-    Histogram,
-    PlatformCollector,
-    ProcessCollector,
-    disable_created_metrics,
-    generate_latest,
-)
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -41,49 +30,118 @@ from runtimes.payload import RunOutcome, RunResult, Throttled, Unavailable
 OUTCOMES = tuple(outcome.value for outcome in RunOutcome)
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30)
+# what load() makes: prometheus-client's registry and metrics (asking for one loads them)
+_MADE = frozenset({"registry", "runs", "run_duration", "queue_wait", "http_responses", "layer_builds"})
 
 
 class Metrics:
-    """One registry per app, so that several apps in one process never share counts."""
+    """One registry per app, so that several apps in one process never share counts.
+
+    prometheus-client is imported, and the registry made, at load(): at the first scrape or look at a metric,
+    or once the service has started (the app's lifespan), not before the service's first run. What is counted
+    before (inc, observe) waits in a list and is counted then.
+    """
 
     def __init__(self) -> None:
-        disable_created_metrics()  # no *_created series: counters' start times are noise to a dashboard
-        self.registry = CollectorRegistry(auto_describe=True)
-        ProcessCollector(registry=self.registry)
-        PlatformCollector(registry=self.registry)
-        GCCollector(registry=self.registry)
-        self.runs = Counter(
-            "sandlot_runs", "Runs by language and outcome", ["language", "outcome"], registry=self.registry
-        )
-        self.run_duration = Histogram(
-            "sandlot_run_duration_seconds",
-            "Time a run took in the invoker (jail and code), by language",
-            ["language"],
-            buckets=_DURATION_BUCKETS,
-            registry=self.registry,
-        )
-        self.queue_wait = Histogram(
-            "sandlot_queue_wait_seconds",
-            "Time a run waited for a worker before it started",
-            buckets=_WAIT_BUCKETS,
-            registry=self.registry,
-        )
-        self.http_responses = Counter(
-            "sandlot_http_responses",
-            "HTTP responses by route and status (401: wrong key, 503: overloaded or not ready)",
-            ["route", "status"],
-            registry=self.registry,
-        )
-        self.layer_builds = Counter(
-            "sandlot_layer_builds",
-            "Dependency layer rebuilds asked for through the API, by result",
-            ["language", "result"],
-            registry=self.registry,
-        )
+        self._lock = threading.Lock()
+        self._loaded = False
+        self._pending: list[tuple[str, str, tuple[str, ...], float]] = []  # (how, metric, labels, value)
+        self._watched: list[tuple[Any, Any]] = []
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-        for outcome in OUTCOMES:  # every outcome shows from the first scrape, at 0
-            for language in WIRE_NAMES:
-                self.child(self.runs, language, outcome)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _MADE:  # (found as an attribute once loaded: this is not called again)
+            self.load()
+            return self.__dict__[name]
+        raise AttributeError(name)
+
+    def load(self) -> None:
+        """Import prometheus-client, make the registry and its metrics, and count what waited meanwhile."""
+        if self._loaded:
+            return
+        from prometheus_client import (
+            CollectorRegistry,
+            Counter,
+            GCCollector,
+            Histogram,
+            PlatformCollector,
+            ProcessCollector,
+            disable_created_metrics,
+        )
+
+        disable_created_metrics()  # no *_created series: counters' start times are noise to a dashboard
+        registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
+        made = {
+            "registry": registry,
+            "runs": Counter("sandlot_runs", "Runs by language and outcome", ["language", "outcome"], registry=registry),
+            "run_duration": Histogram(
+                "sandlot_run_duration_seconds",
+                "Time a run took in the invoker (jail and code), by language",
+                ["language"],
+                buckets=_DURATION_BUCKETS,
+                registry=registry,
+            ),
+            "queue_wait": Histogram(
+                "sandlot_queue_wait_seconds",
+                "Time a run waited for a worker before it started",
+                buckets=_WAIT_BUCKETS,
+                registry=registry,
+            ),
+            "http_responses": Counter(
+                "sandlot_http_responses",
+                "HTTP responses by route and status (401: wrong key, 503: overloaded or not ready)",
+                ["route", "status"],
+                registry=registry,
+            ),
+            "layer_builds": Counter(
+                "sandlot_layer_builds",
+                "Dependency layer rebuilds asked for through the API, by result",
+                ["language", "result"],
+                registry=registry,
+            ),
+        }
+        with self._lock:
+            if self._loaded:
+                return  # (another thread made them first)
+            self.__dict__.update(made)
+            for outcome in OUTCOMES:  # every outcome shows from the first scrape, at 0
+                for language in WIRE_NAMES:
+                    self.child(made["runs"], language, outcome)
+            for admission, invoker in self._watched:
+                registry.register(_StateCollector(admission, invoker))
+            for how, metric, labels, value in self._pending:
+                self._count(how, metric, labels, value)
+            self._pending = []
+            self._watched = []
+            self._loaded = True
+
+    def inc(self, metric: str, *labels: str) -> None:
+        """Count one in that metric (by its attribute's name), under those label values."""
+        self._record("inc", metric, labels, 1)
+
+    def observe(self, metric: str, value: float, *labels: str) -> None:
+        """One observation of that histogram (by its attribute's name), under those label values."""
+        self._record("observe", metric, labels, value)
+
+    def _record(self, how: str, metric: str, labels: tuple[str, ...], value: float) -> None:
+        if not self._loaded:
+            with self._lock:
+                if not self._loaded:
+                    self._pending.append((how, metric, labels, value))
+                    return
+        self._count(how, metric, labels, value)
+
+    def _count(self, how: str, metric: str, labels: tuple[str, ...], value: float) -> None:
+        found = self.__dict__[metric]
+        if labels:
+            found = self.child(found, *labels)
+        if how == "inc":
+            found.inc(value)
+        else:
+            found.observe(value)
 
     def child(self, metric: Any, *values: str) -> Any:
         """metric.labels(*values), looked up once: prometheus-client's labels() takes a lock and builds its key on
@@ -96,9 +154,15 @@ class Metrics:
 
     def watch(self, admission: Any, invoker: Any) -> None:
         """Read admission's and the runtimes' state at every scrape."""
+        with self._lock:
+            if not self._loaded:
+                self._watched.append((admission, invoker))
+                return
         self.registry.register(_StateCollector(admission, invoker))
 
     def exposition(self) -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -113,6 +177,8 @@ class _StateCollector:
         return []  # values only exist at scrape time
 
     def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
         admission = self.admission.status()
         yield GaugeMetricFamily("sandlot_requests_in_flight", "Run requests being handled", admission["in_flight"])
         yield GaugeMetricFamily("sandlot_runs_in_flight", "Runs executing now", admission["running"])
@@ -168,7 +234,7 @@ class MeteredInvoker:
     async def invoke(self, request) -> RunResult:
         waited = queue_wait.get()
         if waited is not None:
-            self.metrics.queue_wait.observe(waited)
+            self.metrics.observe("queue_wait", waited)
         facts: dict[str, Any] = {"language": request.language, "queue_wait": round(waited or 0.0, 6)}
         context = current_request.get()
         if context is not None:
@@ -180,11 +246,11 @@ class MeteredInvoker:
             result = await self.inner.invoke(request)
         except (Unavailable, Throttled) as exc:
             facts.update(outcome=RunOutcome.REFUSED.value, reason=str(exc))
-            self.metrics.child(self.metrics.runs, request.language, RunOutcome.REFUSED.value).inc()
+            self.metrics.inc("runs", request.language, RunOutcome.REFUSED.value)
             raise
         duration = time.monotonic() - started
-        self.metrics.child(self.metrics.runs, request.language, result.outcome.value).inc()
-        self.metrics.child(self.metrics.run_duration, request.language).observe(duration)
+        self.metrics.inc("runs", request.language, result.outcome.value)
+        self.metrics.observe("run_duration", duration, request.language)
         facts.update(
             outcome=result.outcome.value,
             duration=round(duration, 6),
@@ -208,9 +274,9 @@ class MeteredLayerInvoker(MeteredInvoker):
         try:
             await self.inner.update_dependencies(language)
         except Exception:
-            self.metrics.layer_builds.labels(language, "failed").inc()
+            self.metrics.inc("layer_builds", language, "failed")
             raise
-        self.metrics.layer_builds.labels(language, "ok").inc()
+        self.metrics.inc("layer_builds", language, "ok")
 
 
 def metered(invoker: Any, metrics: Metrics, log_payloads: bool = False) -> MeteredInvoker:

@@ -79,7 +79,7 @@ class ObservabilityMiddleware:
             await self.app(scope, receive_and_keep if is_run else receive, send_with_id)
         finally:
             route = path if path in self.routes else "other"
-            self.metrics.child(self.metrics.http_responses, route, str(status)).inc()
+            self.metrics.inc("http_responses", route, str(status))
             fields = {
                 "event": "run" if is_run else "request",
                 "method": scope.get("method", ""),
@@ -92,7 +92,7 @@ class ObservabilityMiddleware:
                 if "outcome" not in run:  # it never reached a runtime
                     run = {"language": _language_of(body), "outcome": _NOT_RUN.get(status, "rejected")}
                     if status == 503:
-                        self.metrics.child(self.metrics.runs, run["language"], "refused").inc()
+                        self.metrics.inc("runs", run["language"], "refused")
                 fields.update(run)
             level = logging.DEBUG if path in _QUIET_PATHS else logging.INFO
             log.log(level, fields["event"], extra=fields)

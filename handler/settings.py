@@ -16,6 +16,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from pydantic_settings.exceptions import SettingsError as _SourceError
 
+from handler.keys import KNOWN_KEYS, MIN_KEY_LENGTH, key_problems, weak_key_reason  # noqa: F401 - named here too
 from handler.tenancy import TenancyPolicy
 from runtimes.config import RuntimeConfig, runtime_config_of
 from runtimes.runtime_settings import RuntimeSettings, describe_invalid
@@ -44,28 +45,7 @@ class SettingsError(ValueError):
     pass
 
 
-MIN_KEY_LENGTH = 16
-# Keys anyone can know: the placeholders this repository ships (Kubernetes manifests, conf/config.yaml.example,
-# infra/events/) and Dify's default (its docker-compose and .env.example set SANDBOX_API_KEY=dify-sandbox).
-KNOWN_KEYS = frozenset({"dify-sandbox", "replace-me-with-a-long-random-key", "change-me", "replace-with-your-api-key"})
 _ALLOW_WEAK = "SANDLOT_ALLOW_INSECURE_API_KEY"
-
-
-def weak_key_reason(name: str, key: str) -> str | None:
-    """Why `key` cannot guard the service (empty, short, or one anyone knows), or None. The key itself is named
-    only where it is public already."""
-    if not key:
-        return f"{name} is empty"
-    if key.strip().lower() == "dify-sandbox":
-        return (
-            f"{name} is 'dify-sandbox', Dify's default key that anyone can look up (in Dify's docker/.env set "
-            "SANDBOX_API_KEY, which its api and worker send too)"
-        )
-    if key.strip().lower() in KNOWN_KEYS:
-        return f"{name} is {key.strip()!r}, a placeholder or default key that anyone can look up"
-    if len(key) < MIN_KEY_LENGTH:
-        return f"{name} is {len(key)} characters long, shorter than {MIN_KEY_LENGTH}"
-    return None
 
 
 def parse_metrics_setting(value: str) -> tuple[str, str, int]:
@@ -206,12 +186,7 @@ class Settings(RuntimeSettings):
     def key_problems(self) -> list[str]:
         """Why the keys set cannot guard the service (API_KEY, and SANDLOT_ADMIN_KEY where set): empty where they
         can. An API_KEY left unset is not checked here: `sandlot serve` makes a random one."""
-        keys = {"API_KEY": self.API_KEY, "SANDLOT_ADMIN_KEY": self.SANDLOT_ADMIN_KEY}
-        return [
-            reason
-            for name, key in keys.items()
-            if (name == "API_KEY" or key) and (reason := weak_key_reason(name, key))
-        ]
+        return key_problems(self.API_KEY, self.SANDLOT_ADMIN_KEY)
 
     def check_keys(self) -> str | None:
         """SettingsError where a key is weak and the operator has not allowed it; where allowed, the warning to

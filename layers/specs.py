@@ -23,10 +23,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import nodesemver
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
-
 from runtimes.languages import by_wire_name, is_known
 
 MAX_SPEC = 300  # characters: a name (214 at most on npm) and a constraint
@@ -83,6 +79,8 @@ def _one_line(spec: object, language: str) -> str:
 
 def python_name(name: str) -> str:
     """The name pip matches on (PEP 503): `Jinja2`, `jinja_2` and `jinja-2` are one package."""
+    from packaging.utils import canonicalize_name  # (the parsers load where a spec is read: not at every start)
+
     return canonicalize_name(name)
 
 
@@ -93,6 +91,8 @@ def syntax(language: str) -> str:
 
 def parse_python(text: str, allow_any: bool = False) -> PackageSpec:
     """A pip requirement (one line: _one_line's), or SpecError saying why not."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
     if allow_any:
         try:
             requirement = Requirement(text)
@@ -158,6 +158,8 @@ def parse_npm(text: str, allow_any: bool = False) -> PackageSpec:
         return PackageSpec(name, text, version)
     if not version:
         raise SpecError(f"{text!r}: nothing after `@` (give a semver range, e.g. {name}@^1.0.0)")
+    import nodesemver
+
     try:
         valid = nodesemver.valid_range(version, False)
     except Exception:  # noqa: BLE001 - the port raises on some malformed input instead of answering None

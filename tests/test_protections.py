@@ -156,3 +156,43 @@ def test_what_the_process_itself_rules_out_is_said_without_a_child_and_the_recor
         assert "user namespace" in record["errors"][name], record["errors"][name]
     # seccomp, no_new_privs, dumpable, pdeathsig, user_namespaces, rlimits, landlock, writable (/tmp): 19 before
     assert found["forks"] <= 8, found["forks"]
+
+
+def _run(script: str) -> str:
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_a_probe_started_ahead_gives_the_record_this_process_would_probe():
+    """`sandlot serve` has a forked child probe while it loads its code (its probe children side by side): the
+    record it reads is the one probing in the process gives."""
+    ahead, here = json.loads(
+        _run(
+            "import json\nfrom runtimes.linux import protections as p\n"
+            "assert p.probe_ahead()\nahead = p.platform_protections().to_dict()\n"
+            "print(json.dumps([ahead, p.probe().to_dict()]))"
+        )
+    )
+    assert set(ahead.pop("errors")) == set(here.pop("errors"))
+    assert ahead == here
+
+
+def test_a_probe_started_ahead_and_never_read_leaves_no_process():
+    """A start that stops before its runtimes ask for the record (a refused setting) ends the prober."""
+    _run(
+        "import os\nfrom runtimes.linux import protections as p\n"
+        "assert p.probe_ahead()\npid = p._ahead[0]\np.cancel_ahead()\n"
+        "assert not os.path.exists(f'/proc/{pid}')\n"
+        "try:\n    os.waitpid(-1, os.WNOHANG)\n    raise SystemExit('a child is left')\n"
+        "except ChildProcessError:\n    pass\n"
+    )
+
+
+def test_no_probe_is_started_ahead_once_another_thread_runs():
+    """A fork then could copy a lock another thread holds: the record is probed in the process instead."""
+    _run(
+        "import threading\nfrom runtimes.linux import protections as p\n"
+        "stop = threading.Event()\nt = threading.Thread(target=stop.wait)\nt.start()\n"
+        "assert not p.probe_ahead()\nassert p.platform_protections().rlimits\nstop.set()\nt.join()\n"
+    )

@@ -53,7 +53,7 @@ app = create_app(load_settings(API_KEY="k", SANDLOT_ADMIN_KEY="a"), Invoker())
 
 
 def test_the_app_routes_the_pages_without_importing_them_and_loads_them_at_their_first_request():
-    assert not loaded_after(APP) & set(PAGES)
+    assert not loaded_after(APP) & {*PAGES, "prometheus_client"}  # metrics: at the first scrape, or once started
     asked = APP + (
         "import warnings; warnings.simplefilter('ignore')\nfrom starlette.testclient import TestClient\n"
         "client = TestClient(app)\n"
@@ -137,3 +137,61 @@ def test_a_start_hit_at_once_logs_no_error_and_says_when_each_runtime_was_ready(
     assert ready == {"python3", "nodejs"}
     [marks] = [line["start_marks"] for line in lines if "start_marks" in line]
     assert {"settings", "web stack", "app", "runtimes started", "python3 ready", "nodejs ready"} <= set(marks)
+    # the runtimes started from the environment's light reading, the settings model loaded while they started
+    assert marks["settings"] < marks["settings model"] < marks["web stack"]
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: the jail's default mode")
+def test_a_client_that_connects_while_the_service_starts_is_served_not_refused():
+    """The port listens from the start, before the web stack is even imported: a connection made then waits in
+    the backlog and its run is answered once the service serves (before, it was refused until uvicorn bound it)."""
+    import socket
+    import time
+
+    service = Service()
+    service.start(wait=False)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert time.monotonic() < deadline and service.process.poll() is None, service.output()
+            try:
+                conn = socket.create_connection(("127.0.0.1", service.port), timeout=60)
+                break
+            except OSError:
+                time.sleep(0.001)
+        early = service.output()
+        body = json.dumps({"language": "python3", "code": "print('hi')"}).encode()
+        conn.sendall(
+            b"POST /v1/sandbox/run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            + f"X-Api-Key: {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+        conn.close()
+    finally:
+        service.stop()
+    assert "Application startup complete" not in early  # connected while the service was still starting
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), answer[:500]
+    assert json.loads(payload)["data"]["stdout"] == "hi\n"
+
+
+def test_what_is_counted_before_the_metrics_load_is_counted_once_they_do():
+    """prometheus-client loads after the start (or at a scrape): the responses and runs counted before are kept."""
+    from handler.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.inc("http_responses", "/health", "503")
+    metrics.inc("runs", "python3", "ok")
+    metrics.observe("run_duration", 0.02, "python3")
+    metrics.observe("queue_wait", 0.001)
+    assert not metrics._loaded  # counted while prometheus-client is not loaded
+    text = metrics.exposition().body.decode()
+    assert 'sandlot_http_responses_total{route="/health",status="503"} 1.0' in text
+    assert 'sandlot_runs_total{language="python3",outcome="ok"} 1.0' in text
+    assert 'sandlot_run_duration_seconds_count{language="python3"} 1.0' in text
+    assert "sandlot_queue_wait_seconds_count 1.0" in text
+    metrics.inc("runs", "python3", "ok")  # and after, directly
+    assert 'sandlot_runs_total{language="python3",outcome="ok"} 2.0' in metrics.exposition().body.decode()

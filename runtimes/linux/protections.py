@@ -366,6 +366,11 @@ def _ruled_out(name: str, errors: dict[str, str], capabilities: int) -> str:
 def in_child(probe: Callable[[], object]) -> tuple[object, str]:
     """Run probe in a forked child; (its JSON-able value or None, why it failed: its exception, or the
     signal that killed it, as a refused call may)."""
+    return _answer(*_fork_probe(probe), time.monotonic() + PROBE_SECONDS)
+
+
+def _fork_probe(probe: Callable[[], object]) -> tuple[int, int]:
+    """A child running probe, and the read end of the pipe its answer comes back on."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
@@ -380,15 +385,20 @@ def in_child(probe: Callable[[], object]) -> tuple[object, str]:
         finally:
             os._exit(0)
     os.close(write_end)
+    return pid, read_end
+
+
+def _answer_raw(pid: int, read_end: int, deadline: float) -> tuple[bytes, str]:
+    """What a forked child wrote to its pipe, read to its end (the child reaped), and why there is nothing to
+    read where it did not answer: killed at the deadline, or by a signal."""
     data = b""
-    deadline = time.monotonic() + PROBE_SECONDS
     try:
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([read_end], [], [], left)[0]:
                 os.kill(pid, signal.SIGKILL)  # a wedged probe must not keep the service from starting
                 os.waitpid(pid, 0)
-                return None, f"the probe did not answer in {PROBE_SECONDS} s"
+                return b"", f"the probe did not answer in {PROBE_SECONDS} s"
             chunk = os.read(read_end, 65536)
             if not chunk:
                 break
@@ -397,8 +407,15 @@ def in_child(probe: Callable[[], object]) -> tuple[object, str]:
         os.close(read_end)
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
-        signum = os.WTERMSIG(status)
-        return None, f"the probe was killed by {signal.Signals(signum).name}"
+        return b"", f"the probe was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    return data, ""
+
+
+def _answer(pid: int, read_end: int, deadline: float) -> tuple[object, str]:
+    """The answer of a child _fork_probe started: its value, or why there is none."""
+    data, error = _answer_raw(pid, read_end, deadline)
+    if error:
+        return None, error
     try:
         answer = json.loads(data)
     except ValueError:
@@ -408,8 +425,10 @@ def in_child(probe: Callable[[], object]) -> tuple[object, str]:
     return answer["value"], ""
 
 
-def probe() -> Protections:
-    """Probe every mechanism, each in a child of its own (about 1 ms each)."""
+def probe(at_once: bool = False) -> Protections:
+    """Probe every mechanism, each in a child of its own (about 1 ms each). at_once: every child forked before
+    the first answer is read, so that they run side by side (the service's probe ahead, below; each answer
+    still a child of its own, read within PROBE_SECONDS)."""
     try:
         from runtimes.linux.libseccomp import pyseccomp  # noqa: F401 - imported here, never first in a forked child
     except ImportError:
@@ -419,14 +438,26 @@ def probe() -> Protections:
     values: dict[str, object] = {}
     errors: dict[str, str] = {}
     capabilities = _effective_capabilities()
-    for name, check in _PROBES.items():
+
+    def decided(name: str) -> tuple[object, str] | None:
+        """What the process's own state answers without a child (with what was found so far), or None."""
         error = _ruled_out(name, errors, capabilities)
         if error:
-            value = None
-        elif name == "writable" and not any(_writable_here(path) for path in WRITABLE_CANDIDATES):
-            value = []  # nowhere to try
-        else:
-            value, error = in_child(check)
+            return None, error
+        if name == "writable" and not any(_writable_here(path) for path in WRITABLE_CANDIDATES):
+            return [], ""  # nowhere to try
+        return None
+
+    answers: dict[str, tuple[object, str]] = {}
+    if at_once:  # what needs a child is forked before the first answer is read (no answer to rule on yet)
+        answers = {name: answer for name in _PROBES if (answer := decided(name)) is not None}
+        children = {name: _fork_probe(check) for name, check in _PROBES.items() if name not in answers}
+        deadline = time.monotonic() + PROBE_SECONDS
+        answers.update({name: _answer(pid, read_end, deadline) for name, (pid, read_end) in children.items()})
+    for name, check in _PROBES.items():
+        if name not in answers:  # one at a time: a refused user namespace rules out what needs one
+            answers[name] = decided(name) or in_child(check)
+        value, error = answers[name]
         if error:
             errors[name] = error
         values[name] = value
@@ -457,15 +488,74 @@ def probe() -> Protections:
 
 _cached: Protections | None = None
 _probing = threading.Lock()
+_ahead: tuple[int, int] | None = None  # the probe started ahead (probe_ahead): its process, its pipe's read end
 
 
 def platform_protections() -> Protections:
-    """This process's record, probed on first use. Runtimes start at once, each asking from a thread of its
-    own: one probes, the others wait for its record. (Two probing at once would fork from one thread while
-    the other's child, or the other thread itself, holds the loader's or a library's lock: a child forked
-    then can wait on it forever.)"""
+    """This process's record, probed on first use (or the one probe_ahead's child made). Runtimes start at
+    once, each asking from a thread of its own: one probes, the others wait for its record. (Two probing at
+    once would fork from one thread while the other's child, or the other thread itself, holds the loader's or
+    a library's lock: a child forked then can wait on it forever.)"""
     global _cached
     with _probing:
         if _cached is None:
-            _cached = probe()
+            _cached = _ahead_record() or probe()
     return _cached
+
+
+def probe_ahead() -> bool:
+    """Start this process's probe now, in a forked child, while this process goes on (`sandlot serve` loads its
+    settings and code meanwhile): platform_protections() then reads that child's record. The child has this
+    process's credentials, namespaces, filters and limits, so its record is the one this process would probe;
+    it forks its own probe children all at once (probe(at_once=True)). Only while this process has one
+    thread (a fork then copies no lock another thread holds); False where it did not start."""
+    global _ahead
+    if _ahead is not None or _cached is not None or threading.active_count() > 1:
+        return False
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.close(read_end)
+            try:
+                syscalls.set_parent_death_signal(signal.SIGKILL)  # no prober outlives a service killed meanwhile
+            except OSError:
+                pass
+            data = json.dumps(probe(at_once=True).to_dict()).encode()
+            while data:
+                data = data[os.write(write_end, data) :]
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    _ahead = (pid, read_end)
+    return True
+
+
+def cancel_ahead() -> None:
+    """End the probe probe_ahead started, if its record was never read (a start that stopped early): no process
+    of it is left (its own probe children end with it, their parent-death signal or their probe)."""
+    global _ahead
+    if _ahead is None:
+        return
+    (pid, read_end), _ahead = _ahead, None
+    os.close(read_end)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.waitpid(pid, 0)
+
+
+def _ahead_record() -> Protections | None:
+    """The record of the probe started ahead, once it has written it; None where there is none (none was
+    started, or it gave no record: the caller then probes in this process)."""
+    global _ahead
+    if _ahead is None:
+        return None
+    (pid, read_end), _ahead = _ahead, None
+    # every probe child answers within PROBE_SECONDS; the prober's own start and its record, a few more
+    data, _error = _answer_raw(pid, read_end, time.monotonic() + PROBE_SECONDS + 10)
+    try:
+        return Protections.from_dict(json.loads(data))
+    except (ValueError, TypeError):
+        return None

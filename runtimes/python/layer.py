@@ -10,16 +10,12 @@ may not be allowed to read the operator's own file.
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import sys
 import sysconfig
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
 
 from layers import isolation
 from layers.store import LayerBuildError, what_went_wrong
@@ -137,6 +133,8 @@ def installed(layer: str) -> list[dict[str, str]]:
     """The distributions in a layer, with the versions their metadata gives."""
     if not layer or not os.path.isdir(layer):
         return []
+    import importlib.metadata  # (what the layer holds is asked for later than the service's start)
+
     found = {}
     for dist in importlib.metadata.distributions(path=[layer]):
         name = dist.metadata["Name"]
@@ -163,6 +161,9 @@ def copied(requirements: Path) -> str:
 
 def base_names(requirements: Path) -> set[str]:
     """The canonical names a requirements file asks for, following its `-r` includes (options are skipped)."""
+    from packaging.requirements import InvalidRequirement, Requirement  # (a build's, not every start's)
+    from packaging.utils import canonicalize_name
+
     names: set[str] = set()
     seen: set[Path] = set()
 

@@ -96,6 +96,10 @@ class ZygoteHandle:
         except (TimeoutError, EOFError) as exc:
             await self.stop()
             raise Unavailable(f"the zygote did not start: {exc or 'timeout'}") from exc
+        except asyncio.CancelledError:  # the service stops while this zygote starts (a setting refused meanwhile)
+            self._process.kill()  # before it reads the channel: it would wait for its start to end, then complain
+            await asyncio.shield(self.stop())
+            raise
         if "error" in self.report:
             await self.stop()
             raise Unavailable(f"the zygote could not build the jail: {self.report['error']}")

@@ -1,0 +1,158 @@
+"""`sandlot serve` starts its runtimes from a light reading of the environment (handler/early_settings.py) and loads
+the settings model while their zygotes start: the reading and the model agree, the reading hands anything it cannot
+vouch for to the model, and a setting only the model refuses still stops the start with its message, leaving no
+process behind."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import typing
+
+import pytest
+from service import API_KEY, Service
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE = {"SANDLOT_CONFIG": "/nonexistent/config.yaml", "API_KEY": API_KEY}
+SPELLINGS = importlib.import_module("test_settings").SPELLINGS
+
+
+def test_the_reading_declares_what_the_model_declares():
+    import annotated_types
+
+    from handler.early_settings import FIELDS
+    from handler.settings import Settings
+
+    assert set(FIELDS) <= set(Settings.model_fields)
+    for name, (kind, default, bounds) in FIELDS.items():
+        info = Settings.model_fields[name]
+        if info.default_factory is not None:
+            assert callable(default) and default() == info.default_factory(), name
+        else:
+            assert default == info.default and type(default) is type(info.default), name
+        declared = {}
+        for constraint in info.metadata:
+            for bound in ("gt", "ge", "le", "lt"):
+                if isinstance(constraint, getattr(annotated_types, bound.capitalize())):
+                    declared[bound] = getattr(constraint, bound)
+        assert bounds == declared, name
+        if typing.get_origin(info.annotation) is typing.Literal:
+            assert kind == typing.get_args(info.annotation), name
+
+
+@pytest.mark.parametrize("name", sorted(importlib.import_module("handler.early_settings").FIELDS))
+def test_each_value_is_read_as_the_model_reads_it_or_left_to_the_model(name):
+    from handler.early_settings import early_settings
+    from handler.settings import SettingsError, load_settings
+
+    for spelling in SPELLINGS:
+        env = {**BASE, name: spelling}
+        got = early_settings(env)
+        if got is None:
+            continue  # the model decides, before anything starts
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(env)
+        try:
+            model = load_settings()
+        except SettingsError:
+            # vouched for, and refused by the model: only where the model checks what the reading cannot (none)
+            pytest.fail(f"{name}={spelling!r}: read early, refused by the model")
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        value = getattr(got, name)
+        expected = getattr(model, name)
+        assert value == expected and type(value) is type(expected), (name, spelling, value, expected)
+        assert got.runtime_config() == model.runtime_config(), (name, spelling)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"ALLOWED_SYSCALLS": "39"},  # the seccomp policy's check
+        {"SANDLOT_EGRESS_ALLOW": "10.0.0.0/8"},
+        {"PYTHON_DEPS_UPDATE_INTERVAL": "1h"},
+        {"MAX_WORKERS": "1e3"},
+        {"SANDLOT_DATA_DIR": "/tmp/sandlot-data"},  # refused by the model: no layer may be built there first
+        {"API_KEY": "dify-sandbox"},  # refused by the model's key check, before anything starts
+        {"API_KEY": ""},
+        {"SANDLOT_ADMIN_KEY": "short"},
+    ],
+)
+def test_what_the_reading_cannot_vouch_for_goes_to_the_model_first(env):
+    from handler.early_settings import early_settings
+
+    assert early_settings({**BASE, **env}) is None
+
+
+def test_a_config_file_goes_to_the_model_first(tmp_path):
+    from handler.early_settings import early_settings
+
+    config = tmp_path / "config.yaml"
+    config.write_text("max_workers: 2\n")
+    assert early_settings({**BASE, "SANDLOT_CONFIG": str(config)}) is None
+    assert early_settings(BASE) is not None
+
+
+def test_the_reading_loads_no_pydantic():
+    script = (
+        "import sys\nfrom handler.early_settings import early_settings\n"
+        f"s = early_settings({BASE!r})\nc = s.runtime_config()\n"
+        "assert s.MAX_WORKERS == 4 and c.workers == 4\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('pydantic', 'yaml'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# `sandlot serve` with a setting only the model refuses, as a subreaper: whatever of it outlives it comes back here
+UNDER_A_SUBREAPER = """
+import ctypes, json, os, subprocess, sys
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+result = subprocess.run([sys.executable, "-m", "handler.cli", "serve"], capture_output=True, text=True, timeout=60)
+left = []
+while True:  # reap what came back (it had ended), then list what is still alive below this process
+    try:
+        if os.waitpid(-1, os.WNOHANG)[0] == 0:
+            break
+    except ChildProcessError:
+        break
+for entry in os.listdir("/proc"):
+    try:
+        with open(f"/proc/{entry}/stat") as f:
+            if entry.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                left.append(entry)
+    except (OSError, ValueError):
+        pass
+print(json.dumps({"code": result.returncode, "stderr": result.stderr, "left": left}))
+"""
+
+
+@pytest.mark.parametrize("setting", [{"SANDLOT_METRICS": "nonsense"}, {"SANDLOT_QUEUE_TIMEOUT": "0"}])
+def test_a_setting_only_the_model_refuses_stops_the_start_and_leaves_no_process(setting):
+    """The runtimes started from the light reading; the model's refusal stops them (their zygotes, a zygote half
+    started too) before the start ends with the model's one-line message."""
+    from handler.early_settings import early_settings
+
+    svc = Service(**setting)
+    assert early_settings(svc.env) is not None  # the zygotes do start before the model says no
+    out = subprocess.run(
+        [sys.executable, "-c", UNDER_A_SUBREAPER],
+        cwd=ROOT,
+        env={**svc.env, "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout)
+    assert found["code"] == 2, found["stderr"]
+    assert "Traceback" not in found["stderr"], found["stderr"]
+    [line] = [line for line in found["stderr"].splitlines() if line.startswith("sandlot:")]
+    assert line.startswith("sandlot: invalid setting: ") and next(iter(setting)) in line
+    assert found["left"] == [], found
