@@ -584,22 +584,22 @@ def test_at_rest_only_the_cells_a_child_is_in_stay(place):
     uid's next run gets its cell again, whole."""
     root = _tree_with_files(place)
     own = range(RUN_UID, RUN_UID + 8)
-    busy, idle, also_idle, theirs = RUN_UID, RUN_UID + 1, RUN_UID + 2, RUN_UID + 100
-    for uid in (busy, idle, also_idle, theirs):
+    busy, idle, also_idle, upcoming, theirs = RUN_UID, RUN_UID + 1, RUN_UID + 2, RUN_UID + 3, RUN_UID + 100
+    for uid in (busy, idle, also_idle, upcoming, theirs):
         trees.make_run_tmp(root, uid)
-    for uid in (idle, also_idle, theirs):
+    for uid in (idle, also_idle, upcoming, theirs):
         trees.remove_run_tmp(root, uid)  # their runs are over
     cells = os.path.join(root, "cells")
 
-    assert sorted(trees.retire_idle_cells(root, own)) == [idle, also_idle]
-    assert sorted(os.listdir(cells)) == sorted([str(busy), str(theirs)])  # no trash left behind either
+    assert sorted(trees.retire_idle_cells(root, own, kept=frozenset({upcoming}))) == [idle, also_idle]
+    assert sorted(os.listdir(cells)) == sorted([str(busy), str(upcoming), str(theirs)])  # and no trash left
     assert os.path.isdir(trees.run_tmp(root, busy))
 
     fresh = trees.make_run_tmp(root, idle)  # its next run
     assert os.listdir(fresh) == []
     cell = os.path.join(cells, str(idle))
     assert os.path.samefile(os.path.join(cell, "usr/lib/deep/lib.so"), os.path.join(root, "usr/lib/deep/lib.so"))
-    assert trees.retire_idle_cells(root, own) == []  # its child is in it now
+    assert trees.retire_idle_cells(root, own) == [upcoming]  # not kept now; idle is its child's
 
 
 @needs_root

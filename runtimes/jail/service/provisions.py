@@ -338,17 +338,18 @@ class Provisions:
 
     async def _retire_cells(self) -> None:
         """At rest (the surplus ready children gone), the cells of this runtime's uids that no child is in are
-        removed (tree_store.retire_idle_cells): what each holds of the kernel's memory (dentries, inodes, directory
-        blocks) is charged to the container and never reclaimed at rest. Once the children let go are dead and
-        their /tmp removed (CELL_SETTLE_SECONDS), and again with the trees' pages (TREE_SETTLE_SECONDS)."""
+        removed, but the next uid's (tree_store.retire_idle_cells): what each holds of the kernel's memory
+        (dentries, inodes) is charged to the container and never reclaimed at rest. Once the children let go are
+        dead and their /tmp removed (CELL_SETTLE_SECONDS), and again with the trees' pages (TREE_SETTLE_SECONDS)."""
         for delay in (CELL_SETTLE_SECONDS, TREE_SETTLE_SECONDS - CELL_SETTLE_SECONDS):
             await asyncio.sleep(delay)
             if self.trees is None or self.uids is None:
                 return
             own = range(self.uids.first, self.uids.first + self.uids.size)
+            kept = frozenset(self.uids.upcoming(1))  # the next run's, which may need a child made on demand
             for root in self.trees.held():
                 try:
-                    retired = await asyncio.to_thread(tree_store.retire_idle_cells, root, own)
+                    retired = await asyncio.to_thread(tree_store.retire_idle_cells, root, own, kept)
                 except OSError as exc:  # the tree retired meanwhile: its cells went with it
                     log.debug("%s: idle cells not retired in %s: %s", self.language, root, exc)
                     continue

@@ -346,18 +346,19 @@ def make_run_tmp(tree_root: str, uid: int) -> str:
     raise OSError(errno.EAGAIN, f"the cell of uid {uid} in {tree_root} kept going as it was made")
 
 
-def retire_idle_cells(tree_root: str, own: range) -> list[int]:
+def retire_idle_cells(tree_root: str, own: range, kept: frozenset[int] = frozenset()) -> list[int]:
     """Remove the cells of the caller's uids (own) that hold no /tmp: no child of those uids, ready or running,
     is in them. Kept, each cell holds the tree's directories again and a name per file (for the Python tree some
     3,500 names and 400 directories: about 4 MB of the kernel's dentries and inodes and of directory blocks,
     charged to the container, none of it reclaimed at rest); a busy spell leaves one per uid it used. At rest only
-    the ready children's stay; a uid's next run makes its cell again (tens of ms, as its first did, off the event
+    the ready children's stay, and those of kept (the next uids to be given out: the next run's child, made on
+    demand, finds its cell); a uid's next run makes its cell again (tens of ms, as its first did, off the event
     loop). The uids whose cells went."""
     parent = tree_root + tree_files.CELLS
     retired: list[tuple[int, str]] = []
     with _making_cells, _cells_lock:  # no cell is being made, and no run's /tmp is being made in one
         for name in os.listdir(parent):
-            if not name.isdigit() or int(name) not in own:
+            if not name.isdigit() or int(name) not in own or int(name) in kept:
                 continue
             path = os.path.join(parent, name)
             if os.path.lexists(os.path.join(path, "tmp")):
