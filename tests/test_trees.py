@@ -590,9 +590,12 @@ def test_at_rest_only_the_cells_a_child_is_in_stay(place):
     for uid in (idle, also_idle, upcoming, theirs):
         trees.remove_run_tmp(root, uid)  # their runs are over
     cells = os.path.join(root, "cells")
+    not_a_cell = os.path.join(cells, str(RUN_UID + 5))
+    open(not_a_cell, "w").close()  # a name that is no cell (a file): left as it is
 
     assert sorted(trees.retire_idle_cells(root, own, kept=frozenset({upcoming}))) == [idle, also_idle]
-    assert sorted(os.listdir(cells)) == sorted([str(busy), str(upcoming), str(theirs)])  # and no trash left
+    assert sorted(os.listdir(cells)) == sorted([str(busy), str(upcoming), str(theirs), str(RUN_UID + 5)])
+    os.unlink(not_a_cell)
     assert os.path.isdir(trees.run_tmp(root, busy))
 
     fresh = trees.make_run_tmp(root, idle)  # its next run

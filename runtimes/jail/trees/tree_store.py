@@ -361,8 +361,11 @@ def retire_idle_cells(tree_root: str, own: range, kept: frozenset[int] = frozens
             if not name.isdigit() or int(name) not in own or int(name) in kept:
                 continue
             path = os.path.join(parent, name)
-            if os.path.lexists(os.path.join(path, "tmp")):
-                continue  # a child's (ready, or running), or a /tmp whose removal failed: kept
+            try:
+                if not stat.S_ISDIR(os.lstat(path).st_mode) or os.path.lexists(os.path.join(path, "tmp")):
+                    continue  # not a cell; or a child's (ready, or running), or a /tmp whose removal failed: kept
+            except FileNotFoundError:
+                continue
             trash = f"{path}{TRASH}{time.time_ns()}"
             try:
                 os.rename(path, trash)
