@@ -626,3 +626,16 @@ def test_a_cell_retired_while_its_runs_tmp_is_being_made_is_made_again(place, mo
     assert raced == [RUN_UID]
     assert os.path.isdir(path) and os.listdir(path) == []
     assert os.path.isfile(os.path.join(root, "cells", str(RUN_UID), "usr/lib/deep/lib.so"))
+
+
+@needs_root
+@pytest.mark.skipif(not os.path.isdir("/usr/share/zoneinfo/right"), reason="no tzdata right/ zones here")
+def test_the_leap_second_zones_are_left_out_of_every_tree_and_the_usual_ones_are_there(place):
+    """tzdata's right/ is nearly half of zoneinfo's names (and of the Node.js tree's): no run names a zone by it, and
+    Python's zoneinfo.available_timezones() leaves it out. Every tree shows it empty; the usual zones are there."""
+    for language, spec in runtime_specs(place).items():
+        root = os.path.join(place, f"tree-{language}")
+        os.mkdir(root)
+        materialized.materialize(spec, root)
+        assert os.listdir(root + "/usr/share/zoneinfo/right") == [], language
+        assert os.path.isfile(root + os.path.realpath("/usr/share/zoneinfo/Europe/Paris")), language
