@@ -342,8 +342,9 @@ def read(name):
 usage = read("memory.usage_in_bytes") or read("memory.current")
 stat = dict(line.split() for line in read("memory.stat").splitlines() if len(line.split()) == 2)
 cache = stat.get("total_cache") or stat.get("file") or "0"
-slab = stat.get("slab") or "0"
-print(f"{int(usage or 0) / 1e6:.0f} MB (page cache {int(cache) / 1e6:.0f} MB, slab {int(slab) / 1e6:.0f} MB)" if usage else "unknown")
+# kernel memory (dentries, inodes, page tables, stacks): the kmem counter of cgroup v1, "kernel" (or slab) of v2
+kernel = read("memory.kmem.usage_in_bytes").strip() or stat.get("kernel") or stat.get("slab") or "0"
+print(f"{int(usage or 0) / 1e6:.0f} MB (page cache {int(cache) / 1e6:.0f} MB, kernel {int(kernel) / 1e6:.0f} MB)" if usage else "unknown")
 ' || true)
     local verdict
     verdict=$(NAME="$name" EXPECTED="$expected" HEALTHY="$healthy" READY="$ready" PYTHON_RUN="$python" NODE_RUN="$node" \

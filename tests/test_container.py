@@ -616,6 +616,35 @@ def test_a_killed_service_once_restarted_leaves_nothing_behind():
 
 
 @needs_root
+def test_at_rest_the_cells_no_child_is_in_go_and_runs_after_get_theirs_again():
+    """A busy spell leaves a cell (the tree's directories again, a name per file: kernel memory charged to the
+    container) per uid it used. Once the service is at rest (no run for 20 s, the surplus ready children gone) only
+    the ready children's cells stay, and the next uid's; a run after that is served in a cell of its own."""
+    data = data_dir()
+    svc = serving(data=data, NODEJS_PATH="/nonexistent/node").start()
+    cells = os.path.join(data, "trees", "*", "cells", "*")
+    try:
+        with ThreadPoolExecutor(8) as pool:  # runs at once: more uids, each with its cell
+            answers = list(pool.map(lambda _: svc.run("import time\ntime.sleep(1)\nprint(1)"), range(8)))
+        assert all(answer["data"]["stdout"] == "1\n" for answer in answers), answers
+        busy = len(glob.glob(cells))
+        assert busy > 3, glob.glob(cells)  # more than are kept at rest
+        # at rest: the lean zygote's one ready child, the next uid's, and maybe a child of the preloaded one that
+        # was being made as it went idle
+        # nothing left behind either (a retired cell is renamed to a trash name, then removed)
+        assert wait_for(lambda: len(glob.glob(cells)) <= 3 and not glob.glob(cells + ".trash-*"), timeout=60), (
+            glob.glob(cells)
+        )
+        answer = svc.run(
+            "open('/tmp/x', 'w').write('kept')\nprint(open('/tmp/x').read(), len(__import__('os').listdir('/tmp')))"
+        )
+        assert answer["data"]["stdout"] == "kept 1\n", answer
+    finally:
+        svc.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@needs_root
 def test_a_new_layer_gets_its_own_tree_and_the_old_one_goes_once_unused(tmp_path):
     """The tree is swapped together with its layer: runs after the switch see the new packages, runs in
     flight finish on the old tree, which is removed once its last zygote is gone; rotated zygotes of one

@@ -564,3 +564,78 @@ def test_a_directory_replaced_under_its_name_is_not_taken_for_the_one_found_unlo
     monkeypatch.setattr(dirlock.fcntl, "flock", flock)
     assert not dirlock.remove_if_unlocked(path)
     assert (path / "live").read_text() == "the next run's"
+
+
+def _tree_with_files(place: str) -> str:
+    root = os.path.join(place, "tree")
+    for directory in ("etc", "usr/lib/deep", "cells", "tmp"):
+        os.makedirs(os.path.join(root, directory))
+    for name in ("etc/hosts", "usr/lib/deep/lib.so"):
+        with open(os.path.join(root, name), "w") as f:
+            f.write(name)
+    return root
+
+
+@needs_root
+def test_at_rest_only_the_cells_a_child_is_in_stay(place):
+    """A busy spell leaves a cell per uid it used, each the tree's directories again and a name per file, charged
+    to the container as kernel memory for as long as it is kept. At rest the cells of the caller's uids that hold
+    no /tmp (no child, ready or running, is in them) go; one with a /tmp, and another instance's, stay; a retired
+    uid's next run gets its cell again, whole."""
+    root = _tree_with_files(place)
+    own = range(RUN_UID, RUN_UID + 8)
+    busy, idle, also_idle, upcoming, theirs = RUN_UID, RUN_UID + 1, RUN_UID + 2, RUN_UID + 3, RUN_UID + 100
+    for uid in (busy, idle, also_idle, upcoming, theirs):
+        trees.make_run_tmp(root, uid)
+    for uid in (idle, also_idle, upcoming, theirs):
+        trees.remove_run_tmp(root, uid)  # their runs are over
+    cells = os.path.join(root, "cells")
+    not_a_cell = os.path.join(cells, str(RUN_UID + 5))
+    open(not_a_cell, "w").close()  # a name that is no cell (a file): left as it is
+
+    assert sorted(trees.retire_idle_cells(root, own, kept=frozenset({upcoming}))) == [idle, also_idle]
+    assert sorted(os.listdir(cells)) == sorted([str(busy), str(upcoming), str(theirs), str(RUN_UID + 5)])
+    os.unlink(not_a_cell)
+    assert os.path.isdir(trees.run_tmp(root, busy))
+
+    fresh = trees.make_run_tmp(root, idle)  # its next run
+    assert os.listdir(fresh) == []
+    cell = os.path.join(cells, str(idle))
+    assert os.path.samefile(os.path.join(cell, "usr/lib/deep/lib.so"), os.path.join(root, "usr/lib/deep/lib.so"))
+    assert trees.retire_idle_cells(root, own) == [upcoming]  # not kept now; idle is its child's
+
+
+@needs_root
+def test_a_cell_retired_while_its_runs_tmp_is_being_made_is_made_again(place, monkeypatch):
+    """A uid given out just as the idle cells are retired: its run's /tmp is made in a whole cell all the same,
+    never in one taken away under it."""
+    root = _tree_with_files(place)
+    own = range(RUN_UID, RUN_UID + 8)
+    trees.make_run_tmp(root, RUN_UID)
+    trees.remove_run_tmp(root, RUN_UID)
+    make_cells = trees.make_cells
+    raced = []
+
+    def then_retired(tree_root: str, uids: list[int]) -> None:
+        make_cells(tree_root, uids)
+        if not raced:  # the retirement lands between finding the cell and making the /tmp in it
+            raced.extend(trees.retire_idle_cells(tree_root, own))
+
+    monkeypatch.setattr(trees, "make_cells", then_retired)
+    path = trees.make_run_tmp(root, RUN_UID)
+    assert raced == [RUN_UID]
+    assert os.path.isdir(path) and os.listdir(path) == []
+    assert os.path.isfile(os.path.join(root, "cells", str(RUN_UID), "usr/lib/deep/lib.so"))
+
+
+@needs_root
+@pytest.mark.skipif(not os.path.isdir("/usr/share/zoneinfo/right"), reason="no tzdata right/ zones here")
+def test_the_leap_second_zones_are_left_out_of_every_tree_and_the_usual_ones_are_there(place):
+    """tzdata's right/ is nearly half of zoneinfo's names (and of the Node.js tree's): no run names a zone by it, and
+    Python's zoneinfo.available_timezones() leaves it out. Every tree shows it empty; the usual zones are there."""
+    for language, spec in runtime_specs(place).items():
+        root = os.path.join(place, f"tree-{language}")
+        os.mkdir(root)
+        materialized.materialize(spec, root)
+        assert os.listdir(root + "/usr/share/zoneinfo/right") == [], language
+        assert os.path.isfile(root + os.path.realpath("/usr/share/zoneinfo/Europe/Paris")), language

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sandlot.runtime")
 
+CELL_SETTLE_SECONDS = 1.0  # after the surplus children's end, before the cells no child is in go (their /tmp removed)
 TREE_SETTLE_SECONDS = 5.0  # after a chroot zygote's start or the surplus children's end, before the trees' pages go
 
 # runs sharing the runtime's uid, one at a time (a Lambda function): the platform's network, as before
@@ -82,6 +83,7 @@ class Provisions:
         self._forgetting: dict[str, int] = {}  # trees of copies (their pages dropped at rest): zygotes on each
         self._forgetting_files: set[str] = set()  # files of the image (node) whose pages are dropped at rest
         self._forget_hooked: ChildPool | None = None  # the pool whose going idle drops the trees' pages
+        self._cells_hooked: ChildPool | None = None  # the pool whose going idle retires the idle cells
         self.tmp_watcher: TmpWatcher | None = None  # the chroot and landlock modes: each run's /tmp capped
         self.run_dirs: RunDirectories | SharedRunDirectories | None = None
         self.thread_cap: ThreadCap | None = None  # the landlock mode: RLIMIT_NPROC would count the service's tasks
@@ -318,6 +320,9 @@ class Provisions:
             raise
         if zygote.network_error:
             self.network_failed(zygote.network_error)
+        if root and self.uids is not None and self._cells_hooked is not pool:
+            self._cells_hooked = pool  # once per pool: at rest, the cells no child is in go
+            pool.on_idle.append(lambda: pool.background(self._retire_cells()))
         if root and self.trees.uncache:
             self._forgetting[root] = self._forgetting.get(root, 0) + 1
             self._forget_at_rest(pool)
@@ -330,6 +335,26 @@ class Provisions:
                 self._forgetting_files.add(node)
                 self._forget_at_rest(pool)
         return zygote
+
+    async def _retire_cells(self) -> None:
+        """At rest (the surplus ready children gone), the cells of this runtime's uids that no child is in are
+        removed, but the next uid's (tree_store.retire_idle_cells): what each holds of the kernel's memory
+        (dentries, inodes) is charged to the container and never reclaimed at rest. Once the children let go are
+        dead and their /tmp removed (CELL_SETTLE_SECONDS), and again with the trees' pages (TREE_SETTLE_SECONDS)."""
+        for delay in (CELL_SETTLE_SECONDS, TREE_SETTLE_SECONDS - CELL_SETTLE_SECONDS):
+            await asyncio.sleep(delay)
+            if self.trees is None or self.uids is None:
+                return
+            own = range(self.uids.first, self.uids.first + self.uids.size)
+            kept = frozenset(self.uids.upcoming(1))  # the next run's, which may need a child made on demand
+            for root in self.trees.held():
+                try:
+                    retired = await asyncio.to_thread(tree_store.retire_idle_cells, root, own, kept)
+                except OSError as exc:  # the tree retired meanwhile: its cells went with it
+                    log.debug("%s: idle cells not retired in %s: %s", self.language, root, exc)
+                    continue
+                if retired:
+                    log.debug("%s: retired the idle cells of uids %s in %s", self.language, retired, root)
 
     def _forget_at_rest(self, pool: ChildPool) -> None:
         if self._forget_hooked is not pool:  # once per pool (a runtime started again has a new one)

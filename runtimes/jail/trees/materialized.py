@@ -180,6 +180,13 @@ def renew_devices(cell_root: str) -> None:
 _made: dict[str, tuple[int, int]] = {}  # each cell node this process made: its inode and change time then
 
 
+def forget_devices(cell_root: str) -> None:
+    """A cell is gone (retired): what renew_devices remembered of its nodes goes too."""
+    devices = cell_root + "/dev/"
+    for path in [path for path in _made if path.startswith(devices)]:
+        del _made[path]
+
+
 def _clone(source: int, target: int, skipped: tuple[str, ...] = ()) -> None:
     """Into the directory open as target, the entries of the one open as source: directories made anew (the
     maker's, with the source's mode), everything else a hard link. By descriptors: no path is walked again, and

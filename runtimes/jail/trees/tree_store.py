@@ -270,6 +270,11 @@ class TreeStore:
             if remove_if_unlocked(path, remove=_remove_quietly):
                 log.info("removed unused tree %s", path)
 
+    def held(self) -> list[str]:
+        """The trees this store holds now."""
+        with self._lock:
+            return list(self._held)
+
     def close(self) -> None:
         self._first_done()
         with self._lock:
@@ -305,6 +310,9 @@ def forget_pages(tree_root: str) -> int:
 # One cell made at a time: the children spawned at a start each need one, and made side by side (threads, one
 # GIL) every one of them, the first run's among them, would be ready only when the last is.
 _making_cells = threading.Lock()
+# Held while a cell is found and its run's /tmp made in it, and while idle cells are retired (retire_idle_cells):
+# a cell is never taken away between the two.
+_cells_lock = threading.Lock()
 
 
 def make_cells(tree_root: str, uids: list[int]) -> None:
@@ -324,13 +332,50 @@ def make_run_tmp(tree_root: str, uid: int) -> str:
     """A fresh, empty /tmp for uid's next run, in its cell (made now if the uid has none yet): 0700, the
     uid's own. What a run of this uid left there (a killed instance's) goes first, without following
     anything planted in it."""
-    make_cells(tree_root, [uid])
-    path = run_tmp(tree_root, uid)
-    remove_run_tmp(tree_root, uid)
-    materialized.renew_devices(tree_root + tree_files.cell(uid))
-    os.mkdir(path, 0o700)
-    os.chown(path, uid, uid)
-    return path
+    for _ in range(3):
+        make_cells(tree_root, [uid])
+        with _cells_lock:
+            if not os.path.isdir(tree_root + tree_files.cell(uid)):
+                continue  # retired as idle between the two (retire_idle_cells): made again
+            path = run_tmp(tree_root, uid)
+            remove_run_tmp(tree_root, uid)
+            materialized.renew_devices(tree_root + tree_files.cell(uid))
+            os.mkdir(path, 0o700)
+            os.chown(path, uid, uid)
+            return path
+    raise OSError(errno.EAGAIN, f"the cell of uid {uid} in {tree_root} kept going as it was made")
+
+
+def retire_idle_cells(tree_root: str, own: range, kept: frozenset[int] = frozenset()) -> list[int]:
+    """Remove the cells of the caller's uids (own) that hold no /tmp: no child of those uids, ready or running,
+    is in them. Kept, each cell holds the tree's directories again and a name per file (for the Python tree some
+    3,500 names and 400 directories: about 4 MB of the kernel's dentries and inodes and of directory blocks,
+    charged to the container, none of it reclaimed at rest); a busy spell leaves one per uid it used. At rest only
+    the ready children's stay, and those of kept (the next uids to be given out: the next run's child, made on
+    demand, finds its cell); a uid's next run makes its cell again (tens of ms, as its first did, off the event
+    loop). The uids whose cells went."""
+    parent = tree_root + tree_files.CELLS
+    retired: list[tuple[int, str]] = []
+    with _making_cells, _cells_lock:  # no cell is being made, and no run's /tmp is being made in one
+        for name in os.listdir(parent):
+            if not name.isdigit() or int(name) not in own or int(name) in kept:
+                continue
+            path = os.path.join(parent, name)
+            try:
+                if not stat.S_ISDIR(os.lstat(path).st_mode) or os.path.lexists(os.path.join(path, "tmp")):
+                    continue  # not a cell; or a child's (ready, or running), or a /tmp whose removal failed: kept
+            except FileNotFoundError:
+                continue
+            trash = f"{path}{TRASH}{time.time_ns()}"
+            try:
+                os.rename(path, trash)
+            except FileNotFoundError:
+                continue
+            retired.append((int(name), trash))
+    for _uid, trash in retired:
+        materialized.forget_devices(trash.split(TRASH)[0])
+        _remove_quietly(trash)  # what fails stays a trash name: clear_stale_run_tmps removes it later
+    return [uid for uid, _trash in retired]
 
 
 def clear_stale_run_tmps(tree_root: str, own: range = range(0)) -> list[str]:
