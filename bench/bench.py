@@ -518,8 +518,8 @@ def report(
             columns += f"{ratio:>{max(12, len(head) + 2)}}"
         print(f"{name:44}{cells}{columns}")
 
-    def med(row: str) -> list[float]:
-        return [statistics.median(s.samples[row]) for s in subjects]
+    def med(row: str) -> list[float]:  # nan where nothing was measured (the start rows with --starts 0)
+        return [statistics.median(s.samples[row]) if s.samples.get(row) else float("nan") for s in subjects]
 
     def pct(row: str, q: float) -> list[float]:
         return [percentile(s.samples[row], q) for s in subjects]
@@ -555,7 +555,11 @@ def report(
     for mark in START_MARKS:  # the service's own log of its start (older releases log none)
         line(f"  start: {mark}, after exec", med(f"start mark: {mark}"), "s")
     line("  load during the starts", med("start: load"), "")
-    line("start: refusals while starting (target 0)", [max(s.samples["start: refusals"]) for s in subjects], "")
+    line(
+        "start: refusals while starting (target 0)",
+        [max(s.samples.get("start: refusals") or [float("nan")]) for s in subjects],
+        "",
+    )
     line("first 20 python runs after start, p50", [v * ms for v in med("first 20 python runs after start")], "ms")
     print("\nidle service tree (PSS MiB, process):")
     for subject in subjects:
