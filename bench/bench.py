@@ -560,8 +560,8 @@ def report(
             columns += f"{ratio:>{max(12, len(head) + 2)}}"
         print(f"{name:44}{cells}{columns}")
 
-    def med(row: str) -> list[float]:
-        return [statistics.median(s.samples[row]) for s in subjects]
+    def med(row: str) -> list[float]:  # nan where nothing was measured (the start rows with --starts 0)
+        return [statistics.median(s.samples[row]) if s.samples.get(row) else float("nan") for s in subjects]
 
     def pct(row: str, q: float) -> list[float]:
         return [percentile(s.samples[row], q) for s in subjects]
@@ -621,8 +621,8 @@ def report_starts(subjects: list[Subject], ratios: list[tuple[int, int, str]], l
                 columns += f"{ratio:>{max(12, len(head) + 2)}}"
             print(f"{name:44}{cells}{columns}")
 
-    def med(row: str) -> list[float]:
-        return [statistics.median(s.samples[row]) for s in subjects]
+    def med(row: str) -> list[float]:  # nan where nothing was measured
+        return [statistics.median(s.samples[row]) if s.samples.get(row) else float("nan") for s in subjects]
 
     line("start: exec -> first python run (<= 0.4)", med("start: python"), "s")
     line("  CPU before it: the service tree", med("start: CPU of the tree"), "s")
@@ -632,9 +632,10 @@ def report_starts(subjects: list[Subject], ratios: list[tuple[int, int, str]], l
     for mark in START_MARKS:  # the service's own log of its start (older releases log none)
         line(f"  start: {mark}, after exec", med(f"start mark: {mark}"), "s")
     line("  load during the starts", med("start: load"), "")
-    line("start: refusals while starting (target 0)", [max(s.samples["start: refusals"]) for s in subjects], "")
+    refusals = [max(s.samples.get("start: refusals") or [float("nan")]) for s in subjects]
+    line("start: refusals while starting (target 0)", refusals, "")
     line("first 20 python runs after start, p50", [v * ms for v in med("first 20 python runs after start")], "ms")
-    if len(subjects[0].samples["start: python"]) > 1:
+    if len(subjects[0].samples.get("start: python") or ()) > 1:
         for subject in subjects:  # each start, for the spread (the machine's load changes by the second)
             shown = ", ".join(f"{v:.2f}" for v in subject.samples["start: python"])
             print(f"  {subject.label}: exec -> first python run, each start: {shown} s")

@@ -9,9 +9,12 @@ tmpfs) stays under the same filter, uid and limits. node then warms up and
 waits on stdin for the run.
 
 The startup snapshot holds the zygote's hash seed, so no run may read it: the
-zygote reads it before it enters the tree (where it is not), and a jailed child
-writes it into its own /tmp, readable by its uid alone, for node to start from.
-The wrapper removes it before it reads the run.
+zygote copies it into a sealed memfd before it enters the tree (where it is
+not), and each child keeps that as SNAPSHOT_FD. Where there is a tree, the
+child copies it (in the kernel: sendfile) into its own /tmp, readable by its
+uid alone, closes the memfd and starts node from the copy; the wrapper removes
+the copy before it reads the run. Without a tree node reads the memfd itself
+(/proc/self/fd) and the wrapper closes it.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ MIB = 1024 * 1024
 SETUP_FAILED = 125
 REPORTS_EXIT = True  # the wrapper writes its exit status on fd 3 (the ready pipe) as it exits
 PRIVATE_SNAPSHOT = ".sandlot-snapshot"  # in the run's TMPDIR; the wrapper knows this name: it removes the file
-# the snapshot's memfd in a child (snapshot_by_fd): after stdin, stdout, stderr and the ready pipe (the zygote's
-# child keeps kept_fds there, confine.py); the wrapper knows this number: it closes it
+# the snapshot's memfd in a child: after stdin, stdout, stderr and the ready pipe (the zygote's child keeps kept_fds
+# there, confine.py); closed before node starts unless node reads it (snapshot_by_fd: the wrapper knows this
+# number and closes it)
 SNAPSHOT_FD = 4
 
 
@@ -48,7 +52,8 @@ class State:
     snapshot: str
     snapshot_flags: list[str]
     snapshot_memory_mb: int
-    snapshot_data: bytes  # as root: what each child copies into its own /tmp
+    snapshot_by_fd: bool = False  # node reads the memfd itself (no tree); else each child copies it into its /tmp
+    snapshot_size: int = 0
     report: dict = field(default_factory=dict)
     kept_fds: tuple[int, ...] = ()  # the zygote's descriptors each child keeps, from SNAPSHOT_FD on (loop.py)
 
@@ -67,13 +72,13 @@ def prepare(config: NodeRunnerConfig) -> State:
         snapshot=config.snapshot,
         snapshot_flags=list(config.snapshot_flags),
         snapshot_memory_mb=config.snapshot_memory_mb,
-        snapshot_data=b"",
+        snapshot_by_fd=config.snapshot_by_fd,
     )
-    if state.snapshot and config.private_snapshot:
-        with open(state.snapshot, "rb") as blob:
-            state.snapshot_data = blob.read()
-    elif state.snapshot and config.snapshot_by_fd:
+    # a memfd, not bytes of the zygote's heap: every fork copies the page table of that heap, and every exec
+    # tears it down again
+    if state.snapshot and (config.private_snapshot or config.snapshot_by_fd):
         state.kept_fds = (_sealed_copy(state.snapshot),)
+        state.snapshot_size = os.fstat(state.kept_fds[0]).st_size
     state.report = {"seccomp": error is None, "seccomp_error": error}
     return state
 
@@ -109,8 +114,8 @@ def run(state: State, address_space: int, variant: Mapping) -> None:
         os.write(2, b"sandbox: seccomp filter unavailable\n")
         os._exit(SETUP_FAILED)
     blob = _snapshot_for(state) if memory_mb == state.snapshot_memory_mb else ""
-    if state.kept_fds and not blob:
-        os.close(SNAPSHOT_FD)  # not started on it: the run must not find it open
+    if state.kept_fds and not (blob and state.snapshot_by_fd):
+        os.close(SNAPSHOT_FD)  # copied, or not started on it: the run must not find it open
     if blob:
         argv = [state.node, *state.node_flags, *state.snapshot_flags, "--snapshot-blob", blob]
     else:
@@ -121,19 +126,22 @@ def run(state: State, address_space: int, variant: Mapping) -> None:
 
 
 def _snapshot_for(state: State) -> str:
-    """The snapshot's path for this child: its own copy when the seed must stay hidden; the inherited memfd's
-    where the zygote made one (snapshot_by_fd)."""
-    if state.kept_fds:
-        return f"/proc/self/fd/{SNAPSHOT_FD}"
-    if not state.snapshot_data:
+    """The snapshot's path for this child: the inherited memfd's where node reads it (snapshot_by_fd); else its
+    own copy of it in its /tmp (the seed must stay hidden from every other run)."""
+    if not state.kept_fds:
         return state.snapshot
+    if state.snapshot_by_fd:
+        return f"/proc/self/fd/{SNAPSHOT_FD}"
     private = os.path.join(os.environ.get("TMPDIR") or "/tmp", PRIVATE_SNAPSHOT)  # /tmp, or /tmp/<uid> (chroot)
     try:
         fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o400)
         try:
-            view = memoryview(state.snapshot_data)
-            while view:
-                view = view[os.write(fd, view) :]
+            copied = 0
+            while copied < state.snapshot_size:
+                sent = os.sendfile(fd, SNAPSHOT_FD, copied, state.snapshot_size - copied)
+                if not sent:
+                    raise OSError("the snapshot ended early")
+                copied += sent
         finally:
             os.close(fd)
     except OSError:  # /tmp too small for it (an operator's choice): start on the plain wrapper

@@ -25,6 +25,11 @@ SnapshotMetadata). Every snapshot is test-run before it is used; if the
 rewritten one does not load, it is loaded as built (rehashing), and if that
 fails too, runs start on the plain wrapper.
 
+What node writes after the snapshot proper, its code cache of every built-in
+module (2.5 of node 20's 4.2 MB), is dropped (`_drop_code_cache`): each node
+started on the blob would copy it before running a line, and a run seldom
+needs it. If node does not load the blob without it, the blob is used as built.
+
 Baked (`python -m runtimes.nodejs.snapshot --bake`, a build step of the Node
 image: infra/layout.sh): a snapshot built once in the image, for the first
 zygote of a runtime function, so that a fresh environment's first run does not
@@ -44,6 +49,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -81,7 +87,22 @@ def build(node: str, wrapper: str, memory_mb: int, path: str, rehash: bool = Fal
         _unlink(scratch)
         return None
     os.chmod(scratch, 0o644)
+    whole = _drop_code_cache(scratch)  # the blob as built, if the code cache was dropped from it
     os.rename(scratch, path)
+    made = _tested(node, built, memory_mb, path, rehash)
+    if made is None and whole is not None:  # node did not take it without its code cache: as built, then
+        with open(path, "wb") as blob:
+            blob.write(whole)
+        made = _tested(node, built, memory_mb, path, rehash)
+    if made is None:
+        log.warning("node's startup snapshot does not run; runs start on the plain wrapper")
+        _unlink(path)
+    return made
+
+
+def _tested(node: str, built: list[str], memory_mb: int, path: str, rehash: bool) -> Snapshot | None:
+    """The snapshot at path as it loads (retagged for loading without rehashing where asked and possible), or
+    None if it does not run."""
     no_rehash = [*built, NO_REHASH]
     if not rehash and _retag(path, _tag(node, tuple(built)), _tag(node, tuple(no_rehash))):
         if _loads(node, no_rehash, path):
@@ -91,8 +112,6 @@ def build(node: str, wrapper: str, memory_mb: int, path: str, rehash: bool = Fal
         if not rehash:
             log.warning("node loads its startup snapshot only with rehashing (slower starts)")
         return Snapshot(path, tuple(built), memory_mb)
-    log.warning("node's startup snapshot does not run; runs start on the plain wrapper")
-    _unlink(path)
     return None
 
 
@@ -133,6 +152,64 @@ def _tag_offset(header: bytes) -> int | None:
         (length,) = struct.unpack_from("<Q", header, offset)
         offset += 8 + length
     return offset if offset + 4 <= len(header) else None
+
+
+def _drop_code_cache(path: str) -> bytes | None:
+    """Rewrite the blob at path without node's code cache of its built-in modules; the blob as it was, or None
+    if it was left alone (not a layout this reads, or no cache in it).
+
+    The blob (node's SnapshotData) ends with that cache: a count, then per module its id and its cache (a length
+    and the bytes each), 2.5 MB of node 20's 4.2 MB. Every node started on the blob copies it, page by page, before
+    it runs a line, about 3 ms of CPU, and a run seldom uses it: the modules the wrapper loaded are in the snapshot
+    already, compiled, and a module loaded later compiles only what it runs (less than reading its cache costs,
+    as measured with `require('http')`, `crypto`, `net`, `dns`, `fetch`, `vm` and a worker; see
+    docs/benchmarks.md). What precedes it (the header, V8's own snapshot, node's state) is kept byte for byte,
+    and the count becomes 0, as in a blob built without a cache."""
+    with open(path, "rb") as blob:
+        data = blob.read()
+    header = _tag_offset(data[:4096])
+    if header is None or header + 12 > len(data):
+        return None
+    (v8_size,) = struct.unpack_from("<i", data, header + 8)  # after the tag: node's flags, then V8's blob
+    start = _code_cache_start(data, header + 12 + max(v8_size, 0))
+    if start is None or struct.unpack_from("<Q", data, start)[0] == 0:
+        return None
+    with open(path, "wb") as blob:
+        blob.write(data[:start] + struct.pack("<Q", 0))
+    return data
+
+
+_MODULE_ID = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_/-.:")
+# where a count (below 2**32) may start, followed by its first entry's id: a length below 256, then a letter
+_FIRST_ENTRY = re.compile(rb"(?=[\x00-\xff]{3}[\x00-\xff]\x00{4}[\x01-\xff]\x00{7}[A-Za-z_])")
+
+
+def _code_cache_start(data: bytes, after: int) -> int | None:
+    """Where the code cache's count is: the first offset from `after` whose count of (id, cache) entries, each id a
+    module's name, ends exactly at the blob's end (node's state before it is not parsed here)."""
+    end = len(data)
+    for found in _FIRST_ENTRY.finditer(data, after):
+        start = found.start()
+        (count,) = struct.unpack_from("<Q", data, start)
+        offset = start + 8
+        for _ in range(count):
+            if offset + 8 > end:
+                break
+            (length,) = struct.unpack_from("<Q", data, offset)
+            name = data[offset + 8 : offset + 8 + length]
+            if not 0 < length <= 256 or len(name) != length or not _MODULE_ID.issuperset(name):
+                break
+            offset += 8 + length
+            if offset + 8 > end:
+                break
+            (size,) = struct.unpack_from("<Q", data, offset)
+            offset += 8 + size
+            if offset > end:
+                break
+        else:
+            if offset == end:
+                return start
+    return None
 
 
 def _loads(node: str, flags: list[str], path: str) -> bool:
