@@ -114,7 +114,7 @@ if [ "${SANDLOT_ARM64_USERNS:-}" != inside ]; then
             }
         fi
     fi
-    [ -x "$QEMU" ] || { echo "$0: $QEMU is no emulator" >&2; exit 1; }
+    [ -f "$QEMU" ] && [ -x "$QEMU" ] || { echo "$0: $QEMU is no emulator" >&2; exit 1; }
     export SANDLOT_ARM64_QEMU=$QEMU
     # util-linux's unshare maps more than one id only through newuidmap (uidmap, for subordinate ids): the
     # parent writes the child's maps itself, as root may
