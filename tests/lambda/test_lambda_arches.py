@@ -86,3 +86,53 @@ def test_build_api_refuses_an_unknown_architecture(tmp_path):
         [os.path.join(REPO, "infra", "build-api.sh"), str(tmp_path / "zip")], env=env, capture_output=True, text=True
     )
     assert result.returncode == 1 and "x86_64 or arm64" in result.stderr
+
+
+def image_root(tmp_path, machine: int, node: bool = False):
+    """An image's root as the runtime images lay it out: the venv's python a link (absolute, as venv makes it) to
+    the base image's, which links on to the real file; an extension module in the venv and one in the layer."""
+    root = tmp_path / "root"
+    for directory in (
+        "usr/bin",
+        "usr/local/bin",
+        "opt/sandlot/venv/bin",
+        "opt/sandlot/venv/lib/site",
+        "opt/sandlot/layers/python/m",
+    ):
+        (root / directory).mkdir(parents=True)
+    (root / "usr/bin/python3.11").write_bytes(elf(machine))
+    (root / "usr/local/bin/python3").symlink_to("/usr/bin/python3.11")
+    (root / "opt/sandlot/venv/bin/python").symlink_to("/usr/local/bin/python3")
+    (root / "opt/sandlot/venv/lib/site/_fast.cpython-311-linux-gnu.so").write_bytes(elf(machine))
+    (root / "opt/sandlot/layers/python/m/_speedups.cpython-311-linux-gnu.so").write_bytes(elf(machine))
+    if node:
+        (root / "usr/local/bin/node").write_bytes(elf(machine))
+    return root
+
+
+def test_an_image_root_of_the_asked_machine_passes_its_links_followed_inside_it(tmp_path):
+    root = image_root(tmp_path, 183, node=True)
+    lines = arches.check_root(str(root), "arm64", "img")
+    assert [line.split(" ", 1)[0] for line in lines] == ["PASS"] * 3, lines
+    assert "img's /opt/sandlot/venv/bin/python is arm64 (ELF machine 183, usr/bin/python3.11)" in lines[0]
+    assert lines[1].startswith("PASS img's /usr/local/bin/node is arm64")
+    assert lines[2].startswith("PASS img's 2 ELF files under /opt/sandlot are arm64 (2 extension modules")
+    # the same root read as x86_64: every check fails (this machine's own /usr/bin/python3.11 is never read)
+    assert all(line.startswith("FAIL") for line in arches.check_root(str(root), "x86_64", "img"))
+
+
+def test_an_image_root_with_a_module_of_another_machine_or_none_fails_and_says_which(tmp_path):
+    root = image_root(tmp_path, 183)
+    stray = root / "opt/sandlot/layers/python/m/_stray.cpython-311-linux-gnu.so"
+    stray.write_bytes(elf(62))
+    *_, line = arches.check_root(str(root), "arm64", "img")
+    assert (
+        line.startswith("FAIL img's 3 ELF files") and "layers/python/m/_stray.cpython-311-linux-gnu.so (x86_64)" in line
+    )
+    for module in root.glob("opt/sandlot/**/*.so"):
+        module.unlink()
+    *_, line = arches.check_root(str(root), "arm64", "img")
+    assert line.startswith("FAIL") and "no extension module" in line
+    (root / "opt/sandlot/venv/bin/python").unlink()
+    (root / "usr/bin/python3.11").unlink()
+    assert arches.check_root(str(root), "arm64", "img")[0].startswith("FAIL img's interpreter is arm64: none of")
