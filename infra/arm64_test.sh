@@ -19,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
-STATE=/var/tmp/sandlot-arm64
+STATE=${SANDLOT_ARM64_STATE:-/var/tmp/sandlot-arm64} # its downloads, images and runs (another for a fresh build)
 ACTION=${1:-run}
 case "$ACTION" in run | --keep | --stop) ;; *)
     echo "usage: infra/arm64_test.sh [--keep|--stop]" >&2
@@ -75,6 +75,7 @@ install_missing() {
     command -v debootstrap >/dev/null || missing+=(debootstrap)
     command -v cpio >/dev/null || missing+=(cpio)
     command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
+    command -v depmod >/dev/null || missing+=(kmod)
     command -v npm >/dev/null || missing+=(npm)
     python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
     if [ ${#missing[@]} -gt 0 ]; then
@@ -167,35 +168,25 @@ build_image() {  # build_image DIR KERNEL: the root filesystem, kernel and initr
     mv "$work/root/usr/local/lib/node_modules/package" "$work/root/usr/local/lib/node_modules/npm"
     ln -s ../lib/node_modules/npm/bin/npm-cli.js "$work/root/usr/local/bin/npm"
     ln -s ../lib/node_modules/npm/bin/npx-cli.js "$work/root/usr/local/bin/npx"
-    # the service's dependencies: manylinux aarch64 wheels for CPython 3.11 (installed offline in the machine)
-    mkdir -p "$work/root/opt/sandlot/wheels"
-    requirements >"$work/root/opt/sandlot/wheels/requirements.txt"
-    tests_venv "$work/root/opt/sandlot/wheels" >/dev/null
+    # the service's dependencies: manylinux aarch64 wheels for CPython 3.11, and pip
+    mkdir -p "$work/wheels"
+    requirements >"$work/wheels/requirements.txt"
+    tests_venv "$work/wheels" >/dev/null
     python3 -m pip download --quiet --disable-pip-version-check --no-cache-dir --only-binary=:all: \
         --platform manylinux2014_aarch64 --platform manylinux_2_17_aarch64 --platform manylinux_2_28_aarch64 \
         --python-version 3.11 --implementation cp --abi cp311 --abi abi3 --abi none \
-        -d "$work/root/opt/sandlot/wheels" -r "$work/root/opt/sandlot/wheels/requirements.txt" \
-        -r "$work/root/opt/sandlot/wheels/tests-requirements.txt" 2>&1 |
+        -d "$work/wheels" -r "$work/wheels/requirements.txt" -r "$work/wheels/tests-requirements.txt" pip 2>&1 |
         grep -v "^WARNING: Location" >&2 || true
-    ls "$work/root/opt/sandlot/wheels"/*.whl >/dev/null
-    cp "$REPO/infra/arm64/build-inside.sh" "$work/root/sbin/sandlot-build"
+    ls "$work/wheels"/*.whl >/dev/null
+    # the rest of the root on this host, no arm64 program run: the other packages unpacked, what their scripts
+    # would do by hand, the venvs (infra/arm64/build-root.sh); the modules' lists by this host's depmod
+    "$REPO/infra/arm64/build-root.sh" "$work/root" "$work/wheels"
+    depmod -b "$work/root" "$version"
     cp "$REPO/infra/arm64/root-init" "$work/root/sbin/sandlot-init"
-    chmod 0755 "$work/root/sbin/sandlot-build" "$work/root/sbin/sandlot-init"
+    chmod 0755 "$work/root/sbin/sandlot-init"
+    log "making the disk image"
     mkfs.ext4 -q -F -L sandlot-arm64 -d "$work/root" "$work/root.img" 6G
-    rm -rf "$work/root"
-    # the first boot: debootstrap's second stage and the venv (the machine powers itself off)
-    log "first boot: debootstrap's second stage and the venv"
-    qemu-system-aarch64 -M virt -cpu cortex-a72 -smp 2 -m 2048 -display none -no-reboot -nic none \
-        -kernel "$work/vmlinuz" -initrd "$work/initrd.img" \
-        -append "console=ttyAMA0 panic=-1 sandlot.init=/sbin/sandlot-build" \
-        -drive "if=none,id=root,file=$work/root.img,format=raw" -device virtio-blk-pci,drive=root \
-        -device virtio-rng-pci -serial "file:$work/build-console.log" -monitor none
-    if ! grep -q SANDLOT-BUILD-OK "$work/build-console.log"; then
-        tail -40 "$work/build-console.log" >&2
-        log "the first boot failed (console: $work/build-console.log)"
-        return 1
-    fi
-    grep "^arm64 build:" "$work/build-console.log" >&2 || true
+    rm -rf "$work/root" "$work/wheels"
     rm -rf "$work/kernel" "$work/busybox" "$initrd" "$work"/*.deb
     rm -rf "$out"
     mv "$work" "$out"
@@ -214,7 +205,7 @@ KEY=$( {
     echo "$SUITE $MIRROR $PACKAGES $KERNEL $MODULES node $NODE_VERSION npm $NPM_VERSION"
     requirements
     tests_venv "$STATE/key"
-    cat infra/arm64/build-inside.sh infra/arm64/root-init infra/arm64/initramfs-init
+    cat infra/arm64/build-root.sh infra/arm64/root-init infra/arm64/initramfs-init
 } | sha256sum | cut -c1-16)
 IMAGE="$STATE/images/$KEY"
 started=$(date +%s)

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Finishes the arm64 machine's root filesystem on this host, with no arm64 program run (infra/arm64_test.sh
+# builds it; under the emulated CPU debootstrap's second stage alone took 32 min here):
+#
+#   infra/arm64/build-root.sh ROOT WHEELS
+#
+# ROOT is what `debootstrap --foreign --arch=arm64` left: its required packages unpacked, the others downloaded.
+# This unpacks the others the same way and does by hand what of their maintainer scripts the machine needs (its
+# init is our own script: no service manager, no login, no apt): the users and groups (base-passwd), the name
+# service's and the shell's defaults (libc-bin, base-files), the alternatives' links (awk, which, pager),
+# the CA bundle (ca-certificates) and Python's bytecode (python3.11's py3compile: this host's python3 compiles
+# it when it is a 3.11 too, else the machine compiles at first use). Then the service's venv (/opt/sandlot/venv)
+# and the one tests/unprivileged.py looks for (/var/cache/sandlot-tests/venv-KEY), filled from WHEELS (manylinux
+# aarch64 wheels for CPython 3.11, with their requirements.txt, tests-requirements.txt and tests-venv) by this
+# host's pip, for the machine's platform. The modules' dependency lists are made by this host's depmod
+# (infra/arm64_test.sh), ld.so's cache by the machine's ldconfig at each boot (infra/arm64/root-init).
+set -euo pipefail
+ROOT=${1:?usage: build-root.sh ROOT WHEELS}
+WHEELS=${2:?usage: build-root.sh ROOT WHEELS}
+log() { echo "arm64 build: $*" >&2; }
+
+# the packages debootstrap's first stage downloaded but did not unpack (its `base` list), unpacked as it unpacks
+# (a directory of the package over one of merged-/usr's links keeps the link, as dpkg does)
+log "unpacking $(wc -w <"$ROOT/debootstrap/base") packages"
+for package in $(cat "$ROOT/debootstrap/base"); do
+    deb=$(awk -v p="$package" '$1 == p { print $2 }' "$ROOT/debootstrap/debpaths")
+    [ -n "$deb" ] || { log "no download of $package"; exit 1; }
+    dpkg-deb --fsys-tarfile "$ROOT$deb" | tar -C "$ROOT" --keep-directory-symlink -xf -
+done
+for link in bin sbin lib; do
+    [ -L "$ROOT/$link" ] || { log "/$link is no longer merged-/usr's link"; exit 1; }
+done
+
+# base-passwd: the users and groups (root, nobody, nogroup, ...); passwd's shadow files, locked
+cp "$ROOT/usr/share/base-passwd/passwd.master" "$ROOT/etc/passwd"
+cp "$ROOT/usr/share/base-passwd/group.master" "$ROOT/etc/group"
+cut -d: -f1 "$ROOT/etc/passwd" | sed 's/$/:*:19000:0:99999:7:::/' >"$ROOT/etc/shadow"
+cut -d: -f1 "$ROOT/etc/group" | sed 's/$/:*::/' >"$ROOT/etc/gshadow"
+shadow_gid=$(awk -F: '$1 == "shadow" { print $3 }' "$ROOT/etc/group")
+chown "0:$shadow_gid" "$ROOT/etc/shadow" "$ROOT/etc/gshadow"
+chmod 0640 "$ROOT/etc/shadow" "$ROOT/etc/gshadow"
+chmod 0644 "$ROOT/etc/passwd" "$ROOT/etc/group"
+# libc-bin and base-files: the defaults their scripts copy into /etc
+cp "$ROOT/usr/share/libc-bin/nsswitch.conf" "$ROOT/etc/nsswitch.conf"
+cp "$ROOT/usr/share/base-files/profile" "$ROOT/etc/profile"
+cp "$ROOT/usr/share/base-files/dot.profile" "$ROOT/root/.profile"
+cp "$ROOT/usr/share/base-files/dot.bashrc" "$ROOT/root/.bashrc"
+printf '/bin/sh\n/usr/bin/sh\n/bin/bash\n/usr/bin/bash\n/bin/dash\n/usr/bin/dash\n' >"$ROOT/etc/shells"
+mkdir -p "$ROOT/usr/local/bin" "$ROOT/usr/local/lib/python3.11/dist-packages" "$ROOT/usr/local/sbin"
+echo sandlot-arm64 >"$ROOT/etc/hostname"
+# update-alternatives' links (the packages' postinst: mawk, debianutils, util-linux)
+alternative() {  # alternative LINK TARGET
+    [ -e "$ROOT$2" ] || { log "no $2 for $1"; exit 1; }
+    mkdir -p "$ROOT/etc/alternatives"
+    ln -sfn "$2" "$ROOT/etc/alternatives/$(basename "$1")"
+    ln -sfn "/etc/alternatives/$(basename "$1")" "$ROOT$1"
+}
+alternative /usr/bin/awk /usr/bin/mawk
+alternative /usr/bin/which /usr/bin/which.debianutils
+alternative /usr/bin/pager /usr/bin/more
+# ca-certificates: the bundle update-ca-certificates makes of Mozilla's authorities
+(cd "$ROOT/usr/share/ca-certificates" && find mozilla -name '*.crt' | sort) >"$ROOT/etc/ca-certificates.conf"
+mkdir -p "$ROOT/etc/ssl/certs"
+while read -r cert; do cat "$ROOT/usr/share/ca-certificates/$cert"; done <"$ROOT/etc/ca-certificates.conf" \
+    >"$ROOT/etc/ssl/certs/ca-certificates.crt"
+
+HOST_PYTHON=$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+[ "$HOST_PYTHON" = 3.11 ] || log "this host's python3 is $HOST_PYTHON, not 3.11: the machine compiles its bytecode at first use"
+# python3.11's py3compile: the standard library's bytecode (the same magic number for every 3.11)
+if [ "$HOST_PYTHON" = 3.11 ]; then
+    log "compiling the standard library's bytecode"
+    python3 -m compileall -q -j 0 -s "$ROOT" -p / "$ROOT/usr/lib/python3.11" "$ROOT/usr/lib/python3/dist-packages" \
+        >/dev/null || true # a few test files are not valid Python on purpose (py3compile skips them too)
+fi
+
+# venv DIR REQUIREMENTS...: the venv `/usr/bin/python3.11 -m venv DIR` makes in the machine, made here, its
+# packages installed by this host's pip for the machine's platform, offline from WHEELS
+venv() {
+    local dir=$1 path="$ROOT$1" site script
+    shift
+    site=$path/lib/python3.11/site-packages
+    mkdir -p "$path/bin" "$site"
+    ln -s lib "$path/lib64"
+    ln -s /usr/bin/python3.11 "$path/bin/python3.11"
+    ln -s python3.11 "$path/bin/python3"
+    ln -s python3.11 "$path/bin/python"
+    printf 'home = /usr/bin\ninclude-system-site-packages = false\nversion = 3.11\nexecutable = /usr/bin/python3.11\ncommand = /usr/bin/python3.11 -m venv %s\n' \
+        "$dir" >"$path/pyvenv.cfg"
+    local requirements=()
+    for file in "$@"; do requirements+=(-r "$file"); done
+    python3 -m pip install --quiet --disable-pip-version-check --no-warn-conflicts --root-user-action=ignore --no-cache-dir --no-index --find-links "$WHEELS" \
+        --only-binary=:all: --platform manylinux2014_aarch64 --platform manylinux_2_17_aarch64 \
+        --platform manylinux_2_28_aarch64 --python-version 3.11 --implementation cp --abi cp311 --abi abi3 \
+        --abi none --target "$site" "${requirements[@]}" pip 2>&1 | grep -v "^WARNING: Target directory" >&2 || true
+    [ -d "$site/pip" ] || { log "pip install into $dir failed"; exit 1; }
+    # the console scripts pip put beside the packages, with this host's interpreter: the venv's instead
+    if [ -d "$site/bin" ]; then
+        for script in "$site/bin"/*; do
+            [ -f "$script" ] || continue
+            sed "1s|^#!.*python.*$|#!$dir/bin/python|" "$script" >"$path/bin/$(basename "$script")"
+            chmod 0755 "$path/bin/$(basename "$script")"
+        done
+        rm -rf "$site/bin"
+    fi
+}
+log "the service's venv"
+venv /opt/sandlot/venv "$WHEELS/requirements.txt"
+chmod -R a+rX,go-w "$ROOT/opt/sandlot"
+log "the tests' venv"
+tests=/var/cache/sandlot-tests/$(cat "$WHEELS/tests-venv")
+mkdir -p "$ROOT/var/cache/sandlot-tests"
+chmod 0755 "$ROOT/var/cache/sandlot-tests"
+venv "$tests" "$WHEELS/tests-requirements.txt"
+touch "$ROOT$tests/.complete"
+chmod -R a+rX,go-w "$ROOT$tests"
+mkdir -p -m 0700 "$ROOT/var/cache/sandlot"
+
+# what the first stage left for the second, and apt's downloads
+rm -rf "$ROOT/debootstrap" "$ROOT/var/cache/apt/archives"/*.deb
+log "done"
