@@ -38,7 +38,7 @@ PACKAGES=python3,python3-venv,libseccomp2,nftables,ca-certificates,strace,kmod,i
 # the initramfs loads these (the cloud kernel has them as modules; ext4 is built in)
 MODULES="virtio_pci virtio_blk virtio_net virtio_console virtio-rng" # and what they depend on
 ARCH_APT=(-o Dir::State::Lists="$STATE/apt/lists" -o Dir::Cache="$STATE/apt/cache" -o APT::Architecture=arm64
-    -o APT::Architectures::=arm64 -o Dir::State::Status=/dev/null -o Debug::NoLocking=1)
+    -o APT::Architectures::=arm64 -o Dir::State::Status=/dev/null -o Debug::NoLocking=1 -o APT::Sandbox::User=root)
 
 log() { echo "arm64: $*" >&2; }
 

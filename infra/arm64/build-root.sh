@@ -31,6 +31,11 @@ for link in bin sbin lib; do
     [ -L "$ROOT/$link" ] || { log "/$link is no longer merged-/usr's link"; exit 1; }
 done
 
+# the first stage, in a container (as this host is), links /proc to the host's: the machine mounts its own there;
+# base-files' mount points
+[ -L "$ROOT/proc" ] && rm "$ROOT/proc"
+mkdir -p "$ROOT/proc" "$ROOT/sys" "$ROOT/dev" "$ROOT/run" "$ROOT/mnt" "$ROOT/srv" "$ROOT/media"
+
 # base-passwd: the users and groups (root, nobody, nogroup, ...); passwd's shadow files, locked
 cp "$ROOT/usr/share/base-passwd/passwd.master" "$ROOT/etc/passwd"
 cp "$ROOT/usr/share/base-passwd/group.master" "$ROOT/etc/group"
@@ -48,6 +53,9 @@ cp "$ROOT/usr/share/base-files/dot.bashrc" "$ROOT/root/.bashrc"
 printf '/bin/sh\n/usr/bin/sh\n/bin/bash\n/usr/bin/bash\n/bin/dash\n/usr/bin/dash\n' >"$ROOT/etc/shells"
 mkdir -p "$ROOT/usr/local/bin" "$ROOT/usr/local/lib/python3.11/dist-packages" "$ROOT/usr/local/sbin"
 echo sandlot-arm64 >"$ROOT/etc/hostname"
+# tzdata: UTC
+ln -sfn /usr/share/zoneinfo/Etc/UTC "$ROOT/etc/localtime"
+echo Etc/UTC >"$ROOT/etc/timezone"
 # update-alternatives' links (the packages' postinst: mawk, debianutils, util-linux)
 alternative() {  # alternative LINK TARGET
     [ -e "$ROOT$2" ] || { log "no $2 for $1"; exit 1; }
