@@ -52,7 +52,7 @@ stop_machine() {  # stop_machine RUN_DIR: power it off through its agent, else e
     local dir=$1 pid
     if qemu_alive "$dir"; then
         pid=$(cat "$dir/qemu.pid")
-        python3 "$REPO/infra/arm64/vm.py" exec "$dir/ctl.sock" poweroff >/dev/null 2>&1 || true
+        timeout 30 python3 "$REPO/infra/arm64/vm.py" exec "$dir/ctl.sock" poweroff >/dev/null 2>&1 || true
         for _ in $(seq 50); do qemu_alive "$dir" || break; sleep 0.2; done
         if qemu_alive "$dir"; then kill "$pid" 2>/dev/null || true; fi
         for _ in $(seq 50); do qemu_alive "$dir" || break; sleep 0.2; done
@@ -168,14 +168,14 @@ build_image() {  # build_image DIR KERNEL: the root filesystem, kernel and initr
     mv "$work/root/usr/local/lib/node_modules/package" "$work/root/usr/local/lib/node_modules/npm"
     ln -s ../lib/node_modules/npm/bin/npm-cli.js "$work/root/usr/local/bin/npm"
     ln -s ../lib/node_modules/npm/bin/npx-cli.js "$work/root/usr/local/bin/npx"
-    # the service's dependencies: manylinux aarch64 wheels for CPython 3.11, and pip
+    # the service's dependencies: manylinux aarch64 wheels for CPython 3.11
     mkdir -p "$work/wheels"
     requirements >"$work/wheels/requirements.txt"
     tests_venv "$work/wheels" >/dev/null
     python3 -m pip download --quiet --disable-pip-version-check --no-cache-dir --only-binary=:all: \
         --platform manylinux2014_aarch64 --platform manylinux_2_17_aarch64 --platform manylinux_2_28_aarch64 \
         --python-version 3.11 --implementation cp --abi cp311 --abi abi3 --abi none \
-        -d "$work/wheels" -r "$work/wheels/requirements.txt" -r "$work/wheels/tests-requirements.txt" pip 2>&1 |
+        -d "$work/wheels" -r "$work/wheels/requirements.txt" -r "$work/wheels/tests-requirements.txt" 2>&1 |
         grep -v "^WARNING: Location" >&2 || true
     ls "$work/wheels"/*.whl >/dev/null
     # the rest of the root on this host, no arm64 program run: the other packages unpacked, what their scripts

@@ -81,6 +81,7 @@ if [ "$HOST_PYTHON" = 3.11 ]; then
         >/dev/null || true # a few test files are not valid Python on purpose (py3compile skips them too)
 fi
 
+DEBIAN_PIP=$(basename "$(ls "$ROOT"/usr/share/python-wheels/pip-*.whl)" | cut -d- -f2)
 # venv DIR REQUIREMENTS...: the venv `/usr/bin/python3.11 -m venv DIR` makes in the machine, made here, its
 # packages installed by this host's pip for the machine's platform, offline from WHEELS
 venv() {
@@ -96,10 +97,12 @@ venv() {
         "$dir" >"$path/pyvenv.cfg"
     local requirements=()
     for file in "$@"; do requirements+=(-r "$file"); done
-    python3 -m pip install --quiet --disable-pip-version-check --no-warn-conflicts --root-user-action=ignore --no-cache-dir --no-index --find-links "$WHEELS" \
+    # pip: the one the machine's ensurepip would put there (Debian's python3-pip-whl), as `python3 -m venv` does
+    python3 -m pip install --quiet --disable-pip-version-check --no-warn-conflicts --root-user-action=ignore \
+        --no-cache-dir --no-index --find-links "$WHEELS" --find-links "$ROOT/usr/share/python-wheels" \
         --only-binary=:all: --platform manylinux2014_aarch64 --platform manylinux_2_17_aarch64 \
         --platform manylinux_2_28_aarch64 --python-version 3.11 --implementation cp --abi cp311 --abi abi3 \
-        --abi none --target "$site" "${requirements[@]}" pip 2>&1 | grep -v "^WARNING: Target directory" >&2 || true
+        --abi none --target "$site" "${requirements[@]}" "pip==$DEBIAN_PIP" 2>&1 | grep -v "^WARNING: Target directory" >&2 || true
     [ -d "$site/pip" ] || { log "pip install into $dir failed"; exit 1; }
     # the console scripts pip put beside the packages, with this host's interpreter: the venv's instead
     if [ -d "$site/bin" ]; then
