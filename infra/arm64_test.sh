@@ -185,7 +185,7 @@ build_image() {  # build_image DIR KERNEL: the root filesystem, kernel and initr
     cp "$REPO/infra/arm64/root-init" "$work/root/sbin/sandlot-init"
     chmod 0755 "$work/root/sbin/sandlot-init"
     log "making the disk image"
-    mkfs.ext4 -q -F -L sandlot-arm64 -d "$work/root" "$work/root.img" 6G
+    mkfs.ext4 -q -F -L sandlot-arm64 -d "$work/root" "$work/root.img" 6G >/dev/null
     rm -rf "$work/root" "$work/wheels"
     rm -rf "$work/kernel" "$work/busybox" "$initrd" "$work"/*.deb
     rm -rf "$out"
@@ -206,6 +206,7 @@ KEY=$( {
     requirements
     tests_venv "$STATE/key"
     cat infra/arm64/build-root.sh infra/arm64/root-init infra/arm64/initramfs-init
+    cat layers/store.py layers/python/requirements.txt layers/nodejs/package*.json # the baked layers and their keys
 } | sha256sum | cut -c1-16)
 IMAGE="$STATE/images/$KEY"
 started=$(date +%s)

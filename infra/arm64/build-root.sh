@@ -15,8 +15,9 @@
 # host's pip, for the machine's platform. The modules' dependency lists are made by this host's depmod
 # (infra/arm64_test.sh), ld.so's cache by the machine's ldconfig at each boot (infra/arm64/root-init).
 set -euo pipefail
-ROOT=${1:?usage: build-root.sh ROOT WHEELS}
-WHEELS=${2:?usage: build-root.sh ROOT WHEELS}
+ROOT=$(cd "${1:?usage: build-root.sh ROOT WHEELS}" && pwd)
+WHEELS=$(cd "${2:?usage: build-root.sh ROOT WHEELS}" && pwd)
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
 log() { echo "arm64 build: $*" >&2; }
 
 # the packages debootstrap's first stage downloaded but did not unpack (its `base` list), unpacked as it unpacks
@@ -125,6 +126,40 @@ venv "$tests" "$WHEELS/tests-requirements.txt"
 touch "$ROOT$tests/.complete"
 chmod -R a+rX,go-w "$ROOT$tests"
 mkdir -p -m 0700 "$ROOT/var/cache/sandlot"
+
+# The default dependency layers (layers/python, layers/nodejs), made here for aarch64, in the read-only store the
+# service image carries its own in (layers/store.py: IMAGE_LAYERS; the Dockerfile builds them at image build):
+# the machine's three services use them as they are instead of each building them under emulation (6 builds
+# at once, minutes). Each under the key the service computes (layers/store.py's own, with the machine's
+# interpreter and node as the salts); a layer whose key is not the current one is never used, the service
+# builds its own as always.
+layer_key() {  # layer_key SALT SOURCE...
+    (cd "$REPO" && python3 -c 'import sys; from pathlib import Path; from layers.store import LayerStore
+print(LayerStore(Path("/"), sources=lambda: [Path(p) for p in sys.argv[2:]], build=None, salt=sys.argv[1]).key())' "$@")
+}
+log "the default dependency layers"
+store=$ROOT/opt/sandlot/image-layers
+layer=$store/python/$(layer_key /usr/bin/python3.11 layers/python/requirements.txt)-1
+python3 -m pip install --quiet --disable-pip-version-check --no-warn-conflicts --root-user-action=ignore \
+    --no-cache-dir --no-compile --only-binary=:all: --platform manylinux2014_aarch64 \
+    --platform manylinux_2_17_aarch64 --platform manylinux_2_28_aarch64 --python-version 3.11 --implementation cp \
+    --abi cp311 --abi abi3 --abi none --target "$layer" -r "$REPO/layers/python/requirements.txt" 2>&1 |
+    grep -v "^WARNING: Location" >&2 || true
+[ -n "$(ls "$layer")" ] || { log "the Python layer's pip install failed"; exit 1; }
+rm -rf "$layer/bin"
+python3 -m compileall -q -j 0 --invalidation-mode unchecked-hash "$layer" >/dev/null
+sources=(layers/nodejs/package.json)
+[ -f "$REPO/layers/nodejs/package-lock.json" ] && sources+=(layers/nodejs/package-lock.json)
+layer=$store/nodejs/$(layer_key /usr/local/bin/node "${sources[@]}")-1
+mkdir -p "$layer"
+for source in "${sources[@]}"; do cp "$REPO/$source" "$layer/"; done
+verb=install
+[ -f "$layer/package-lock.json" ] && verb=ci
+(cd "$layer" && HOME=$layer npm "$verb" --omit=dev --ignore-scripts --no-audit --no-fund --no-update-notifier \
+    --os=linux --cpu=arm64 --silent)
+mkdir -p "$layer/node_modules"
+rm -rf "$layer/.npm"
+chmod -R a+rX,go-w "$store"
 
 # what the first stage left for the second, and apt's downloads
 rm -rf "$ROOT/debootstrap" "$ROOT/var/cache/apt/archives"/*.deb
