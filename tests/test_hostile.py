@@ -282,13 +282,14 @@ def test_service_survives_a_burst_of_hostile_runs(service):
 
 def test_ipc_objects_cannot_be_made(service):
     # a uid goes back to the pool once its process is gone: nothing may outlive it (SysV IPC, mqueues)
-    # (240: mq_open on x86_64)
+    # (mq_open: 240 on x86_64, 180 on aarch64, where 240 is rt_tgsigqueueinfo)
     code = (
-        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "import ctypes, os, platform\nlibc = ctypes.CDLL(None, use_errno=True)\n"
         "print('shmget', libc.shmget(0, 4096, 0o1600), ctypes.get_errno())\n"
         "print('semget', libc.semget(0, 1, 0o1600), ctypes.get_errno())\n"
         "print('msgget', libc.msgget(0, 0o1600), ctypes.get_errno())\n"
-        "print('mq_open', libc.syscall(240, b'/q', 0o100 | 2, 0o600, None), ctypes.get_errno())\n"
+        "mq_open = {'x86_64': 240, 'aarch64': 180}[platform.machine()]\n"
+        "print('mq_open', libc.syscall(mq_open, b'/q', 0o100 | 2, 0o600, None), ctypes.get_errno())\n"
     )
     assert run(service, code)["stdout"] == "shmget -1 1\nsemget -1 1\nmsgget -1 1\nmq_open -1 1\n"
 
@@ -349,17 +350,19 @@ def test_no_socket_but_plain_tcp_udp_and_unix_pairs(service):
 # the install's where there is no tree). In the landlock jail these are the service's uid's, which every run
 # shares: one run's fchmod(fd, 0) made `import requests` fail for every later tenant (issue 41).
 METADATA_ATTEMPTS = (
-    "import ctypes, json, os, requests\n"
+    "import ctypes, json, os, platform, requests\n"
     "libc = ctypes.CDLL(None, use_errno=True)\n"
+    # utimensat is 280 on x86_64, 88 on aarch64 (where 280 is bpf); fchmodat2 is 452 on both
+    "UTIMENSAT = {{'x86_64': 280, 'aarch64': 88}}[platform.machine()]\n"
     "wrappers = ['/opt/sandlot/wrapper.js', {wrapper!r}]\n"
     "targets = [requests.__file__, os.path.dirname(requests.__file__)]\n"
     "targets += [w for w in wrappers if os.path.exists(w)][:1]\n"
     "def fchown(fd): os.fchown(fd, os.getuid(), os.getgid())\n"
     "def futimens(fd): os.utime(fd, (1, 1))\n"
     "def utimensat_fd(fd):\n"  # utimensat(fd, NULL, times, 0): what futimens is
-    "    if libc.syscall(280, fd, None, None, 0): raise OSError(ctypes.get_errno(), 'utimensat')\n"
+    "    if libc.syscall(UTIMENSAT, fd, None, None, 0): raise OSError(ctypes.get_errno(), 'utimensat')\n"
     "def utimensat_empty(fd):\n"  # utimensat(fd, '', NULL, AT_EMPTY_PATH)
-    "    if libc.syscall(280, fd, b'', None, 0x1000): raise OSError(ctypes.get_errno(), 'utimensat')\n"
+    "    if libc.syscall(UTIMENSAT, fd, b'', None, 0x1000): raise OSError(ctypes.get_errno(), 'utimensat')\n"
     "def fchmodat_empty(fd):\n"  # fchmodat2(fd, '', 0, AT_EMPTY_PATH)
     "    if libc.syscall(452, fd, b'', 0, 0x1000): raise OSError(ctypes.get_errno(), 'fchmodat2')\n"
     "def fsetxattr(fd): os.setxattr(fd, 'user.sandlot', b'x')\n"
