@@ -102,7 +102,9 @@ class Service:
                 raise
         return self
 
-    def wait_healthy(self, timeout: float = 180) -> None:
+    def wait_healthy(self, timeout: float = 0) -> None:
+        # SANDLOT_TEST_HEALTHY_TIMEOUT: longer where a start takes minutes (the emulated arm64 machine)
+        timeout = timeout or float(os.environ.get("SANDLOT_TEST_HEALTHY_TIMEOUT", 180))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
