@@ -138,8 +138,9 @@ def pytest_in_machine(agent: Agent, mode: str, env: str, selection: str, timeout
     its reason in the name), from pytest's JUnit XML."""
     xml = f"/tmp/pytest-{mode}.xml"
     rc, out = agent.run(
-        f"cd /opt/sandlot/src && rm -f {xml} && {SLOW} {env} /opt/sandlot/venv/bin/python -m pytest -q -p no:cacheprovider "
-        f"-o addopts= -o junit_family=xunit1 --junitxml={xml} {selection} >/tmp/pytest-{mode}.log 2>&1; "
+        f"cd /opt/sandlot/src && rm -f {xml} && {SLOW} {env} /opt/sandlot/venv/bin/python -m pytest -q "
+        f"-p no:cacheprovider -o addopts= -o junit_family=xunit1 --junitxml={xml} {selection} "
+        f">/tmp/pytest-{mode}.log 2>&1; "
         f"echo rc=$?; tail -5 /tmp/pytest-{mode}.log",
         timeout=timeout,
     )
