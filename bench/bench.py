@@ -423,7 +423,9 @@ def main() -> None:
     parser.add_argument("--base", help="a commit to measure beside this tree (e.g. 5d5d6ef)")
     parser.add_argument("--blocks", type=int, default=6, help="alternating blocks per service")
     parser.add_argument("--requests", type=int, default=100, help="python runs per row and block (node: half)")
-    parser.add_argument("--starts", type=int, default=3, help="fresh starts per service for the start rows")
+    parser.add_argument(
+        "--starts", type=int, default=3, help="fresh starts per service for the start rows (0: no start rows)"
+    )
     parser.add_argument("--unprivileged", action="store_true", help="the services as nobody (no root)")
     parser.add_argument("--jail", default="", help="SANDLOT_JAIL for the services (e.g. chroot, next to full)")
     parser.add_argument(
@@ -511,6 +513,8 @@ def report(
     print(f"{'row':44}" + "".join(f"{label:>{width}}" for label in labels) + heads)
 
     def line(name: str, values: list[float], unit: str, lower_is_better: bool = True) -> None:
+        if all(v != v for v in values):
+            return  # not measured in this run (--starts 0)
         cells = "".join(f"{v:>{width - 3}.2f} {unit:2}" for v in values)
         columns = ""
         for numerator, denominator, head in ratios:
@@ -519,10 +523,10 @@ def report(
         print(f"{name:44}{cells}{columns}")
 
     def med(row: str) -> list[float]:
-        return [statistics.median(s.samples[row]) for s in subjects]
+        return [statistics.median(s.samples[row]) if s.samples.get(row) else float("nan") for s in subjects]
 
     def pct(row: str, q: float) -> list[float]:
-        return [percentile(s.samples[row], q) for s in subjects]
+        return [percentile(s.samples[row], q) if s.samples.get(row) else float("nan") for s in subjects]
 
     p50 = pct("python hello, 1 client", 0.5)
     line("python hello, 1 client, p50", [v * ms for v in p50], "ms")
@@ -555,7 +559,8 @@ def report(
     for mark in START_MARKS:  # the service's own log of its start (older releases log none)
         line(f"  start: {mark}, after exec", med(f"start mark: {mark}"), "s")
     line("  load during the starts", med("start: load"), "")
-    line("start: refusals while starting (target 0)", [max(s.samples["start: refusals"]) for s in subjects], "")
+    refusals = [max(s.samples.get("start: refusals") or [float("nan")]) for s in subjects]
+    line("start: refusals while starting (target 0)", refusals, "")
     line("first 20 python runs after start, p50", [v * ms for v in med("first 20 python runs after start")], "ms")
     print("\nidle service tree (PSS MiB, process):")
     for subject in subjects:

@@ -2,6 +2,8 @@
 
   vm.py exec CTL_SOCKET COMMAND...   run a shell command in the machine through its agent (infra/arm64/agent.py)
   vm.py cases --console LOG --ctl CTL_SOCKET --key KEY --mode NAME=URL ... --report FILE
+  vm.py bench CTL_SOCKET [BENCH_ARGS...]   bench/bench.py in the machine (a kept one: infra/arm64_test.sh --keep),
+                                           on the `full` service's data dir; its table on stdout
 
 `cases` waits for the machine's services, then per jail mode: the shared run cases (tests/cases/run_cases.json,
 Dify's Python and Node.js wrappers among them) through the forwarded port, checked as tests/test_cases.py checks
@@ -234,12 +236,31 @@ def cases(args) -> int:
     return 0 if passed == len(results) else 1
 
 
+# bench/bench.py's rows in the machine: fewer blocks and requests than on a real machine (emulation is some fifty
+# times slower), read as ratios to the bare interpreter spawns the same run measures there; no start rows (a start
+# there is minutes of importing the layer from source, and its 5 ms polling would take the emulated CPUs from it)
+BENCH_ARGS = "--blocks 2 --requests 40 --starts 0"
+
+
+def bench(ctl: str, words: list[str]) -> int:
+    command = (
+        f"cd /opt/sandlot/src && {SLOW} SANDLOT_DATA_DIR=/var/lib/sandlot-full /opt/sandlot/venv/bin/python "
+        f"bench/bench.py {' '.join(words) or BENCH_ARGS} 2>&1; echo; uptime"
+    )
+    rc, out = Agent(ctl).run(command, timeout=3600)
+    sys.stdout.write(out)
+    return rc
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
     do = sub.add_parser("exec")
     do.add_argument("ctl")
     do.add_argument("words", nargs="+")
+    measure = sub.add_parser("bench")
+    measure.add_argument("ctl")
+    measure.add_argument("words", nargs=argparse.REMAINDER)
     run = sub.add_parser("cases")
     run.add_argument("--console", required=True)
     run.add_argument("--ctl", required=True)
@@ -257,6 +278,8 @@ def main() -> int:
         rc, out = Agent(args.ctl).run(" ".join(args.words))
         sys.stdout.write(out)
         return rc
+    if args.command == "bench":
+        return bench(args.ctl, args.words)
     return cases(args)
 
 
