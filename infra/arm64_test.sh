@@ -19,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
-STATE=${SANDLOT_ARM64_STATE:-/var/tmp/sandlot-arm64} # its cache and runs (another place: a run of its own)
+STATE=${SANDLOT_ARM64_STATE:-/var/tmp/sandlot-arm64} # its downloads, images and runs (another for a fresh build)
 ACTION=${1:-run}
 case "$ACTION" in run | --keep | --stop) ;; *)
     echo "usage: infra/arm64_test.sh [--keep|--stop]" >&2
