@@ -553,6 +553,8 @@ def report(
     print(f"{'row':44}" + "".join(f"{label:>{width}}" for label in labels) + heads)
 
     def line(name: str, values: list[float], unit: str, lower_is_better: bool = True) -> None:
+        if all(v != v for v in values):
+            return  # not measured in this run (--starts 0)
         cells = "".join(f"{v:>{width - 3}.2f} {unit:2}" for v in values)
         columns = ""
         for numerator, denominator, head in ratios:
@@ -564,7 +566,7 @@ def report(
         return [statistics.median(s.samples[row]) if s.samples.get(row) else float("nan") for s in subjects]
 
     def pct(row: str, q: float) -> list[float]:
-        return [percentile(s.samples[row], q) for s in subjects]
+        return [percentile(s.samples[row], q) if s.samples.get(row) else float("nan") for s in subjects]
 
     p50 = pct("python hello, 1 client", 0.5)
     line("python hello, 1 client, p50", [v * ms for v in p50], "ms")

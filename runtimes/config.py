@@ -66,6 +66,7 @@ class RuntimeConfig:
     uid_count: int = 1024
     zygote_max_forks: int = 2000
     zygote_max_age: float = 300.0  # seconds; 0: replaced by forks only
+    zygote_start_timeout: float = 60.0  # seconds a zygote may take to be ready
     run_env: dict[str, str] = field(default_factory=dict)  # proxies handed to user code
     egress_allow: tuple[str, ...] = ()  # networks runs may reach although private
     pasta: str = "pasta"  # userns without root: the runs' way out (runtimes/linux/pasta.py); "": none
@@ -134,6 +135,7 @@ def runtime_config_of(
         uid_base=settings.SANDLOT_UID_BASE,
         zygote_max_forks=settings.SANDLOT_ZYGOTE_MAX_FORKS,
         zygote_max_age=settings.SANDLOT_ZYGOTE_MAX_AGE,
+        zygote_start_timeout=settings.SANDLOT_ZYGOTE_START_TIMEOUT,
         run_env=proxy_environment(settings),
         egress_allow=tuple(str(network) for network in settings.SANDLOT_EGRESS_ALLOW),
         pasta=settings.SANDLOT_PASTA,

@@ -100,6 +100,12 @@ class RuntimeSettings(BaseSettings):
     SANDLOT_ZYGOTE_MAX_AGE: float = Field(
         300, ge=0, description="seconds before the zygote is replaced (fresh hash secret, addresses); 0: by forks only"
     )
+    SANDLOT_ZYGOTE_START_TIMEOUT: float = Field(
+        60,
+        gt=0,
+        description="seconds a zygote may take to start before it is given up and tried again (the preloaded Python "
+        "zygote imports the whole layer: raise it on a slow or emulated machine)",
+    )
     SANDLOT_EGRESS_ALLOW: Annotated[list[IPvAnyNetwork], NoDecode] = Field(
         [],
         description="comma-separated CIDRs runs with network may reach although refused by default (the host's "

@@ -386,3 +386,27 @@ def test_no_lock_file_is_left_in_run_sandlot_after_stop():
     finally:
         svc.stop()
     assert [f for f in files if os.path.exists(f)] == []
+
+
+def test_a_zygote_slower_than_its_start_timeout_is_given_up_saying_so(monkeypatch):
+    """SANDLOT_ZYGOTE_START_TIMEOUT: how long a zygote may take to be ready (the preloaded Python zygote imports
+    the whole layer from source, minutes on an emulated arm64 machine); past it the runtime says why it is not
+    ready, naming the setting."""
+    monkeypatch.setenv("SANDLOT_ZYGOTE_START_TIMEOUT", "0")
+    with pytest.raises(SettingsError, match="SANDLOT_ZYGOTE_START_TIMEOUT"):
+        load_settings()
+    monkeypatch.setenv("SANDLOT_ZYGOTE_START_TIMEOUT", "240")
+    assert load_settings().runtime_config().zygote_start_timeout == 240
+    svc = Service(SANDLOT_ZYGOTE_START_TIMEOUT="0.01", NODEJS_PATH="/nonexistent/node").start(wait=False)
+
+    def given_up() -> bool:
+        try:
+            error = svc.detail()["runtimes"]["python3"].get("error") or ""
+        except Exception:  # not listening yet
+            return False
+        return "not ready in 0.01 s (SANDLOT_ZYGOTE_START_TIMEOUT)" in error
+
+    try:
+        assert wait_for(given_up, 60), svc.output()[-2000:]
+    finally:
+        svc.stop()

@@ -40,7 +40,9 @@ def main(path: str) -> None:
             except subprocess.TimeoutExpired as e:
                 answer = {"rc": 124, "out": (e.stdout or b"").decode(errors="replace") + "\n(timed out)"}
             answer["id"] = request.get("id")
-            os.write(port, json.dumps(answer).encode() + b"\n")
+            data = json.dumps(answer).encode() + b"\n"
+            while data:  # a port takes a large answer in parts (a whole JUnit XML was cut, and its asker waited)
+                data = data[os.write(port, data) :]
 
 
 if __name__ == "__main__":

@@ -64,6 +64,7 @@ FIELDS: dict[str, tuple[object, object, dict[str, float]]] = {
     "SANDLOT_UID_BASE": ("int", 1_500_000_000, {"ge": 65536, "le": 4_000_000_000}),
     "SANDLOT_ZYGOTE_MAX_FORKS": ("int", 2000, {"ge": 10}),
     "SANDLOT_ZYGOTE_MAX_AGE": ("float", 300, {"ge": 0}),
+    "SANDLOT_ZYGOTE_START_TIMEOUT": ("float", 60, {"gt": 0}),
     "SANDLOT_EGRESS_ALLOW": ("model", [], {}),  # networks: the model's parsing when any is set
     "SANDLOT_UNFILTERED_EGRESS": (("no-network", "allow", "refuse"), "no-network", {}),
     "SANDLOT_PROXY_EGRESS": (("auto", "on", "off"), "auto", {}),

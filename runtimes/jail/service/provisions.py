@@ -309,7 +309,9 @@ class Provisions:
             # the cells of the next runs' uids (as many as are kept ready, and one), made while the zygote starts:
             # its first children need them, and would otherwise make them one by one (tree_store.make_run_tmp)
             pool.background(asyncio.to_thread(self.make_cells, root, self.upcoming_uids()))
-        zygote = ZygoteHandle(python, config, self.environment(), network=self.network)
+        zygote = ZygoteHandle(
+            python, config, self.environment(), network=self.network, start_timeout=self.config.zygote_start_timeout
+        )
         zygote.tag = layer
         zygote.tree_root = root
         try:

@@ -51,13 +51,21 @@ class Child:
 class ZygoteHandle:
     """The service's handle on one zygote process (the process itself runs zygote/loop.py's `Zygote`)."""
 
-    def __init__(self, python: str, config: ZygoteConfig, env: dict[str, str], network: NamespaceNetwork | None = None):
+    def __init__(
+        self,
+        python: str,
+        config: ZygoteConfig,
+        env: dict[str, str],
+        network: NamespaceNetwork | None = None,
+        start_timeout: float = 60.0,
+    ):
         self.on_exit: list = []  # called once if the zygote dies on its own
         self.tag = ""  # what the owner wants to know it by (the layer it was started on)
         self.tree_root = ""  # the chroot mode: the materialized tree it chrooted into (its runs' /tmp is there)
         self._python = python
         self._config = config
         self._env = env
+        self._start_timeout = start_timeout  # SANDLOT_ZYGOTE_START_TIMEOUT
         self._process: subprocess.Popen | None = None
         self._control: socket.socket | None = None
         self._ready: asyncio.Future | None = None
@@ -92,10 +100,15 @@ class ZygoteHandle:
         self.alive = True
         loop.add_reader(ours.fileno(), self._on_message)
         try:
-            self.report = await asyncio.wait_for(self._ready, timeout=60)
-        except (TimeoutError, EOFError) as exc:
+            self.report = await asyncio.wait_for(self._ready, timeout=self._start_timeout)
+        except TimeoutError as exc:
             await self.stop()
-            raise Unavailable(f"the zygote did not start: {exc or 'timeout'}") from exc
+            raise Unavailable(
+                f"the zygote did not start: not ready in {self._start_timeout:g} s (SANDLOT_ZYGOTE_START_TIMEOUT)"
+            ) from exc
+        except EOFError as exc:
+            await self.stop()
+            raise Unavailable(f"the zygote did not start: {exc or 'it exited'}") from exc
         except asyncio.CancelledError:  # the service stops while this zygote starts (a setting refused meanwhile)
             self._process.kill()  # before it reads the channel: it would wait for its start to end, then complain
             await asyncio.shield(self.stop())
