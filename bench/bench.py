@@ -547,23 +547,10 @@ def report(
     print(f"reference: spawn of `python -I -S -c pass`: p50 {spawn * ms:.2f} ms")
     print(f"reference: CPU of one `node -e 0` start, outside any jail: {node_start * ms:.2f} ms")
     print(f'reference: the bare-node bound, {os.cpu_count()} cores / p50 of a `node -e ""` spawn: {node_bound:.1f}/s')
-    labels = [s.label for s in subjects]
-    width = max(18, *(len(label) + 2 for label in labels))
-    heads = "".join(f"{head:>{max(12, len(head) + 2)}}" for _n, _d, head in ratios)
-    print(f"{'row':44}" + "".join(f"{label:>{width}}" for label in labels) + heads)
+    line = _table(subjects, ratios, "row")
 
-    def line(name: str, values: list[float], unit: str, lower_is_better: bool = True) -> None:
-        if all(v != v for v in values):
-            return  # not measured in this run (--starts 0)
-        cells = "".join(f"{v:>{width - 3}.2f} {unit:2}" for v in values)
-        columns = ""
-        for numerator, denominator, head in ratios:
-            ratio = f"{values[numerator] / values[denominator]:.2f}x" if values[denominator] else "-"
-            columns += f"{ratio:>{max(12, len(head) + 2)}}"
-        print(f"{name:44}{cells}{columns}")
-
-    def med(row: str) -> list[float]:  # nan where nothing was measured (the start rows with --starts 0)
-        return [statistics.median(s.samples[row]) if s.samples.get(row) else float("nan") for s in subjects]
+    def med(row: str) -> list[float]:
+        return _medians(subjects, row)
 
     def pct(row: str, q: float) -> list[float]:
         return [percentile(s.samples[row], q) if s.samples.get(row) else float("nan") for s in subjects]
@@ -605,26 +592,40 @@ def report(
             print(f"    {len(values):3d} x {kind:40} {sum(values):7.1f} MiB")
 
 
+def _table(subjects: list[Subject], ratios: list[tuple[int, int, str]], title: str):
+    """Print a table's head; the function that prints one of its rows (none where nothing was measured)."""
+    labels = [s.label for s in subjects]
+    width = max(18, *(len(label) + 2 for label in labels))
+    heads = "".join(f"{head:>{max(12, len(head) + 2)}}" for _n, _d, head in ratios)
+    print(f"{title:44}" + "".join(f"{label:>{width}}" for label in labels) + heads)
+
+    def line(name: str, values: list[float], unit: str) -> None:
+        if all(v != v for v in values):
+            return  # not measured in this run (--starts 0)
+        cells = "".join(f"{v:>{width - 3}.2f} {unit:2}" for v in values)
+        columns = ""
+        for numerator, denominator, head in ratios:
+            ratio = f"{values[numerator] / values[denominator]:.2f}x" if values[denominator] else "-"
+            columns += f"{ratio:>{max(12, len(head) + 2)}}"
+        print(f"{name:44}{cells}{columns}")
+
+    return line
+
+
+def _medians(subjects: list[Subject], row: str) -> list[float]:
+    """Each subject's median of a row, nan where nothing was measured (the start rows with --starts 0)."""
+    return [statistics.median(s.samples[row]) if s.samples.get(row) else float("nan") for s in subjects]
+
+
 def report_starts(subjects: list[Subject], ratios: list[tuple[int, int, str]], line=None) -> None:
     """The start rows (medians over the starts), in report()'s table or, with --starts-only, a table of their
     own."""
     ms = 1000
     if line is None:
-        labels = [s.label for s in subjects]
-        width = max(18, *(len(label) + 2 for label in labels))
-        heads = "".join(f"{head:>{max(12, len(head) + 2)}}" for _n, _d, head in ratios)
-        print(f"{'row (median of the starts)':44}" + "".join(f"{label:>{width}}" for label in labels) + heads)
+        line = _table(subjects, ratios, "row (median of the starts)")
 
-        def line(name: str, values: list[float], unit: str) -> None:
-            cells = "".join(f"{v:>{width - 3}.2f} {unit:2}" for v in values)
-            columns = ""
-            for numerator, denominator, head in ratios:
-                ratio = f"{values[numerator] / values[denominator]:.2f}x" if values[denominator] else "-"
-                columns += f"{ratio:>{max(12, len(head) + 2)}}"
-            print(f"{name:44}{cells}{columns}")
-
-    def med(row: str) -> list[float]:  # nan where nothing was measured
-        return [statistics.median(s.samples[row]) if s.samples.get(row) else float("nan") for s in subjects]
+    def med(row: str) -> list[float]:
+        return _medians(subjects, row)
 
     line("start: exec -> first python run (<= 0.4)", med("start: python"), "s")
     line("  CPU before it: the service tree", med("start: CPU of the tree"), "s")
