@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import typing
 
 import pytest
 from service import API_KEY, Service
@@ -21,26 +20,13 @@ SPELLINGS = importlib.import_module("test_settings").SPELLINGS
 
 
 def test_the_reading_declares_what_the_model_declares():
-    import annotated_types
+    from field_tables import assert_declares_what_the_model_declares
 
     from handler.early_settings import FIELDS
     from handler.settings import Settings
 
     assert set(FIELDS) <= set(Settings.model_fields)
-    for name, (kind, default, bounds) in FIELDS.items():
-        info = Settings.model_fields[name]
-        if info.default_factory is not None:
-            assert callable(default) and default() == info.default_factory(), name
-        else:
-            assert default == info.default and type(default) is type(info.default), name
-        declared = {}
-        for constraint in info.metadata:
-            for bound in ("gt", "ge", "le", "lt"):
-                if isinstance(constraint, getattr(annotated_types, bound.capitalize())):
-                    declared[bound] = getattr(constraint, bound)
-        assert bounds == declared, name
-        if typing.get_origin(info.annotation) is typing.Literal:
-            assert kind == typing.get_args(info.annotation), name
+    assert_declares_what_the_model_declares(FIELDS, Settings.model_fields, plain_kinds=False)
 
 
 @pytest.mark.parametrize("name", sorted(importlib.import_module("handler.early_settings").FIELDS))

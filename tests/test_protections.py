@@ -55,22 +55,16 @@ def test_a_probe_killed_by_sigsys_is_reported_not_fatal():
     assert record["seccomp"] is True  # the rest still probed
 
 
-@needs_root
-@pytest.mark.parametrize("uid", [65534])
-def test_an_unprivileged_uid_cannot_change_identity_or_chroot(uid, tmp_path):
+def _as_unprivileged(tmp_path, uid: int, code: str, *outer: str) -> str:
+    """Debian's interpreter running code as uid under tests/outer_filter.py (outer: its other options), from a
+    directory that uid can enter; its stdout. Skips where that uid has no interpreter (an unprivileged uid cannot
+    execute the pyenv one: see README) or cannot read the project."""
     os.chmod(tmp_path, 0o755)
-    # Debian's interpreter: an unprivileged uid cannot execute the pyenv one (see README)
     python = "/usr/bin/python3.11"
     if not os.access(python, os.X_OK):
         pytest.skip("needs /usr/bin/python3.11 for an unprivileged interpreter")
-    code = (
-        f"import sys; sys.path.insert(0, {unprivileged.source()!r}); "
-        "import json; from runtimes.linux import protections as p; "
-        "p._PROBES.pop('seccomp'); "  # pyseccomp lives in a venv this uid cannot read
-        "r = {n: p.in_child(f) for n, f in p._PROBES.items()}; print(json.dumps(r))"
-    )
     out = subprocess.run(
-        [sys.executable, os.path.join(HERE, "outer_filter.py"), "--uid", str(uid), "--", python, "-c", code],
+        [sys.executable, os.path.join(HERE, "outer_filter.py"), "--uid", str(uid), *outer, "--", python, "-c", code],
         capture_output=True,
         text=True,
         cwd=str(tmp_path),
@@ -78,7 +72,19 @@ def test_an_unprivileged_uid_cannot_change_identity_or_chroot(uid, tmp_path):
     )
     if out.returncode != 0 and "Permission denied" in out.stderr:
         pytest.skip(f"the project is not readable by uid {uid}: {out.stderr.strip()[-200:]}")
-    record = json.loads(out.stdout)
+    return out.stdout
+
+
+@needs_root
+@pytest.mark.parametrize("uid", [65534])
+def test_an_unprivileged_uid_cannot_change_identity_or_chroot(uid, tmp_path):
+    code = (
+        f"import sys; sys.path.insert(0, {unprivileged.source()!r}); "
+        "import json; from runtimes.linux import protections as p; "
+        "p._PROBES.pop('seccomp'); "  # pyseccomp lives in a venv this uid cannot read
+        "r = {n: p.in_child(f) for n, f in p._PROBES.items()}; print(json.dumps(r))"
+    )
+    record = json.loads(_as_unprivileged(tmp_path, uid, code))
     assert record["setuid"][0] is None and "Operation not permitted" in record["setuid"][1]
     assert record["chroot"][0] is None
     assert "/etc" not in record["writable"][0]
@@ -118,10 +124,6 @@ def test_what_the_process_itself_rules_out_is_said_without_a_child_and_the_recor
     """A Lambda-like platform (no capabilities, no user namespaces): the mechanisms the process's own state rules
     out are reported missing, saying why, without a child each (a fork of a Lambda function's init is a few ms of
     its CPU); every value is still the one a child of its own finds."""
-    os.chmod(tmp_path, 0o755)
-    python = "/usr/bin/python3.11"
-    if not os.access(python, os.X_OK):
-        pytest.skip("needs /usr/bin/python3.11 for an unprivileged interpreter")
     code = (
         f"import sys; sys.path.insert(0, {unprivileged.source()!r}); "
         "import json, os; from runtimes.linux import protections as p\n"
@@ -134,17 +136,7 @@ def test_what_the_process_itself_rules_out_is_said_without_a_child_and_the_recor
         "record = p.probe().to_dict()\n"
         "print(json.dumps({'each': each, 'record': record, 'forks': len(forks)}))"
     )
-    out = subprocess.run(
-        [sys.executable, os.path.join(HERE, "outer_filter.py"), "--uid", "65534", "--eperm", "unshare", "--"]
-        + [python, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=str(tmp_path),
-        timeout=60,
-    )
-    if out.returncode != 0 and "Permission denied" in out.stderr:
-        pytest.skip(f"the project is not readable by uid 65534: {out.stderr.strip()[-200:]}")
-    found = json.loads(out.stdout)
+    found = json.loads(_as_unprivileged(tmp_path, 65534, code, "--eperm", "unshare"))
     each, record = found["each"], found["record"]
     for name, (value, error) in each.items():
         expected = {"writable": value or [], "landlock": value or 0}.get(name, bool(value))

@@ -266,32 +266,13 @@ def test_proxies_are_handed_to_user_code():
 def test_a_functions_light_reading_declares_what_the_model_declares():
     """runtimes/function/environment.py reads a function's settings without pydantic (its cold path): the same names,
     defaults, bounds and choices as the model, FunctionEnvironment."""
-    import typing
-
-    import annotated_types
+    from field_tables import assert_declares_what_the_model_declares
 
     from runtimes.function.environment import FIELDS
     from runtimes.function.environment_model import FunctionEnvironment
 
     assert set(FIELDS) == set(FunctionEnvironment.model_fields)
-    for name, info in FunctionEnvironment.model_fields.items():
-        kind, default, bounds = FIELDS[name]
-        if info.default_factory is not None:
-            assert callable(default) and default() == info.default_factory(), name
-        else:
-            assert default == info.default and type(default) is type(info.default), name
-        declared = {}
-        for constraint in info.metadata:
-            for bound in ("gt", "ge", "le", "lt"):
-                if isinstance(constraint, getattr(annotated_types, bound.capitalize())):
-                    declared[bound] = getattr(constraint, bound)
-        assert bounds == declared, name
-        if typing.get_origin(info.annotation) is typing.Literal:
-            assert kind == typing.get_args(info.annotation), name
-        elif typing.get_origin(info.annotation) is list:
-            assert kind in ("list", "model") and (kind == "list") == (typing.get_args(info.annotation) == (str,))
-        else:
-            assert kind == info.annotation.__name__, name
+    assert_declares_what_the_model_declares(FIELDS, FunctionEnvironment.model_fields)
 
 
 SPELLINGS = [
