@@ -59,11 +59,11 @@ case "$ARCH" in x86_64 | arm64) ;; *) echo "SAM_ARCH must be x86_64 or arm64 (La
 # the machine's own architecture, in Lambda's names: only its functions can be invoked here
 case "$(uname -m)" in aarch64) NATIVE_ARCH=arm64 ;; *) NATIVE_ARCH=$(uname -m) ;; esac
 VENV="$STATE/sam-venv"
-SOCK="$STATE/podman.sock"
+RUN_ID=$(date +%s)-$$-$RANDOM
+SOCK="$STATE/podman-$RUN_ID.sock" # the run's own: a second run on this machine does not take it over
 PIDS="$STATE/kept.pids"
 KEPT_RUN="$STATE/kept.run" # the kept run's id, for --stop
 RUN_ANNOTATION=sandlot.sam-test.run
-RUN_ID=$(date +%s)-$$-$RANDOM
 ACTION=run
 case "${1:-}" in
     --keep) ACTION=keep ;;
@@ -131,7 +131,7 @@ if [ "$ARCH" != "$NATIVE_ARCH" ] && [ "$ACTION" != stop ]; then
         "$IMAGES_STATE/run" >"$CONTAINERS_STORAGE_CONF"
     # for the API service alone (the script's own podman commands need no rootless mode)
     SERVICE_ENV=(_CONTAINERS_USERNS_CONFIGURED=done XDG_RUNTIME_DIR="$STATE/run-$ARCH")
-    SOCK="$STATE/podman-$ARCH.sock" # beside a native run's own
+    SOCK="$STATE/podman-$ARCH-$RUN_ID.sock"
     mkdir -p "$STATE/run-$ARCH" && chmod 0700 "$STATE/run-$ARCH"
     printf '#!/bin/sh\nexec runc --rootless=true "$@"\n' >"$STATE/runc-userns" && chmod 0755 "$STATE/runc-userns"
 fi
@@ -144,6 +144,7 @@ if [ "$ACTION" = stop ]; then
     if [ -s "$STATE/containers-$kept_run.conf" ]; then export CONTAINERS_CONF="$STATE/containers-$kept_run.conf"; else unset CONTAINERS_CONF; fi
     [ -z "$kept_run" ] || remove_sam_containers "$kept_run"
     rm -f "$PIDS" "$KEPT_RUN" "$STATE/containers-$kept_run.conf"
+    [ -z "$kept_run" ] || rm -f "$STATE"/podman-*"-$kept_run.sock"
     echo "stopped"
     exit 0
 fi
@@ -183,10 +184,9 @@ cleanup() {
     local pid
     for ((i = ${#kept[@]} - 1; i >= 0; i--)); do stop_pid "${kept[$i]}"; done
     remove_sam_containers
-    rm -f "$CONTAINERS_CONF"
+    rm -f "$CONTAINERS_CONF" "$SOCK"
 }
 trap cleanup EXIT
-rm -f "$SOCK"
 SERVICE_LOG="$STATE/podman-service.log"
 [ $EMULATED = 0 ] || SERVICE_LOG="$STATE/podman-service-$ARCH.log"
 env "${SERVICE_ENV[@]}" podman system service --time=0 "unix://$SOCK" >"$SERVICE_LOG" 2>&1 &
