@@ -3,6 +3,7 @@
 #
 #   infra/arm64_test.sh --lambda                  # its machine's kernel and root filesystem (built once, kept), then this
 #   infra/arm64/lambda_invoke.sh MACHINE_DIR      # the same with a machine arm64_test.sh built (its images/KEY)
+#   LAMBDA_FUNCTIONS=python3 ...                  # only these functions (python3, nodejs; default both)
 #
 # 1. The images: localhost/sandlot-runtime-python and -nodejs, the arm64 ones of their manifest lists in
 #    infra/images.sh's storage ($IMAGES_STATE, default /var/tmp/sandlot-images); built there when missing
@@ -32,6 +33,12 @@ SAM_CLI_VERSION=${SAM_CLI_VERSION:-1.170.0}
 # Lambda's sbx_user1051 is 993)
 FUNCTIONS=("python3:localhost/sandlot-runtime-python:latest:993:8080:9001"
     "nodejs:localhost/sandlot-runtime-nodejs:latest:994:8081:9002")
+if [ -n "${LAMBDA_FUNCTIONS:-}" ]; then # only these (python3, nodejs)
+    chosen=()
+    for spec in "${FUNCTIONS[@]}"; do [[ " $LAMBDA_FUNCTIONS " == *" ${spec%%:*} "* ]] && chosen+=("$spec"); done
+    [ ${#chosen[@]} -gt 0 ] || { echo "LAMBDA_FUNCTIONS: none of python3, nodejs" >&2; exit 2; }
+    FUNCTIONS=("${chosen[@]}")
+fi
 [ "$(id -u)" = 0 ] || { echo "lambda_invoke.sh: needs root" >&2; exit 1; }
 [ -f "$MACHINE/root.img" ] || { echo "lambda_invoke.sh: no root.img in $MACHINE" >&2; exit 1; }
 started=$(date +%s)
