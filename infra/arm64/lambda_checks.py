@@ -2,9 +2,11 @@
 images in the emulated machine, each through its RIE's Invoke API (`POST /2015-03-31/functions/function/invocations`,
 the tenant id as `X-Amz-Tenant-Id`, as `sam local invoke --tenant-id` sends it), forwarded to this host's loopback.
 
-    lambda_checks.py --function python3=URL:UID --function nodejs=URL:UID
+    lambda_checks.py [--machine aarch64] --function LANGUAGE=URL:UID:PLATFORM ...
 
-Per function, in this order (an environment pins the first tenant id it runs code for):
+PLATFORM is where infra/arm64/lambda_platform.py started the function: `lambda` (Lambda's restrictions) or `sam`
+(SAM local's container: root, Docker's defaults). Per function on `lambda`, in this order (an environment pins the
+first tenant id it runs code for):
   1. the probe (the first invoke: the RIE starts the image's ENTRYPOINT, its init): the platform is what
      lambda_platform.py made it, seen from inside: its uid, seccomp refused (EPERM), Landlock there and in force in
      the jail, the root not writable;
@@ -15,6 +17,10 @@ Per function, in this order (an environment pins the first tenant id it runs cod
      runtime client, awslambdaric, of the same uid and left dumpable: prctl is refused) and the platform's refusal
      holds (prctl: EPERM); no credential reaches the run;
   5. a run of tenant t2 on the environment t1's ran in: refused (TenantRefused).
+On `sam`: the probe (root; the jail is `chroot` with the seccomp filter in force), a run without a tenant id
+(served: the filter is the boundary), one of t1, the hostile run cases of tests/cases/run_cases.json that the
+filter refuses (process creation, exec, a socket without network: EPERM), checked as tests/test_cases.py checks
+them, and t2 refused.
 One line per check, `PASS name: detail` or `FAIL name: detail`; last `lambda arm64: N passed, N failed`.
 """
 
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -79,6 +86,12 @@ RUNS = {
         ),
     },
 }
+# the run cases the seccomp filter refuses (`sam`), tests/cases/run_cases.json's
+REFUSED_CASES = ("py-fork", "py-exec", "py-subprocess", "py-socket-no-network", "js-child-process")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+from cases.expect import check  # noqa: E402
+
 failures = 0
 passes = 0
 
@@ -125,8 +138,41 @@ def run_output(answer: object) -> str | None:
 NODE_ARCH = {"aarch64": "arm64", "x86_64": "x64"}
 
 
+def check_sam(language: str, url: str, machine: str) -> None:
+    name = f"{language} ({machine}, sam)"
+    seconds, probe = invoke(url, {"action": "probe"}, "t1", FIRST_TIMEOUT)
+    try:
+        protections = probe["protections"]
+        got = {key: protections[key] for key in ("mode", "seccomp", "own_uid")} | {"euid": probe["platform"]["euid"]}
+        want = {"mode": "chroot", "seccomp": True, "own_uid": True, "euid": 0}
+        report(got == want, f"{name}: the probe, at the first invoke (init)", f"{seconds:.0f} s; {got}")
+    except (KeyError, TypeError) as e:
+        report(False, f"{name}: the probe, at the first invoke (init)", f"{e!r} in {short(probe)}")
+    code, expected = RUNS[language]["run"]
+    expected = expected.format(machine=machine, arch=NODE_ARCH.get(machine))
+    event = {"language": language, "code": code, "enable_network": True}
+    for tenant, what in ((None, "without a tenant id (the filter is the boundary)"), ("t1", "of tenant t1")):
+        seconds, answer = invoke(url, event, tenant)
+        report(run_output(answer) == expected, f"{name}: a run {what}", f"{seconds:.1f} s; {short(answer)}")
+    with open(os.path.join(REPO, "tests", "cases", "run_cases.json")) as f:
+        cases = [c for c in json.load(f)["cases"] if c["id"] in REFUSED_CASES and c["language"] == language]
+    for case in cases:
+        body = {"language": language, "code": case["code"], "enable_network": case["enable_network"]}
+        seconds, answer = invoke(url, body, "t1")
+        try:
+            assert isinstance(answer, dict) and "outcome" in answer, answer
+            check(case["expect"], answer)
+            report(True, f"{name}: hostile {case['id']} (t1)", f"{seconds:.1f} s; error {answer['error'][:160]!r}")
+        except (AssertionError, KeyError) as e:
+            report(False, f"{name}: hostile {case['id']} (t1)", f"{e!r}: {short(answer)}")
+    seconds, answer = invoke(url, event, "t2")
+    report(
+        refused(answer), f"{name}: tenant t2 on t1's environment is refused", f"{seconds:.1f} s; {short(answer, 200)}"
+    )
+
+
 def check_function(language: str, url: str, uid: int, machine: str) -> None:
-    name = f"{language} ({machine})"
+    name = f"{language} ({machine}, lambda)"
     seconds, probe = invoke(url, {"action": "probe"}, "t1", FIRST_TIMEOUT)
     try:
         platform, protections = probe["platform"], probe["protections"]
@@ -170,14 +216,17 @@ def check_function(language: str, url: str, uid: int, machine: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--function", action="append", required=True, help="LANGUAGE=URL:UID")
+    parser.add_argument("--function", action="append", required=True, help="LANGUAGE=URL:UID:PLATFORM")
     parser.add_argument("--machine", default="aarch64", help="the kernel's machine the runs must report")
     args = parser.parse_args()
     for spec in args.function:
         language, rest = spec.split("=", 1)
-        url, uid = rest.rsplit(":", 1)
-        check_function(language, url, int(uid), args.machine)
-    print(f"lambda arm64: {passes} passed, {failures} failed", flush=True)
+        url, uid, platform = rest.rsplit(":", 2)
+        if platform == "sam":
+            check_sam(language, url, args.machine)
+        else:
+            check_function(language, url, int(uid), args.machine)
+    print(f"lambda {NODE_ARCH.get(args.machine, args.machine)}: {passes} passed, {failures} failed", flush=True)
     return 1 if failures else 0
 
 

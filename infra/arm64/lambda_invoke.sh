@@ -4,6 +4,7 @@
 #   infra/arm64_test.sh --lambda                  # its machine's kernel and root filesystem (built once, kept), then this
 #   infra/arm64/lambda_invoke.sh MACHINE_DIR      # the same with a machine arm64_test.sh built (its images/KEY)
 #   LAMBDA_FUNCTIONS=python3 ...                  # only these functions (python3, nodejs; default both)
+#   LAMBDA_PLATFORMS=lambda ...                   # only these platforms (lambda, sam; default both)
 #
 # 1. The images: localhost/sandlot-runtime-python and -nodejs, the arm64 ones of their manifest lists in
 #    infra/images.sh's storage ($IMAGES_STATE, default /var/tmp/sandlot-images); built there when missing
@@ -16,8 +17,10 @@
 # 3. The machine of infra/arm64_test.sh booted with that disk (a copy-on-write overlay of its root filesystem), its
 #    run tar carrying infra/arm64/lambda-init as its services: each image's ENTRYPOINT started behind the RIE as
 #    Lambda starts it (infra/arm64/lambda_platform.py: read-only root, a tmpfs on /tmp, not root, Lambda's refusals
-#    by seccomp), each RIE's invoke port forwarded to this host's loopback.
-# 4. infra/arm64/lambda_checks.py: the probe, runs with and without a tenant id, a hostile run, another tenant.
+#    by seccomp), and again as SAM local's container starts it (root, Docker's default capabilities and seccomp
+#    profile), each RIE's invoke port forwarded to this host's loopback.
+# 4. infra/arm64/lambda_checks.py: per function and platform, the probe, runs with and without a tenant id, hostile
+#    runs (Landlock's refusals on `lambda`; the seccomp filter's on `sam`), another tenant.
 #    Last line: `lambda arm64: N passed, N failed`.
 # Removes only what it started: its own qemu (by the pid qemu wrote), its run directory, its image mounts.
 set -euo pipefail
@@ -29,10 +32,11 @@ STATE=${SANDLOT_ARM64_STATE:-/var/tmp/sandlot-arm64}
 IMAGES_STATE=${IMAGES_STATE:-/var/tmp/sandlot-images}
 SAM_STATE=${SAM_STATE:-/var/tmp/sandlot-sam-test}
 SAM_CLI_VERSION=${SAM_CLI_VERSION:-1.170.0}
-# NAME:IMAGE:UID:PORT:RUNTIME_API_PORT; each its own uid (a runtime function sweeps its uid after every run;
-# Lambda's sbx_user1051 is 993)
-FUNCTIONS=("python3:localhost/sandlot-runtime-python:latest:993:8080:9001"
-    "nodejs:localhost/sandlot-runtime-nodejs:latest:994:8081:9002")
+FUNCTIONS=("python3:localhost/sandlot-runtime-python:latest" "nodejs:localhost/sandlot-runtime-nodejs:latest")
+# each function on each platform (infra/arm64/lambda_platform.py): `lambda` as Lambda runs it (each function a uid of
+# its own: a runtime function sweeps its uid after every run; Lambda's sbx_user1051 is 993), `sam` as SAM local's
+# container runs it (root, Docker's defaults)
+PLATFORMS=${LAMBDA_PLATFORMS:-lambda sam}
 if [ -n "${LAMBDA_FUNCTIONS:-}" ]; then # only these (python3, nodejs)
     chosen=()
     for spec in "${FUNCTIONS[@]}"; do [[ " $LAMBDA_FUNCTIONS " == *" ${spec%%:*} "* ]] && chosen+=("$spec"); done
@@ -57,7 +61,7 @@ print(found[0] if len(found) == 1 else "")' 2>/dev/null | while read -r digest; 
 }
 missing=()
 for spec in "${FUNCTIONS[@]}"; do
-    IFS=: read -r _ name tag _ <<<"$spec"
+    IFS=: read -r _ name tag <<<"$spec"
     [ -f "$CONTAINERS_STORAGE_CONF" ] && [ -n "$(arm64_image "$name:$tag")" ] || missing+=("${name##*/sandlot-}")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -82,7 +86,7 @@ if [ -z "$rie" ] || ! "$SAM_STATE/sam-venv/bin/sam" --version 2>/dev/null | grep
 fi
 ids=()
 for spec in "${FUNCTIONS[@]}"; do
-    IFS=: read -r _ name tag _ <<<"$spec"
+    IFS=: read -r _ name tag <<<"$spec"
     ids+=("$(arm64_image "$name:$tag")")
 done
 KEY=$( { printf '%s\n' "${ids[@]}" "${FUNCTIONS[@]}"; sha256sum <"$rie"; } | sha256sum | cut -c1-16)
@@ -96,7 +100,7 @@ if [ ! -f "$DISK" ]; then
     unmount_images() { local id; for id in "${mounted[@]}"; do podman image unmount "$id" >/dev/null 2>&1 || true; done; }
     trap 'unmount_images; rm -rf "$work"' EXIT
     for i in "${!FUNCTIONS[@]}"; do
-        IFS=: read -r function _ _ _ <<<"${FUNCTIONS[$i]}"
+        function=${FUNCTIONS[$i]%%:*}
         id=${ids[$i]}
         log "the functions' disk: $function's image ${id:0:12}"
         mkdir -p "$work/disk/$function"
@@ -147,12 +151,20 @@ cp tests/outer_filter.py "$RUN/src/tests/"
 specs=()
 forwards=()
 checks=()
-for spec in "${FUNCTIONS[@]}"; do
-    IFS=: read -r function _ _ uid port api <<<"$spec"
-    specs+=("$function:$uid:$port:$api")
-    host_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    forwards+=("hostfwd=tcp:127.0.0.1:$host_port-:$port")
-    checks+=(--function "$function=http://127.0.0.1:$host_port:$uid")
+n=0
+for platform in $PLATFORMS; do
+    case "$platform" in lambda | sam) ;; *) echo "LAMBDA_PLATFORMS: $platform is neither lambda nor sam" >&2; exit 2 ;; esac
+    for i in "${!FUNCTIONS[@]}"; do
+        function=${FUNCTIONS[$i]%%:*}
+        uid=0
+        [ "$platform" = sam ] || uid=$((993 + i))
+        port=$((8080 + n)) api=$((9001 + n))
+        n=$((n + 1))
+        specs+=("$function:$platform:$uid:$port:$api")
+        host_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+        forwards+=("hostfwd=tcp:127.0.0.1:$host_port-:$port")
+        checks+=(--function "$function=http://127.0.0.1:$host_port:$uid:$platform")
+    done
 done
 echo "FUNCTIONS=\"${specs[*]}\"" >"$RUN/src/.arm64-run.env"
 tar -C "$RUN/src" -cf "$RUN/src.tar" .
@@ -188,8 +200,9 @@ status=${PIPESTATUS[0]}
 set -e
 if [ "$status" != 0 ]; then
     for spec in "${specs[@]}"; do
-        echo "---- the machine's /var/log/lambda/${spec%%:*}.log (its last lines)" >&2
-        timeout 60 python3 infra/arm64/vm.py exec "$RUN/ctl.sock" "tail -30 /var/log/lambda/${spec%%:*}.log" >&2 || true
+        IFS=: read -r function platform _ <<<"$spec"
+        echo "---- the machine's /var/log/lambda/$function-$platform.log (its last lines)" >&2
+        timeout 60 python3 infra/arm64/vm.py exec "$RUN/ctl.sock" "tail -30 /var/log/lambda/$function-$platform.log" >&2 || true
     done
 fi
 log "booted and invoked in $(($(date +%s) - booted)) s (load $(cut -d' ' -f1-3 /proc/loadavg))"

@@ -1,7 +1,7 @@
 """In the arm64 machine (infra/arm64/lambda-init, as root): one runtime image started as Lambda starts a container
 image function, with SAM local's Runtime Interface Emulator (the RIE) in front of it, as `sam local` runs it.
 
-    lambda_platform.py start FUNCTION_DIR --uid N --port P --runtime-api-port Q
+    lambda_platform.py start FUNCTION_DIR --platform lambda|sam --uid N --port P --runtime-api-port Q
 
 FUNCTION_DIR, on the functions' disk (infra/arm64/lambda_invoke.sh makes it on the host from the built arm64
 image, no arm64 program run there): root/ (the image's filesystem, with the RIE at /var/rapid/aws-lambda-rie as
@@ -16,6 +16,9 @@ puts the function where Lambda puts it, as the tests simulate it (tests/lambda/s
 filesystem, read-only, with a tmpfs of 512 MB on /tmp the only writable place and a /dev of the usual nodes; the
 uid N (not root, whatever the image's USER says); under tests/outer_filter.py's seccomp filter refusing with EPERM
 what Lambda is reported to refuse (prctl, seccomp, namespaces, chroot, mounts, identity changes).
+`--platform sam` puts it where SAM local's container does instead: root (the image's USER), Docker's default
+capabilities and seccomp profile (tests/outer_filter.py's docker-default), the image's filesystem under a writable
+layer of its own (an overlay on a tmpfs, as a container engine's).
 """
 
 from __future__ import annotations
@@ -94,8 +97,15 @@ def bootstrap(config: dict) -> list[str]:
     return [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])]
 
 
-def restrictions(uid: int, command: list[str]) -> list[str]:
-    """tests/outer_filter.py's arguments: the function's uid, Lambda's refusals, then the command."""
+PLATFORMS = ("lambda", "sam")
+
+
+def restrictions(platform: str, uid: int, command: list[str]) -> list[str]:
+    """tests/outer_filter.py's arguments, then the command. `lambda`: the function's uid, Lambda's refusals. `sam`:
+    as SAM local's container runs it, root (the image's USER) with Docker's default capabilities and seccomp
+    profile (the uid is 0 there)."""
+    if platform == "sam":
+        return ["--caps", "docker-default", "--profile", "docker-default", "--", *command]
     return ["--uid", str(uid), "--eperm", REFUSED, "--", *command]
 
 
@@ -124,14 +134,23 @@ def mount(source: str | None, target: str, kind: str | None, flags: int, data: s
     check(libc.mount(encode(source), encode(target), encode(kind), flags, encode(data)), f"mount {target}")
 
 
-def lay_out(image_root: str, root: str) -> None:
-    """The function's filesystem at root, in this process's own mount namespace: the image read-only, /tmp a
-    tmpfs, /dev the usual nodes, /sys read-only (/proc: outer_filter.py's, of the PID namespace)."""
+def lay_out(image_root: str, root: str, writable: bool) -> None:
+    """The function's filesystem at root, in this process's own mount namespace: the image read-only (Lambda's)
+    or under a writable layer of its own (a container's: an overlay, its upper layer a tmpfs), /tmp a tmpfs, /dev
+    the usual nodes, /sys read-only (/proc: the PID namespace's, mounted by start)."""
     check(libc.unshare(CLONE_NEWNS), "unshare")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     os.makedirs(root, exist_ok=True)
-    mount(image_root, root, None, MS_BIND | MS_REC)
-    mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    if writable:
+        layer = f"{root}.layer"
+        os.makedirs(layer, exist_ok=True)
+        mount("tmpfs", layer, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
+        os.makedirs(f"{layer}/upper")
+        os.makedirs(f"{layer}/work")
+        mount("overlay", root, "overlay", 0, f"lowerdir={image_root},upperdir={layer}/upper,workdir={layer}/work")
+    else:
+        mount(image_root, root, None, MS_BIND | MS_REC)
+        mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     mount("tmpfs", f"{root}/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={TMP_SIZE},mode=1777")
     mount("tmpfs", f"{root}/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
     for node in DEV_NODES:
@@ -153,35 +172,37 @@ def start(args: argparse.Namespace) -> None:
     with open(os.path.join(args.function_dir, "config.json")) as f:
         config = json.load(f)
     name = os.path.basename(os.path.normpath(args.function_dir))
-    root = f"/run/lambda-{name}"
-    lay_out(os.path.join(args.function_dir, "root"), root)
+    root = f"/run/lambda-{name}-{args.platform}"
+    lay_out(os.path.join(args.function_dir, "root"), root, writable=args.platform == "sam")
     outer_filter.own_pid_namespace()  # returns in its pid 1, /proc its own
     mount("proc", f"{root}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    enter = [sys.executable, os.path.abspath(__file__), "enter", root, str(args.uid), config.get("WorkingDir") or "/"]
+    enter = [sys.executable, os.path.abspath(__file__), "enter", args.platform, root, str(args.uid)]
+    enter.append(config.get("WorkingDir") or "/")
     command = [*rie_command(args.port, args.runtime_api_port), *enter, *bootstrap(config)]
     print(f"lambda {name}: {' '.join(command)}", flush=True)
     os.execve(root + RIE, command, function_env(config, name))
 
 
-def enter(root: str, uid: int, workdir: str, command: list[str]) -> None:
+def enter(platform: str, root: str, uid: int, workdir: str, command: list[str]) -> None:
     """The function's process, started by the RIE with the function's environment: into the image's filesystem,
-    the uid, the refusals, then the image's ENTRYPOINT and CMD (`enter ROOT UID WORKDIR COMMAND...`)."""
+    the platform's restrictions, then the image's ENTRYPOINT and CMD (`enter PLATFORM ROOT UID WORKDIR COMMAND...`)."""
     import outer_filter
 
     os.chroot(root)
     os.chdir(workdir)
-    outer_filter.main(restrictions(uid, command))
+    outer_filter.main(restrictions(platform, uid, command))
 
 
 def main() -> None:
     sys.path.insert(0, os.path.join(REPO, "tests"))
-    if sys.argv[1:2] == ["enter"] and len(sys.argv) > 5:  # the RIE's bootstrap: no option parsing of its command
-        enter(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5:])
+    if sys.argv[1:2] == ["enter"] and len(sys.argv) > 6:  # the RIE's bootstrap: no option parsing of its command
+        enter(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6:])
         return
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="action", required=True)
     begin = sub.add_parser("start")
     begin.add_argument("function_dir")
+    begin.add_argument("--platform", choices=PLATFORMS, default="lambda")
     begin.add_argument("--uid", type=int, required=True)
     begin.add_argument("--port", type=int, required=True)
     begin.add_argument("--runtime-api-port", type=int, required=True)

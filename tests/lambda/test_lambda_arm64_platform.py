@@ -52,9 +52,13 @@ def test_the_image_starts_behind_the_rie_as_sam_starts_it(language):
     command = lambda_platform.bootstrap(config)
     assert command == [*config["Entrypoint"], HANDLERS[language]]
     # then, as the function: not root, Lambda's refusals, that command
-    args = lambda_platform.restrictions(993, command)
+    args = lambda_platform.restrictions("lambda", 993, command)
     assert args[args.index("--uid") + 1] == "993"
     assert args[args.index("--eperm") + 1] == REFUSED and args[args.index("--") + 1 :] == command
+    # or as SAM local's container runs it: root (the image's USER), Docker's default capabilities and profile
+    args = lambda_platform.restrictions("sam", 0, command)
+    assert "--uid" not in args and "--eperm" not in args and args[args.index("--") + 1 :] == command
+    assert args[args.index("--caps") + 1] == args[args.index("--profile") + 1] == "docker-default"
 
 
 @pytest.mark.parametrize("language", sorted(DOCKERFILES))
