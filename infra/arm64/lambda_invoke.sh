@@ -8,7 +8,8 @@
 #
 # 1. The images: localhost/sandlot-runtime-python and -nodejs, the arm64 ones of their manifest lists in
 #    infra/images.sh's storage ($IMAGES_STATE, default /var/tmp/sandlot-images); built there when missing
-#    (`IMAGES="runtime-python runtime-nodejs" infra/images.sh linux/arm64`: under qemu-user, half an hour and more).
+#    (`IMAGES="runtime-python runtime-nodejs" infra/images.sh linux/arm64`: under qemu-user, half an hour and more;
+#    their lists then hold the arm64 image alone).
 # 2. The functions' disk, on this host with no arm64 program run: each image's filesystem (`podman image mount`) with
 #    SAM's Runtime Interface Emulator for arm64 at /var/rapid/aws-lambda-rie, as SAM's own layer puts it there (the
 #    RIE from the SAM CLI's wheel, $SAM_CLI_VERSION: its venv of infra/sam_local_test.sh, else the wheel alone,
@@ -79,7 +80,9 @@ if [ -z "$rie" ] || ! "$SAM_STATE/sam-venv/bin/sam" --version 2>/dev/null | grep
         wheel_dir=$(mktemp -d "$STATE/downloads/sam.XXXXXX")
         python3 -m pip download --quiet --disable-pip-version-check --no-deps -d "$wheel_dir" \
             "aws-sam-cli==$SAM_CLI_VERSION" 2>&1 | grep -v "^WARNING: Location" >&2 || true
-        unzip -p "$wheel_dir"/aws_sam_cli-*.whl samcli/local/rapid/aws-lambda-rie-arm64 >"$rie.part"
+        python3 -c 'import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wheel, wheel.open("samcli/local/rapid/aws-lambda-rie-arm64") as rie:
+    shutil.copyfileobj(rie, sys.stdout.buffer)' "$wheel_dir"/aws_sam_cli-*.whl >"$rie.part"
         rm -rf "$wheel_dir"
         mv "$rie.part" "$rie"
     fi
