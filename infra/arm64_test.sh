@@ -3,6 +3,8 @@
 #   infra/arm64_test.sh           boot, run the cases in each jail mode, power off
 #   infra/arm64_test.sh --keep    the same, then leave the machine up: prints ARM64_URL=... and ARM64_API_KEY=...
 #   infra/arm64_test.sh --stop    power off the machine a --keep left up
+#   infra/arm64_test.sh --lambda  the arm64 runtime images answering SAM-style invokes there instead
+#                                 (infra/arm64/lambda_invoke.sh)
 # (ARM64_NO_PYTEST=1: only the cases from the host, not the test files in the machine; SANDLOT_ARM64_STATE=DIR:
 # its downloads, images and runs in DIR, not /var/tmp/sandlot-arm64)
 # The machine: Debian's qemu-system-aarch64 (`virt`, cortex-a72, TCG), Debian bookworm's arm64 cloud kernel (6.1:
@@ -23,8 +25,8 @@ cd "$(dirname "$0")/.."
 REPO=$(pwd)
 STATE=${SANDLOT_ARM64_STATE:-/var/tmp/sandlot-arm64} # its downloads, images and runs (another for a fresh build)
 ACTION=${1:-run}
-case "$ACTION" in run | --keep | --stop) ;; *)
-    echo "usage: infra/arm64_test.sh [--keep|--stop]" >&2
+case "$ACTION" in run | --keep | --stop | --lambda) ;; *)
+    echo "usage: infra/arm64_test.sh [--keep|--stop|--lambda]" >&2
     exit 2
     ;;
 esac
@@ -219,6 +221,10 @@ if [ ! -f "$IMAGE/root.img" ]; then
     find "$STATE/images" -mindepth 1 -maxdepth 1 -type d ! -name "$KEY" -exec rm -rf {} +
 fi
 
+if [ "$ACTION" = --lambda ]; then # the runtime images under SAM's emulator in this machine (by hand: docs/lambda.md)
+    flock -u 9
+    exec infra/arm64/lambda_invoke.sh "$IMAGE"
+fi
 if [ "$ACTION" = --keep ] && kept=$(readlink "$STATE/kept" 2>/dev/null); then
     stop_machine "$kept" # the machine an earlier --keep left up: one kept at a time
     rm -f "$STATE/kept"

@@ -75,11 +75,12 @@ standin_rootfs() { # standin_rootfs DIR APT-PACKAGES...: bookworm's minbase with
         standin_foreign_can_run
         say "debootstrap of bookworm's $STANDIN_ARCH minbase (once, about 10 minutes under emulation)"
         rm -rf "$STATE/minbase-$STANDIN_ARCH"
-        debootstrap --arch="$STANDIN_ARCH" --foreign --variant=minbase bookworm "$STATE/minbase-$STANDIN_ARCH" \
+        # in a user namespace no device node can be made: debootstrap's container case (container=lxc) makes
+        # none, in both stages (only a machine that is itself a container was taken for one without saying so)
+        container=lxc debootstrap --arch="$STANDIN_ARCH" --foreign --variant=minbase bookworm "$STATE/minbase-$STANDIN_ARCH" \
             "$STANDIN_MIRROR" >"$STATE/debootstrap-$STANDIN_ARCH.log" 2>&1 ||
             fail "debootstrap: see $STATE/debootstrap-$STANDIN_ARCH.log"
-        # the second stage runs the architecture's own programs; in a user namespace no device node can be made:
-        # debootstrap's container case (container=lxc) binds them instead
+        # the second stage runs the architecture's own programs, with the machine's devices bound in
         (
             cd "$STATE/minbase-$STANDIN_ARCH"
             mount --rbind /proc proc && mount --rbind /dev dev && mount --rbind /sys sys &&
