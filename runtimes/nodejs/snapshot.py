@@ -37,8 +37,9 @@ wait for a build (about 300 ms of node starts). Its seed is the same in every
 copy of the image, so it is never loaded with --no-rehash-snapshot: each node
 started on it draws a seed of its own at load (4-5 ms more per run), and the seed
 in the file is no run's. `baked()` hands it out only for the node binary, the
-wrapper and the heap limit it was built for; zygotes after the first build
-their own, as above.
+wrapper, the heap limit and the CPU features it was built for (V8's tag covers
+the CPU: see cpu_features); zygotes after the first, and a first on another
+CPU, build their own, as above.
 """
 
 from __future__ import annotations
@@ -236,7 +237,8 @@ _BAKED_META = "snapshot.json"
 
 
 def _identity(node: str, wrapper: str, memory_mb: int) -> dict:
-    """What a baked snapshot was built for: the node binary (path, size, mtime), the wrapper, the heap limit."""
+    """What a baked snapshot was built for: the node binary (path, size, mtime), the wrapper, the heap limit and
+    the CPU's features."""
     node = os.path.realpath(node)
     found = os.stat(node)
     with open(wrapper, "rb") as f:
@@ -247,7 +249,29 @@ def _identity(node: str, wrapper: str, memory_mb: int) -> dict:
         "node_mtime_ns": found.st_mtime_ns,
         "wrapper_sha256": digest,
         "memory_mb": memory_mb,
+        "cpu": cpu_features(),
     }
+
+
+def cpu_features() -> str | None:
+    """The machine and its first processor's feature flags as /proc/cpuinfo lists them (x86's `flags`, arm64's
+    `Features`), or None if it does not say.
+
+    The snapshot's tag is V8's cachedDataVersionTag, which covers the CPU features V8 detects: node refuses (exit
+    14, the run lost) a snapshot baked on a CPU with other features, as an arm64 image built under qemu-user's
+    `max` CPU and started on a Cortex-A72 was. All the flags, not V8's share of them: another CPU with the same
+    features V8 uses only builds a snapshot of its own (a slower first start), never a run refused."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return f"{os.uname().machine}: {' '.join(sorted(value.split()))}"
+                if not line.strip():  # the first processor's block ends
+                    break
+    except OSError:
+        pass
+    return None
 
 
 def bake(node: str, wrapper: str, memory_mb: int, directory: str = BAKED_DIR) -> Snapshot | None:
@@ -262,11 +286,12 @@ def bake(node: str, wrapper: str, memory_mb: int, directory: str = BAKED_DIR) ->
 
 
 def baked(node: str, wrapper: str, memory_mb: int, directory: str = BAKED_DIR) -> Snapshot | None:
-    """The image's baked snapshot, if it was built for this node, wrapper and heap limit (else None)."""
+    """The image's baked snapshot, if it was built for this node, wrapper, heap limit and CPU (else None)."""
     try:
         with open(os.path.join(directory, _BAKED_META)) as f:
             meta = json.load(f)
-        if meta.get("identity") != _identity(node, wrapper, memory_mb):
+        identity = _identity(node, wrapper, memory_mb)
+        if identity["cpu"] is None or meta.get("identity") != identity:  # a CPU that does not say: never
             return None
     except (OSError, ValueError):
         return None

@@ -91,6 +91,27 @@ def test_a_baked_snapshot_serves_only_the_node_wrapper_and_heap_it_was_built_for
     assert snapshot.baked(node, WRAPPER, 512, str(tmp_path)) is None  # never loaded with the image's seed
 
 
+def test_a_snapshot_baked_on_another_cpu_is_not_handed_out(tmp_path, monkeypatch):
+    # V8's tag covers the CPU's features: node refuses (exit 14, the run lost) a blob baked where they differ, as an
+    # arm64 image built under qemu-user was on a Cortex-A72; the first zygote builds a snapshot of its own instead
+    from runtimes.nodejs import snapshot
+    from runtimes.nodejs.runtime import WRAPPER
+
+    node = "/usr/bin/node"
+    if not os.access(node, os.X_OK):
+        pytest.skip("needs node at /usr/bin/node")
+    here = snapshot.cpu_features()
+    assert here and here.startswith(os.uname().machine) and len(here.split()) > 3  # this machine's flags
+    with monkeypatch.context() as m:
+        m.setattr(snapshot, "cpu_features", lambda: f"{os.uname().machine}: fpu sse2 avx512f")  # the build's CPU
+        assert snapshot.bake(node, WRAPPER, 512, str(tmp_path)) is not None
+        assert snapshot.baked(node, WRAPPER, 512, str(tmp_path)) is not None  # on that CPU
+    assert snapshot.baked(node, WRAPPER, 512, str(tmp_path)) is None  # on this one
+    monkeypatch.setattr(snapshot, "cpu_features", lambda: None)  # a CPU that does not say
+    assert snapshot.bake(node, WRAPPER, 512, str(tmp_path)) is not None
+    assert snapshot.baked(node, WRAPPER, 512, str(tmp_path)) is None
+
+
 @pytest.mark.skipif(not IS_ROOT, reason="needs root: the simulation changes to an unprivileged uid")
 @pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"needs {SYSTEM_PYTHON} (any uid can run it)")
 def test_a_lambda_runtime_process_drops_the_credentials_as_its_interpreter_starts(image):
