@@ -37,9 +37,10 @@ wait for a build (about 300 ms of node starts). Its seed is the same in every
 copy of the image, so it is never loaded with --no-rehash-snapshot: each node
 started on it draws a seed of its own at load (4-5 ms more per run), and the seed
 in the file is no run's. `baked()` hands it out only for the node binary, the
-wrapper, the heap limit and the CPU features it was built for (V8's tag covers
-the CPU: see cpu_features); zygotes after the first, and a first on another
-CPU, build their own, as above.
+wrapper and the heap limit it was built for, and where node takes it: on the
+build's CPU, or on another whose features give node's tag the blob's (V8's tag
+covers the CPU: see cpu_features); zygotes after the first, and a first where
+node would refuse it, build their own, as above.
 """
 
 from __future__ import annotations
@@ -259,8 +260,8 @@ def cpu_features() -> str | None:
 
     The snapshot's tag is V8's cachedDataVersionTag, which covers the CPU features V8 detects: node refuses (exit
     14, the run lost) a snapshot baked on a CPU with other features, as an arm64 image built under qemu-user's
-    `max` CPU and started on a Cortex-A72 was. All the flags, not V8's share of them: another CPU with the same
-    features V8 uses only builds a snapshot of its own (a slower first start), never a run refused."""
+    `max` CPU and started on a Cortex-A72 was. Where they differ from the build's (or the CPU does not say),
+    node's own tag decides (baked: one node start)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -290,16 +291,30 @@ def baked(node: str, wrapper: str, memory_mb: int, directory: str = BAKED_DIR) -
     try:
         with open(os.path.join(directory, _BAKED_META)) as f:
             meta = json.load(f)
-        identity = _identity(node, wrapper, memory_mb)
-        if identity["cpu"] is None or meta.get("identity") != identity:  # a CPU that does not say: never
+        identity, recorded = _identity(node, wrapper, memory_mb), meta.get("identity") or {}
+        if {**recorded, "cpu": None} != {**identity, "cpu": None}:
             return None
-    except (OSError, ValueError):
+    except (OSError, ValueError, TypeError):
         return None
     flags = tuple(meta.get("flags") or ())
     path = os.path.join(directory, _BAKED_BLOB)
     if NO_REHASH in flags or not os.path.isfile(path):
         return None  # its seed is in every copy of the image: never loaded as built
+    if (identity["cpu"] is None or recorded.get("cpu") != identity["cpu"]) and not _loads_here(node, flags, path):
+        return None
     return Snapshot(path, flags, memory_mb)
+
+
+def _loads_here(node: str, flags: tuple[str, ...], path: str) -> bool:
+    """On another CPU than the build's (or one that does not say), whether node takes the blob: the tag node
+    computes here with these flags is the blob's (one node start, a sixth of a build's)."""
+    try:
+        with open(path, "rb") as blob:
+            header = blob.read(4096)
+    except OSError:
+        return False
+    offset = _tag_offset(header)
+    return offset is not None and struct.unpack_from("<I", header, offset)[0] == _tag(node, flags)
 
 
 def main(argv: list[str] | None = None) -> int:

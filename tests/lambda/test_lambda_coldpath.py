@@ -91,9 +91,9 @@ def test_a_baked_snapshot_serves_only_the_node_wrapper_and_heap_it_was_built_for
     assert snapshot.baked(node, WRAPPER, 512, str(tmp_path)) is None  # never loaded with the image's seed
 
 
-def test_a_snapshot_baked_on_another_cpu_is_not_handed_out(tmp_path, monkeypatch):
+def test_a_snapshot_baked_on_another_cpu_is_handed_out_only_where_node_takes_it(tmp_path, monkeypatch):
     # V8's tag covers the CPU's features: node refuses (exit 14, the run lost) a blob baked where they differ, as an
-    # arm64 image built under qemu-user was on a Cortex-A72; the first zygote builds a snapshot of its own instead
+    # arm64 image built under qemu-user was on a Cortex-A72; the first zygote then builds a snapshot of its own
     from runtimes.nodejs import snapshot
     from runtimes.nodejs.runtime import WRAPPER
 
@@ -104,12 +104,22 @@ def test_a_snapshot_baked_on_another_cpu_is_not_handed_out(tmp_path, monkeypatch
     assert here and here.startswith(os.uname().machine) and len(here.split()) > 3  # this machine's flags
     with monkeypatch.context() as m:
         m.setattr(snapshot, "cpu_features", lambda: f"{os.uname().machine}: fpu sse2 avx512f")  # the build's CPU
-        assert snapshot.bake(node, WRAPPER, 512, str(tmp_path)) is not None
-        assert snapshot.baked(node, WRAPPER, 512, str(tmp_path)) is not None  # on that CPU
-    assert snapshot.baked(node, WRAPPER, 512, str(tmp_path)) is None  # on this one
-    monkeypatch.setattr(snapshot, "cpu_features", lambda: None)  # a CPU that does not say
-    assert snapshot.bake(node, WRAPPER, 512, str(tmp_path)) is not None
+        made = snapshot.bake(node, WRAPPER, 512, str(tmp_path))
+        assert made is not None
+        assert snapshot.baked(node, WRAPPER, 512, str(tmp_path)) == made  # on that CPU, as recorded
+    assert snapshot.baked(node, WRAPPER, 512, str(tmp_path)) == made  # here too: node's tag is the blob's
+    # the features V8 uses differ: another tag in the blob, which node refuses
+    blob = tmp_path / "wrapper.blob"
+    data = bytearray(blob.read_bytes())
+    offset = snapshot._tag_offset(bytes(data[:4096]))
+    data[offset : offset + 4] = (int.from_bytes(data[offset : offset + 4], "little") ^ 0x5A5A).to_bytes(4, "little")
+    blob.write_bytes(bytes(data))
+    refused = subprocess.run([node, *made.flags, "--snapshot-blob", str(blob), "-e", "1"], capture_output=True)
+    assert refused.returncode == 14 and b"startup snapshot" in refused.stderr
     assert snapshot.baked(node, WRAPPER, 512, str(tmp_path)) is None
+    monkeypatch.setattr(snapshot, "cpu_features", lambda: None)  # a CPU that does not say: node's tag decides too
+    assert snapshot.bake(node, WRAPPER, 512, str(tmp_path)) == made
+    assert snapshot.baked(node, WRAPPER, 512, str(tmp_path)) == made
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="needs root: the simulation changes to an unprivileged uid")
