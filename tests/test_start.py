@@ -195,3 +195,22 @@ def test_what_is_counted_before_the_metrics_load_is_counted_once_they_do():
     assert "sandlot_queue_wait_seconds_count 1.0" in text
     metrics.inc("runs", "python3", "ok")  # and after, directly
     assert 'sandlot_runs_total{language="python3",outcome="ok"} 2.0' in metrics.exposition().body.decode()
+
+
+def test_the_runtimes_start_from_the_early_settings_without_loading_pydantic():
+    """The runtimes (and their zygotes) start before the settings model and the web stack are loaded: what they
+    need loads no pydantic, which the settings model then loads while their zygotes start."""
+    code = (
+        "from handler.cli import layer_manager, local_backend\nfrom handler.early_settings import early_settings\n"
+        "settings = early_settings()\ninvoker, packages = local_backend(settings, layer_manager(settings))\n"
+        "assert set(invoker.runtimes) == {'python3', 'nodejs'}"
+    )
+    import shutil
+    import tempfile
+
+    data = tempfile.mkdtemp(prefix="sandlot-test-", dir="/var/tmp")  # a data dir under /tmp is refused
+    try:
+        loaded = loaded_after(code, API_KEY=API_KEY, SANDLOT_DATA_DIR=data)
+    finally:
+        shutil.rmtree(data)
+    assert not loaded & {"pydantic", "pydantic_core", "pydantic_settings", "starlette", "uvicorn"}
