@@ -214,3 +214,31 @@ def test_the_runtimes_start_from_the_early_settings_without_loading_pydantic():
     finally:
         shutil.rmtree(data)
     assert not loaded & {"pydantic", "pydantic_core", "pydantic_settings", "starlette", "uvicorn"}
+
+
+def test_an_interpreters_paths_are_asked_of_it_once_then_read_from_the_data_dir(tmp_path, monkeypatch):
+    """A Python zygote's tree needs where the interpreter keeps its standard library: asked of the interpreter at
+    the first start (another interpreter's start), kept in the data dir under the interpreter's identity."""
+    from runtimes.config import default_python
+    from runtimes.python import runtime
+
+    python = default_python()
+    runtime.interpreter_paths.cache_clear()
+    asked = runtime.interpreter_paths(python, str(tmp_path))
+    assert asked == runtime._ask_interpreter(python) and os.path.isdir(asked["stdlib"])
+    runtime.interpreter_paths.cache_clear()
+
+    def no_interpreter(*args, **kwargs):
+        raise AssertionError(f"an interpreter was started: {args}")
+
+    monkeypatch.setattr(runtime.subprocess, "run", no_interpreter)
+    try:
+        assert runtime.interpreter_paths(python, str(tmp_path)) == asked  # read, no interpreter started
+        runtime.interpreter_paths.cache_clear()
+        cache = tmp_path / runtime.PATHS_CACHE
+        entries = json.loads(cache.read_text())
+        cache.write_text(json.dumps({key: {**paths, "stdlib": "/nonexistent"} for key, paths in entries.items()}))
+        with pytest.raises(AssertionError, match="an interpreter was started"):  # a stale answer: asked again
+            runtime.interpreter_paths(python, str(tmp_path))
+    finally:
+        runtime.interpreter_paths.cache_clear()
