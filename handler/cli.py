@@ -278,6 +278,9 @@ async def _serve(
         if backend is not None and (app is None or not app.state.api.stopped):  # the app's lifespan never ran
             if not starting.done():
                 starting.cancel()
+                # its end first: a zygote it was starting is killed before what it starts on (its tree's mount
+                # point) is taken down by the stop below, not left to fail with a traceback on a refused start
+                await asyncio.wait([starting])
             await backend[0].stop()
     return 0 if server.started else 3  # uvicorn.run's STARTUP_FAILURE where it could not start
 
