@@ -210,6 +210,16 @@ def _import_web_stack() -> None:
     import handler.app  # noqa: F401
 
 
+def _model_then_web_stack(overrides: dict, marks: dict) -> Settings:
+    """The settings model, then the web stack, in one thread: the second does not wait for the event loop, which
+    the runtimes' start keeps busy meanwhile, to be handed over."""
+    settings = _checked_settings(overrides)
+    _warn_of_keys(settings)
+    marks["settings model"] = since_exec()
+    _import_web_stack()
+    return settings
+
+
 async def _serve(
     settings: Settings | None,
     layers: LayerManager | None,
@@ -240,10 +250,9 @@ async def _serve(
             await asyncio.to_thread(platform_protections)
             marks["platform probed"] = since_exec()
         if settings is None:  # SettingsError: the finally below stops the runtimes, then main() says why
-            settings = await asyncio.to_thread(_checked_settings, overrides or {})
-            _warn_of_keys(settings)
-            marks["settings model"] = since_exec()
-        await asyncio.to_thread(_import_web_stack)
+            settings = await asyncio.to_thread(_model_then_web_stack, overrides or {}, marks)
+        else:
+            await asyncio.to_thread(_import_web_stack)
         marks["web stack"] = since_exec()
         import uvicorn
 
