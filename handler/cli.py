@@ -93,6 +93,11 @@ def serve(args: argparse.Namespace) -> int:
     from handler import pid_one
 
     pid_one.front()  # a container's pid 1: an init in front of the service, which goes on in a child
+    import gc
+
+    # the start's imports make objects that live as long as the service: no collection walks them while they are
+    # made (about a tenth of the imports' CPU); collections are back, those objects frozen, once the app is built
+    gc.disable()
     from runtimes.linux import protections
 
     if os.environ.get("SANDLOT_BACKEND", "local") == "local":  # (the lambda backend's functions probe their own)
@@ -100,7 +105,18 @@ def serve(args: argparse.Namespace) -> int:
     try:
         return _serve_probed(args)
     finally:
+        collections_back()  # a start that stopped before the app was built
         protections.cancel_ahead()  # a start that stopped before its runtimes asked for the record (bad settings)
+
+
+def collections_back() -> None:
+    """The garbage collector on again after the start (serve), what the start made frozen: the first collections
+    do not walk the modules and the app, which live as long as the process."""
+    import gc
+
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
 
 
 def _serve_probed(args: argparse.Namespace) -> int:
@@ -210,6 +226,16 @@ def _import_web_stack() -> None:
     import handler.app  # noqa: F401
 
 
+def _model_then_web_stack(overrides: dict, marks: dict) -> Settings:
+    """The settings model, then the web stack, in one thread: the second does not wait for the event loop, which
+    the runtimes' start keeps busy meanwhile, to be handed over."""
+    settings = _checked_settings(overrides)
+    _warn_of_keys(settings)
+    marks["settings model"] = since_exec()
+    _import_web_stack()
+    return settings
+
+
 async def _serve(
     settings: Settings | None,
     layers: LayerManager | None,
@@ -240,10 +266,9 @@ async def _serve(
             await asyncio.to_thread(platform_protections)
             marks["platform probed"] = since_exec()
         if settings is None:  # SettingsError: the finally below stops the runtimes, then main() says why
-            settings = await asyncio.to_thread(_checked_settings, overrides or {})
-            _warn_of_keys(settings)
-            marks["settings model"] = since_exec()
-        await asyncio.to_thread(_import_web_stack)
+            settings = await asyncio.to_thread(_model_then_web_stack, overrides or {}, marks)
+        else:
+            await asyncio.to_thread(_import_web_stack)
         marks["web stack"] = since_exec()
         import uvicorn
 
@@ -251,6 +276,7 @@ async def _serve(
         from handler.settings import parse_metrics_setting
 
         app = build_app(settings, layers, refused, backend, starting)
+        collections_back()
         app.state.api.start_marks = marks
         metrics_mode, metrics_host, metrics_port = parse_metrics_setting(settings.SANDLOT_METRICS)
         if metrics_mode == "address":
@@ -278,6 +304,9 @@ async def _serve(
         if backend is not None and (app is None or not app.state.api.stopped):  # the app's lifespan never ran
             if not starting.done():
                 starting.cancel()
+                # its end first: a zygote it was starting is killed before what it starts on (its tree's mount
+                # point) is taken down by the stop below, not left to fail with a traceback on a refused start
+                await asyncio.wait([starting])
             await backend[0].stop()
     return 0 if server.started else 3  # uvicorn.run's STARTUP_FAILURE where it could not start
 

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from layers.manager import LayerManager, parse_interval
 from layers.store import LayerBuildError
 from runtimes.languages import LANGUAGES
-from runtimes.payload import InvalidRequest, RunRequest, RunResult, Throttled, Unavailable
+from runtimes.payload import InvalidRequest, RunResult, Throttled, Unavailable
+
+if TYPE_CHECKING:  # pydantic's model (runtimes/payload.py): the runtimes start before pydantic is loaded
+    from runtimes.payload import RunRequest
 
 log = logging.getLogger("sandlot.invoker")
 

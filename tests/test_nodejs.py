@@ -310,6 +310,35 @@ def test_snapshot_loads_without_rehashing_and_runs(tmp_path):
     assert refused.returncode != 0
 
 
+def test_nodes_tags_are_asked_once_then_read_from_the_data_dir_and_asked_again_where_they_do_not_load(
+    tmp_path, monkeypatch
+):
+    """A snapshot is retagged for loading without rehashing: node's tags (two node starts) are kept in the data
+    dir, so that the next start builds its snapshot without asking; a tag kept wrong is asked again, not trusted."""
+    cache = tmp_path / "data"
+    snapshot._asked_tag.cache_clear()
+    first = snapshot.build(NODE, nodejs_runtime.WRAPPER, 512, str(tmp_path / "1.blob"), cache_dir=str(cache))
+    assert first is not None and snapshot.NO_REHASH in first.flags
+    kept = json.loads((cache / snapshot.TAGS_CACHE).read_text())
+    assert len(kept) == 2 and all(type(tag) is int and tag >= 0 for tag in kept.values())
+    snapshot._asked_tag.cache_clear()
+    asked = []
+    real = snapshot._asked_tag
+
+    def counted(node, flags):
+        asked.append(flags)
+        return real(node, flags)
+
+    monkeypatch.setattr(snapshot, "_asked_tag", counted)
+    second = snapshot.build(NODE, nodejs_runtime.WRAPPER, 512, str(tmp_path / "2.blob"), cache_dir=str(cache))
+    assert second is not None and second.flags == first.flags and asked == []  # no node asked
+    (cache / snapshot.TAGS_CACHE).write_text(json.dumps({key: tag + 1 for key, tag in kept.items()}))
+    third = snapshot.build(NODE, nodejs_runtime.WRAPPER, 512, str(tmp_path / "3.blob"), cache_dir=str(cache))
+    assert third is not None and third.flags == first.flags and len(asked) == 2
+    assert json.loads((cache / snapshot.TAGS_CACHE).read_text()) == kept
+    real.cache_clear()
+
+
 def _code_cache_entries(path: str) -> int:
     """How many modules' code cache the blob at path carries (0 also where it ends with an empty count)."""
     with open(path, "rb") as blob:

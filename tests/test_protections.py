@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -99,6 +100,43 @@ def test_root_on_a_host_can_install_egress_rules_and_make_device_nodes():
     assert record.host_nft, record.errors.get("host_nft")
     tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
     assert "sandlot_probe" not in tables  # the probe's table never outlives its transaction
+
+
+def _table(name: str) -> str:
+    return subprocess.run(["nft", "list", "table", "inet", name], capture_output=True, text=True).stdout
+
+
+@needs_root
+@pytest.mark.skipif(not shutil.which("nft"), reason="needs nft")
+def test_egress_rules_replace_a_crashed_instances_table_in_one_nft_and_a_refused_set_leaves_none(monkeypatch):
+    """The service's start execs nft once per uid block (it was twice: a delete, then the rules); the table a
+    killed instance left is replaced in the same transaction, and where nft refuses the new rules nothing of that
+    block's table stays."""
+    from runtimes.linux import egress
+
+    first = 1_999_990_000 + os.getpid() % 1000  # a block no instance uses
+    stale = egress.output_table(f"sandlot_{first}", ['meta skuid 1 counter accept comment "stale"'])
+    subprocess.run(["nft", "-f", "-"], input=stale, text=True, check=True)
+    calls = []
+    real_run = subprocess.run
+
+    def counted(argv, *args, **kwargs):
+        calls.append(argv)
+        return real_run(argv, *args, **kwargs)
+
+    monkeypatch.setattr(egress.subprocess, "run", counted)
+    rules = egress.EgressFilter(first, first + 99)
+    try:
+        assert rules.install(), rules.error
+        assert len(calls) == 1
+        table = _table(rules.table)
+        assert "stale" not in table and f"meta skuid {first}-{first + 99}" in table
+        subprocess.run(["nft", "-f", "-"], input=stale, text=True, check=True)  # left again by a killed instance
+        monkeypatch.setattr(rules, "ruleset", lambda: f"table inet {rules.table} {{ chain output {{ bogus }} }}\n")
+        assert not rules.install() and "nft refused the rules" in rules.error
+        assert _table(rules.table) == ""
+    finally:
+        real_run(["nft", "delete", "table", "inet", f"sandlot_{first}"], capture_output=True)
 
 
 @needs_root

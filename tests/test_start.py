@@ -195,3 +195,94 @@ def test_what_is_counted_before_the_metrics_load_is_counted_once_they_do():
     assert "sandlot_queue_wait_seconds_count 1.0" in text
     metrics.inc("runs", "python3", "ok")  # and after, directly
     assert 'sandlot_runs_total{language="python3",outcome="ok"} 2.0' in metrics.exposition().body.decode()
+
+
+def test_the_runtimes_start_from_the_early_settings_without_loading_pydantic():
+    """The runtimes (and their zygotes) start before the settings model and the web stack are loaded: what they
+    need loads no pydantic, which the settings model then loads while their zygotes start."""
+    code = (
+        "from handler.cli import layer_manager, local_backend\nfrom handler.early_settings import early_settings\n"
+        "settings = early_settings()\ninvoker, packages = local_backend(settings, layer_manager(settings))\n"
+        "assert set(invoker.runtimes) == {'python3', 'nodejs'}"
+    )
+    import shutil
+    import tempfile
+
+    data = tempfile.mkdtemp(prefix="sandlot-test-", dir="/var/tmp")  # a data dir under /tmp is refused
+    try:
+        loaded = loaded_after(code, API_KEY=API_KEY, SANDLOT_DATA_DIR=data)
+    finally:
+        shutil.rmtree(data)
+    assert not loaded & {"pydantic", "pydantic_core", "pydantic_settings", "starlette", "uvicorn"}
+
+
+def test_an_interpreters_paths_are_asked_of_it_once_then_read_from_the_data_dir(tmp_path, monkeypatch):
+    """A Python zygote's tree needs where the interpreter keeps its standard library: asked of the interpreter at
+    the first start (another interpreter's start), kept in the data dir under the interpreter's identity."""
+    from runtimes.config import default_python
+    from runtimes.python import runtime
+
+    python = default_python()
+    runtime.interpreter_paths.cache_clear()
+    asked = runtime.interpreter_paths(python, str(tmp_path))
+    assert asked == runtime._ask_interpreter(python) and os.path.isdir(asked["stdlib"])
+    runtime.interpreter_paths.cache_clear()
+
+    def no_interpreter(*args, **kwargs):
+        raise AssertionError(f"an interpreter was started: {args}")
+
+    monkeypatch.setattr(runtime.subprocess, "run", no_interpreter)
+    try:
+        assert runtime.interpreter_paths(python, str(tmp_path)) == asked  # read, no interpreter started
+        runtime.interpreter_paths.cache_clear()
+        cache = tmp_path / runtime.PATHS_CACHE
+        entries = json.loads(cache.read_text())
+        cache.write_text(json.dumps({key: {**paths, "stdlib": "/nonexistent"} for key, paths in entries.items()}))
+        with pytest.raises(AssertionError, match="an interpreter was started"):  # a stale answer: asked again
+            runtime.interpreter_paths(python, str(tmp_path))
+    finally:
+        runtime.interpreter_paths.cache_clear()
+
+
+GC_DURING_START = """
+import gc, json, sys
+import handler.cli as cli
+import uvicorn
+
+seen = {}
+web_stack = cli._import_web_stack
+
+
+def watched():
+    seen["importing"] = gc.isenabled()
+    web_stack()
+
+
+async def serve(self, sockets=None):  # instead of serving: what the collector is once the app is built
+    seen["serving"] = gc.isenabled()
+    seen["frozen"] = gc.get_freeze_count()
+
+
+cli._import_web_stack = watched
+uvicorn.Server.serve = serve
+code = cli.main(["serve"])
+print(json.dumps({**seen, "after": gc.isenabled(), "code": code}))
+"""
+
+
+def test_the_start_makes_its_objects_without_collections_and_serves_with_them_frozen():
+    """No garbage collection walks the modules while the start imports them (a tenth of their CPU); once the app is
+    built the collector is on again, what the start made frozen (never walked: it lives as long as the service)."""
+    svc = Service()
+    out = subprocess.run(
+        [sys.executable, "-c", GC_DURING_START],
+        cwd=ROOT,
+        env={**svc.env, "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert seen["importing"] is False and seen["serving"] is True and seen["after"] is True
+    assert seen["frozen"] > 10_000

@@ -148,17 +148,22 @@ class EgressFilter:
             self.table, egress_rules(f"meta skuid {self.uids}", self.allow, proxy_endpoints(self.proxies))
         )
 
+    def replacing_ruleset(self) -> str:
+        """ruleset() replacing this table where it is already there (`table` adds it only where it is not)."""
+        return f"table inet {self.table}\ndelete table inet {self.table}\n{self.ruleset()}"
+
     def install(self) -> bool:
         nft = shutil.which("nft")
         if nft is None:
             self.error = "nft is not installed (apt-get install nftables)"
             log.warning("egress filter not in force: %s", self.error)
             return False
-        self.remove(quiet=True)  # a crashed instance of this uid block may have left it
-        result = subprocess.run([nft, "-f", "-"], input=self.ruleset(), capture_output=True, text=True)
+        # one nft, one transaction: the table a crashed instance of this uid block may have left is replaced
+        result = subprocess.run([nft, "-f", "-"], input=self.replacing_ruleset(), capture_output=True, text=True)
         if result.returncode != 0:
             self.error = f"nft refused the rules: {result.stderr.strip()}"
             log.warning("egress filter not in force: %s", self.error)
+            self.remove(quiet=True)  # nothing of the transaction is in force: nor is a crashed instance's table
             return False
         self.installed = True
         return True

@@ -115,8 +115,22 @@ _LDD_CACHE = "ldd-cache.json"
 
 
 def _ldd_key(elf_files: list[str]) -> str:
+    return file_key([*elf_files, "/etc/ld.so.cache"])
+
+
+def _ldd_cached(cache_dir: str, key: str) -> list[str] | None:
+    found = cached(cache_dir, _LDD_CACHE, key)
+    return found if isinstance(found, list) and all(isinstance(p, str) for p in found) else None
+
+
+def _ldd_store(cache_dir: str, key: str, found: list[str]) -> None:
+    store(cache_dir, _LDD_CACHE, key, found)
+
+
+def file_key(paths: list[str]) -> str:
+    """A key made of each file's identity (device, inode, size, time; a missing one by its name alone)."""
     identities = []
-    for path in [*elf_files, "/etc/ld.so.cache"]:
+    for path in paths:
         try:
             info = os.stat(path)
         except OSError:
@@ -128,20 +142,20 @@ def _ldd_key(elf_files: list[str]) -> str:
     return hashlib.sha256(json.dumps(identities).encode()).hexdigest()
 
 
-def _ldd_cached(cache_dir: str, key: str) -> list[str] | None:
+def cached(cache_dir: str, name: str, key: str) -> object:
+    """What store() kept under key in cache_dir's file name, or None."""
     if not cache_dir:
         return None
     try:
-        with open(os.path.join(cache_dir, _LDD_CACHE)) as f:
-            found = json.load(f).get(key)
+        with open(os.path.join(cache_dir, name)) as f:
+            return json.load(f).get(key)
     except (OSError, ValueError, AttributeError):
         return None
-    return found if isinstance(found, list) and all(isinstance(p, str) for p in found) else None
 
 
-def _ldd_store(cache_dir: str, key: str, found: list[str]) -> None:
+def store(cache_dir: str, name: str, key: str, value: object) -> None:
     """Kept beside the few other keys in use (others' instances', other runtimes'); written whole, then renamed."""
-    path = os.path.join(cache_dir, _LDD_CACHE)
+    path = os.path.join(cache_dir, name)
     try:
         with open(path) as f:
             entries = json.load(f)
@@ -150,7 +164,7 @@ def _ldd_store(cache_dir: str, key: str, found: list[str]) -> None:
     except (OSError, ValueError):
         entries = {}
     entries = dict(list(entries.items())[-15:])
-    entries[key] = found
+    entries[key] = value
     try:
         os.makedirs(cache_dir, exist_ok=True)
         scratch = f"{path}.{os.getpid()}"

@@ -69,6 +69,7 @@ class NodeRuntime(JailedRuntime):
                     WRAPPER,
                     self.config.default_memory_mb,
                     self._snapshots.next_path(),
+                    cache_dir=self.config.data_dir,
                 )
             except (OSError, subprocess.SubprocessError) as exc:  # slower starts, nothing worse
                 log.warning("no startup snapshot for node: %s", exc)

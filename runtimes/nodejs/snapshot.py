@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtimes.jail import protocol
+from runtimes.linux import rootfs
 from runtimes.linux.dirlock import remove_if_unlocked
 from runtimes.nodejs.node_start import WRAPPER, heap_flags
 
@@ -77,9 +78,12 @@ class Snapshot:
     memory_mb: int
 
 
-def build(node: str, wrapper: str, memory_mb: int, path: str, rehash: bool = False) -> Snapshot | None:
+def build(
+    node: str, wrapper: str, memory_mb: int, path: str, rehash: bool = False, cache_dir: str = ""
+) -> Snapshot | None:
     """A tested snapshot at path, or None if node cannot make one that loads. rehash: loaded with rehashing
-    (a seed of its own for every node started on it), never with the seed it was built with."""
+    (a seed of its own for every node started on it), never with the seed it was built with. cache_dir: where
+    node's tags are kept (_tag)."""
     built = heap_flags(memory_mb)
     scratch = f"{path}.tmp"
     command = [node, *built, "--snapshot-blob", scratch, "--build-snapshot", wrapper]
@@ -91,25 +95,36 @@ def build(node: str, wrapper: str, memory_mb: int, path: str, rehash: bool = Fal
     os.chmod(scratch, 0o644)
     whole = _drop_code_cache(scratch)  # the blob as built, if the code cache was dropped from it
     os.rename(scratch, path)
-    made = _tested(node, built, memory_mb, path, rehash)
+    made = _tested(node, built, memory_mb, path, rehash, cache_dir)
     if made is None and whole is not None:  # node did not take it without its code cache: as built, then
         with open(path, "wb") as blob:
             blob.write(whole)
-        made = _tested(node, built, memory_mb, path, rehash)
+        made = _tested(node, built, memory_mb, path, rehash, cache_dir)
     if made is None:
         log.warning("node's startup snapshot does not run; runs start on the plain wrapper")
         _unlink(path)
     return made
 
 
-def _tested(node: str, built: list[str], memory_mb: int, path: str, rehash: bool) -> Snapshot | None:
+def _tested(
+    node: str, built: list[str], memory_mb: int, path: str, rehash: bool, cache_dir: str = ""
+) -> Snapshot | None:
     """The snapshot at path as it loads (retagged for loading without rehashing where asked and possible), or
-    None if it does not run."""
+    None if it does not run. The tags kept in cache_dir first; where the snapshot does not load with them, node's
+    own answer (kept for the next start)."""
     no_rehash = [*built, NO_REHASH]
-    if not rehash and _retag(path, _tag(node, tuple(built)), _tag(node, tuple(no_rehash))):
-        if _loads(node, no_rehash, path):
-            return Snapshot(path, tuple(no_rehash), memory_mb)
-        _retag(path, _tag(node, tuple(no_rehash)), _tag(node, tuple(built)))
+    tried = None
+    for fresh in (False, True) if cache_dir else (True,):
+        if rehash:
+            break
+        tags = _tag(node, tuple(built), cache_dir, fresh), _tag(node, tuple(no_rehash), cache_dir, fresh)
+        if tags == tried:
+            break  # node says what the cache said: no other tag to try
+        tried = tags
+        if _retag(path, *tags):
+            if _loads(node, no_rehash, path):
+                return Snapshot(path, tuple(no_rehash), memory_mb)
+            _retag(path, tags[1], tags[0])
     if _loads(node, built, path):
         if not rehash:
             log.warning("node loads its startup snapshot only with rehashing (slower starts)")
@@ -117,9 +132,38 @@ def _tested(node: str, built: list[str], memory_mb: int, path: str, rehash: bool
     return None
 
 
+TAGS_CACHE = "node-tags.json"  # in the data dir: node's tags by its identity, its flags and the CPU's features
+
+
+def _tag(node: str, flags: tuple[str, ...], cache_dir: str = "", fresh: bool = False) -> int:
+    """v8.cachedDataVersionTag() of node started with these flags (-1 if it cannot say): V8 makes it of its
+    version, its flags and the CPU's features. Asked of node once; with cache_dir, kept there under the node
+    binary's identity, the flags and the CPU's features, so that a start does not wait for two node starts.
+    fresh: node's own answer, not the one kept."""
+    key = f"{rootfs.file_key([os.path.realpath(node)])}:{' '.join(flags)}:{_cpu_features()}"
+    if cache_dir and not fresh:
+        known = rootfs.cached(cache_dir, TAGS_CACHE, key)
+        if type(known) is int and known >= 0:
+            return known
+    tag = _asked_tag(node, flags)
+    if cache_dir and tag >= 0:
+        rootfs.store(cache_dir, TAGS_CACHE, key, tag)
+    return tag
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_features() -> str:
+    """The CPU's feature flags as /proc/cpuinfo lists them (x86 `flags`, arm64 `Features`), digested."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        line = ""
+    return hashlib.sha256(line.encode()).hexdigest()[:16]
+
+
 @functools.lru_cache(maxsize=8)
-def _tag(node: str, flags: tuple[str, ...]) -> int:
-    """v8.cachedDataVersionTag() of node started with these flags (-1 if it cannot say)."""
+def _asked_tag(node: str, flags: tuple[str, ...]) -> int:
     result = subprocess.run(
         [node, *flags, "-p", "v8.cachedDataVersionTag()"], env=_ENV, cwd="/", capture_output=True, text=True, timeout=60
     )

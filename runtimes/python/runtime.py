@@ -26,9 +26,34 @@ LEAN = "lean"  # the zygote that imports nothing of the layer
 LEAN_VARIANT = ((KIND, LEAN),)
 
 
+PATHS_CACHE = "interpreter-paths.json"  # in the data dir, as the libraries ldd found (rootfs.shared_libraries)
+PATH_KEYS = ("stdlib", "platstdlib", "purelib", "platlib", "dynload")
+
+
 @functools.lru_cache(maxsize=8)
-def interpreter_paths(python: str) -> dict:
-    """Where that interpreter keeps its standard library, asked of the interpreter itself."""
+def interpreter_paths(python: str, cache_dir: str = "") -> dict:
+    """Where that interpreter keeps its standard library, asked of the interpreter itself, once: with cache_dir,
+    its answer is kept there under the interpreter's identity (and that of a pyvenv.cfg beside it, which moves its
+    prefix), so that a start does not wait for another interpreter's start (a zygote's tree needs it first)."""
+    where = os.path.dirname(python)
+    key = rootfs.file_key(
+        [python, os.path.join(where, "pyvenv.cfg"), os.path.join(os.path.dirname(where), "pyvenv.cfg")]
+    )
+    known = rootfs.cached(cache_dir, PATHS_CACHE, key)
+    if (
+        isinstance(known, dict)
+        and set(known) == set(PATH_KEYS)
+        and all(isinstance(value, str) for value in known.values())
+        and os.path.isdir(known["stdlib"])
+    ):
+        return known
+    paths = _ask_interpreter(python)
+    if cache_dir:
+        rootfs.store(cache_dir, PATHS_CACHE, key, paths)
+    return paths
+
+
+def _ask_interpreter(python: str) -> dict:
     script = (
         "import json, sys, sysconfig\n"
         "p = sysconfig.get_paths()\n"
@@ -125,7 +150,7 @@ class PythonRuntime(JailedRuntime):
 
     def tree(self) -> rootfs.TreeSpec:
         python = os.path.realpath(self.config.python_path)
-        paths = interpreter_paths(python)
+        paths = interpreter_paths(python, self.config.data_dir)
         spec = rootfs.TreeSpec()
         spec.add(python, paths["stdlib"], paths["platstdlib"])
         layer = self.config.python_layer
