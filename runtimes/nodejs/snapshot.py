@@ -140,7 +140,9 @@ def _tag(node: str, flags: tuple[str, ...], cache_dir: str = "", fresh: bool = F
     version, its flags and the CPU's features. Asked of node once; with cache_dir, kept there under the node
     binary's identity, the flags and the CPU's features, so that a start does not wait for two node starts.
     fresh: node's own answer, not the one kept."""
-    key = f"{rootfs.file_key([os.path.realpath(node)])}:{' '.join(flags)}:{_cpu_features()}"
+    cpu = cpu_features()
+    cache_dir = cache_dir if cpu is not None else ""  # a CPU that does not say: node's own answer, never kept
+    key = f"{rootfs.file_key([os.path.realpath(node)])}:{' '.join(flags)}:{cpu}"
     if cache_dir and not fresh:
         known = rootfs.cached(cache_dir, TAGS_CACHE, key)
         if type(known) is int and known >= 0:
@@ -149,17 +151,6 @@ def _tag(node: str, flags: tuple[str, ...], cache_dir: str = "", fresh: bool = F
     if cache_dir and tag >= 0:
         rootfs.store(cache_dir, TAGS_CACHE, key, tag)
     return tag
-
-
-@functools.lru_cache(maxsize=1)
-def _cpu_features() -> str:
-    """The CPU's feature flags as /proc/cpuinfo lists them (x86 `flags`, arm64 `Features`), digested."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        line = ""
-    return hashlib.sha256(line.encode()).hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=8)
@@ -298,6 +289,7 @@ def _identity(node: str, wrapper: str, memory_mb: int) -> dict:
     }
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_features() -> str | None:
     """The machine and its first processor's feature flags as /proc/cpuinfo lists them (x86's `flags`, arm64's
     `Features`), or None if it does not say.
