@@ -58,10 +58,11 @@ class SandboxAPI:
         try:
             yield
         finally:
-            if not self._starting.done():
-                self._starting.cancel()
-            if self._started_early is not None and not self._started_early.done():
-                self._started_early.cancel()
+            starts = [task for task in (self._starting, self._started_early) if task is not None and not task.done()]
+            for task in starts:
+                task.cancel()
+            if starts:  # their end first: a zygote being started is killed before its tree's mount is taken down
+                await asyncio.wait(starts)
             await self.invoker.stop()
             self.stopped = True
 

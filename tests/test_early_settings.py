@@ -142,3 +142,59 @@ def test_a_setting_only_the_model_refuses_stops_the_start_and_leaves_no_process(
     [line] = [line for line in found["stderr"].splitlines() if line.startswith("sandlot:")]
     assert line.startswith("sandlot: invalid setting: ") and next(iter(setting)) in line
     assert found["left"] == [], found
+
+
+# `sandlot serve` ended by SIGTERM as soon as its app answers (the runtimes most likely still starting), as a
+# subreaper: whatever of it outlives it comes back here
+TERMINATED_WHILE_STARTING = """
+import ctypes, json, os, signal, subprocess, sys, time, urllib.error, urllib.request
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+service = subprocess.Popen([sys.executable, "-m", "handler.cli", "serve"], stderr=subprocess.PIPE, text=True)
+answered = None
+deadline = time.monotonic() + 60
+while answered is None and time.monotonic() < deadline:
+    try:
+        answered = urllib.request.urlopen(sys.argv[1] + "/health", timeout=5).status
+    except urllib.error.HTTPError as exc:
+        answered = exc.code
+    except OSError:
+        time.sleep(0.005)
+service.send_signal(signal.SIGTERM)
+stderr = service.communicate(timeout=60)[1]
+time.sleep(0.5)  # what the service's end left (a zygote's last words) comes back to this subreaper
+left = []
+while True:
+    try:
+        if os.waitpid(-1, os.WNOHANG)[0] == 0:
+            break
+    except ChildProcessError:
+        break
+for entry in os.listdir("/proc"):
+    try:
+        with open(f"/proc/{entry}/stat") as f:
+            if entry.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                left.append(entry)
+    except (OSError, ValueError):
+        pass
+print(json.dumps({"code": service.returncode, "answered": answered, "stderr": stderr, "left": left}))
+"""
+
+
+def test_a_service_stopped_while_its_runtimes_start_ends_them_first_and_leaves_no_process():
+    """SIGTERM at the app's first answer: the lifespan's end waits for the runtimes' start it cancels, so a zygote
+    being started is ended before what it starts on is taken down (no zygote traceback), and nothing is left."""
+    svc = Service()
+    out = subprocess.run(
+        [sys.executable, "-c", TERMINATED_WHILE_STARTING, svc.url],
+        cwd=ROOT,
+        env={**svc.env, "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout)
+    assert found["answered"] in (200, 503), found
+    assert found["code"] in (0, -15), found["stderr"]  # uvicorn ends by the signal it caught, once shut down
+    assert "Traceback" not in found["stderr"], found["stderr"]
+    assert found["left"] == [], found
