@@ -71,6 +71,7 @@ LOAD_WARNING = 1.5  # above this 1-minute load average a block's absolutes say m
 READY = re.compile(r"ready in ([0-9.]+) s")
 INIT = re.compile(
     r"ready in ([0-9.]+) s .*?; init ([0-9.na]+) s since the process started \(platform probe ([0-9.]+) s"
+    r"(?: waited for; the function's imports ([0-9.na]+) s; zygote started ahead: (\w+))?"
 )
 
 
@@ -253,17 +254,17 @@ def per_run_tenancy(
                 return instance
             found = INIT.search(instance.output())
             assert found, instance.output()
-            ready, age, probe = (float(v) for v in found.groups())
-            inits[label].append(
-                {
-                    "spawn to first /next": instance.init_seconds,
-                    "process start to init": age - ready - probe,
-                    "platform probe (waited for)": probe,
-                    "runtime start (first child)": ready,
-                    "after init to first /next": instance.init_seconds - age,
-                    **cpu,
-                }
-            )
+            ready, age, probe = (float(v) for v in found.groups()[:3])
+            imports = found.group(4)  # None where the function does not say (an older one)
+            before = age - ready - probe
+            parts = {"spawn to first /next": instance.init_seconds, "process start to init": before}
+            if imports is not None:
+                parts["  the handler module's imports"] = float(imports)
+                parts["  the rest (interpreter, early hook, awslambdaric, settings)"] = before - float(imports)
+            parts["platform probe (waited for)"] = probe
+            parts["runtime start (first child)"] = ready
+            parts["after init to first /next"] = instance.init_seconds - age
+            inits[label].append({**parts, **cpu})
             return instance
 
         return recorded

@@ -2,7 +2,13 @@
 
 1. The role's credentials out of the process (`drop_credentials`, below): a no-op where the image's early hook
    (infra/layout.sh's `sandlot-early.pth`) already did it, before awslambdaric was even imported.
-2. The platform probe (linux/protections.py) starts while the process is still small and single-threaded
+2. The first zygote's interpreter starts (jail/zygote_start.py's `start_ahead`): as the runtime's start would
+   start it (the interpreter and environment the settings give, the language's runner), it imports the
+   zygote's modules while this process imports its own, and waits for its config, which the runtime's start
+   writes to it once the mode is chosen (the zygote's confinement follows the config, as always). A start
+   that asks for another interpreter, environment or runner kills it and starts its own; so does the
+   function's init when its runtime did not take it.
+3. The platform probe (linux/protections.py) starts while the process is still small and single-threaded
    (in the image, as the interpreter starts, from the same early hook, before awslambdaric is imported):
    a forked child of this process runs it (each mechanism in a throwaway child of its own, as always) and
    writes the record to a pipe, while this process goes on with its imports. The child has this process's
@@ -76,18 +82,56 @@ def early_hook() -> None:
     beside awslambdaric's imports too, not only beside the function's own."""
     if "AWS_LAMBDA_RUNTIME_API" in os.environ:
         drop_credentials()
-        if any(arg.startswith("runtimes.") and arg.endswith(".lambda_function.handler") for arg in sys.orig_argv):
+        if _handler_package():
+            _start_zygote_ahead()
             _start_probe()
 
 
 probe_seconds = float("nan")  # from the probe's start to its record being read (nan: not probed here)
+imports_started = float("nan")  # time.monotonic() as the handler module began its imports (first_steps)
+_ahead_tried = False
 _probe: tuple[int, int, float] | None = None  # (pid, read end, started)
 _started = False
 
 
 def first_steps() -> None:
+    """The handler module's first call (a no-op for what the image's early hook already did)."""
+    global imports_started
+    imports_started = time.monotonic()
     drop_credentials()
+    _start_zygote_ahead()
     _start_probe()
+
+
+def _handler_package() -> str:
+    """`runtimes.<language>` where this process is a runtime function's (awslambdaric's handler argument)."""
+    for arg in sys.orig_argv:
+        if arg.startswith("runtimes.") and arg.endswith(".lambda_function.handler"):
+            return arg.removesuffix(".lambda_function.handler")
+    return ""
+
+
+def _start_zygote_ahead() -> None:
+    """The first zygote's interpreter, started now (jail/zygote_start.py), so that its start and imports run beside
+    this process's: as it will be started (the interpreter and environment the settings give, the language's
+    runner), its config to come once the runtime has chosen its mode. Where the settings need the model to be
+    read, or anything here fails, the runtime's start starts its zygote as usual (and says why, if it cannot)."""
+    global _ahead_tried
+    package = _handler_package()
+    if _ahead_tried or not package:
+        return
+    _ahead_tried = True
+    try:
+        from runtimes.config import RuntimeConfig, proxy_environment
+        from runtimes.function.environment import light_environment
+        from runtimes.jail import zygote_start
+
+        settings = light_environment()
+        if settings is not None:
+            env = RuntimeConfig(run_env=proxy_environment(settings)).environment()  # as the runtime's would be
+            zygote_start.start_ahead(settings.PYTHON_PATH, env, f"{package}.runner")
+    except Exception:  # noqa: BLE001 - the usual start instead
+        return
 
 
 def _start_probe() -> None:
@@ -109,6 +153,7 @@ def _start_probe() -> None:
     if pid == 0:  # pragma: no cover - child
         try:
             os.close(read_end)
+            _close_zygote_ahead()  # its config pipe and channel are this process's, not the probe's
             data = json.dumps(protections.probe().to_dict()).encode()
             while data:
                 data = data[os.write(write_end, data) :]
@@ -116,6 +161,12 @@ def _start_probe() -> None:
             os._exit(0)
     os.close(write_end)
     _probe = (pid, read_end, started)
+
+
+def _close_zygote_ahead() -> None:
+    started = sys.modules.get("runtimes.jail.zygote_start")
+    if started is not None:
+        started.close_inherited()
 
 
 def record() -> None:
