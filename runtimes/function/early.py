@@ -2,19 +2,19 @@
 
 1. The role's credentials out of the process (`drop_credentials`, below): a no-op where the image's early hook
    (infra/layout.sh's `sandlot-early.pth`) already did it, before awslambdaric was even imported.
-2. The first zygote's interpreter starts (jail/zygote_start.py's `start_ahead`): as the runtime's start would
-   start it (the interpreter and environment the settings give, the language's runner), it imports the
-   zygote's modules while this process imports its own, and waits for its config, which the runtime's start
-   writes to it once the mode is chosen (the zygote's confinement follows the config, as always). A start
-   that asks for another interpreter, environment or runner kills it and starts its own; so does the
-   function's init when its runtime did not take it.
-3. The platform probe (linux/protections.py) starts while the process is still small and single-threaded
+2. The platform probe (linux/protections.py) starts while the process is still small and single-threaded
    (in the image, as the interpreter starts, from the same early hook, before awslambdaric is imported):
    a forked child of this process runs it (each mechanism in a throwaway child of its own, as always) and
    writes the record to a pipe, while this process goes on with its imports. The child has this process's
    credentials, namespaces, filters and limits, so its record is the one this process would have probed;
    `record()` reads it and makes it this process's record (the one platform_protections() returns, which
    the runtime's start and the function read). If the child gives no record, this process probes itself.
+3. Then the first zygote's interpreter starts (jail/zygote_start.py's `start_ahead`): as the runtime's start would
+   start it (the interpreter and environment the settings give, the language's runner), it imports the
+   zygote's modules while this process imports its own, and waits for its config, which the runtime's start
+   writes to it once the mode is chosen (the zygote's confinement follows the config, as always). A start
+   that asks for another interpreter, environment or runner kills it and starts its own; so does the
+   function's init when its runtime did not take it.
 
 ## The role's credentials
 
@@ -83,8 +83,8 @@ def early_hook() -> None:
     if "AWS_LAMBDA_RUNTIME_API" in os.environ:
         drop_credentials()
         if _handler_package():
+            _start_probe()  # first: forked while the process is smallest (each of its children copies less)
             _start_zygote_ahead()
-            _start_probe()
 
 
 probe_seconds = float("nan")  # from the probe's start to its record being read (nan: not probed here)
@@ -99,8 +99,8 @@ def first_steps() -> None:
     global imports_started
     imports_started = time.monotonic()
     drop_credentials()
-    _start_zygote_ahead()
     _start_probe()
+    _start_zygote_ahead()
 
 
 def _handler_package() -> str:
