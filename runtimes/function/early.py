@@ -15,6 +15,7 @@
    writes to it once the mode is chosen (the zygote's confinement follows the config, as always). A start
    that asks for another interpreter, environment or runner kills it and starts its own; so does the
    function's init when its runtime did not take it.
+4. asyncio is imported without ssl (`_asyncio_without_tls`).
 
 ## The role's credentials
 
@@ -101,6 +102,22 @@ def first_steps() -> None:
     drop_credentials()
     _start_probe()
     _start_zygote_ahead()
+    _asyncio_without_tls()
+
+
+def _asyncio_without_tls() -> None:
+    """asyncio (the function's next import: the runtime runs on it), imported without ssl, which asyncio imports
+    only to offer TLS: this process makes no TLS connection (awslambdaric's client is a C extension of its own,
+    the runs' network is theirs), and ssl with libssl and libcrypto costs about 5 ms of CPU on every cold
+    start. Only this process's asyncio goes without TLS; an `import ssl` elsewhere still works."""
+    if "asyncio" in sys.modules or "ssl" in sys.modules:
+        return
+    sys.modules["ssl"] = None  # type: ignore[assignment] - `import ssl` raises ImportError: asyncio's ssl is None
+    try:
+        import asyncio  # noqa: F401
+    finally:
+        if "ssl" in sys.modules and sys.modules["ssl"] is None:
+            del sys.modules["ssl"]
 
 
 def _handler_package() -> str:

@@ -5,7 +5,8 @@
 - the role's credentials leave a Lambda runtime process as its interpreter starts (the image's .pth hook);
 - the platform probe runs in a forked child beside the imports, and its record is the one the process
   would have probed itself;
-- the first zygote's interpreter starts beside the imports too, as any zygote starts, and goes if unused.
+- the first zygote's interpreter starts beside the imports too, as any zygote starts, and goes if unused;
+- the function's process imports asyncio without ssl.
 """
 
 import json
@@ -304,6 +305,39 @@ def test_a_zygote_started_ahead_that_the_runtime_does_not_take_is_gone_after_ini
         assert probe.kind == "response" and json.loads(probe.body)["refused"], probe.body
     finally:
         instance.stop()
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: the simulation changes to an unprivileged uid")
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"needs {SYSTEM_PYTHON} (any uid can run it)")
+def test_the_functions_process_loads_no_tls_and_serves(image):
+    """asyncio goes without ssl in the function's process (no libssl, no libcrypto loaded at init); runs are served."""
+    instance = start_simulated(image, "python3", uid=SIM_UID + 47, SANDLOT_REQUIRE_SECCOMP="false")
+    try:
+        assert instance.ready, instance.output()
+        with open(f"/proc/{instance.process.pid}/maps") as f:
+            maps = f.read()
+        assert "libpython" in maps or "python3" in maps  # the function's own interpreter
+        assert "libssl" not in maps and "/_ssl." not in maps
+        result = result_of(instance, {"language": "python3", "code": "print(6 * 7)", "enable_network": True})
+        assert result["stdout"] == "42\n", result
+    finally:
+        instance.stop()
+
+
+def test_asyncio_without_tls_leaves_ssl_importable():
+    script = (
+        "import sys\n"
+        "from runtimes.function import early\n"
+        "early._asyncio_without_tls()\n"
+        "import asyncio.base_events, asyncio.sslproto\n"
+        "assert 'ssl' not in sys.modules and asyncio.sslproto.ssl is None\n"
+        "loop = asyncio.new_event_loop()\n"
+        "assert loop.run_until_complete(asyncio.sleep(0, 'ran')) == 'ran'\n"
+        "import ssl\n"
+        "print(ssl.PROTOCOL_TLS_CLIENT is not None)\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", script], cwd=REPO, **_text())
+    assert ran.stdout == "True\n"
 
 
 def test_a_zygote_started_ahead_serves_only_the_start_it_was_started_for():
