@@ -164,7 +164,11 @@ class RuntimeFunction:
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="sandlot-runtime", daemon=True).start()
         self._stop_on_sigterm()
-        self._call(self._init())
+        try:
+            self._call(self._init())
+        except BaseException:
+            zygote_start.discard_ahead()  # an init that fails before its runtime took it (no node, no layer)
+            raise
 
     def _stop_on_sigterm(self) -> None:
         """Lambda ends an instance with SIGTERM (then SIGKILL): stop the runtime first, so that what it holds
