@@ -18,8 +18,10 @@ Rows (one table, all from the same run on this machine; read ratios, not absolut
   simulated Lambda's function deployed PER_TENANT (RequireSeccomp true, seccomp refused: tenancy is what
   serves), so that each invoke waits for a fresh environment's init; with where that init's time goes
   (medians): the process up to the runtime function's init (interpreter, awslambdaric and the project's
-  imports, the re-exec without credentials), the platform probe, the runtime's start (its zygote, the first
-  child), and what is left to the first /next; and the run itself after it. Next to them, the floor: a bare
+  imports, the re-exec without credentials), and of it the handler module's own imports where the function
+  says (the rest: the interpreter, the early hook, awslambdaric, the settings), the platform probe, the
+  runtime's start (its zygote, started ahead where the function says so, the first child), and what is left to
+  the first /next; and the run itself after it. Next to them, the floor: a bare
   awslambdaric function (`def handler(e, c): return "hello"`) on the same simulation (interpreter, uid, outer
   filter, environment), invoked the same way, each per-run row read as its difference and ratio to the floor
   (issue 31's targets: Python p50 <= floor + 120 ms, Node <= floor + 250 ms, p95 <= 1.5 x p50);
