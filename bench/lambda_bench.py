@@ -18,8 +18,10 @@ Rows (one table, all from the same run on this machine; read ratios, not absolut
   simulated Lambda's function deployed PER_TENANT (RequireSeccomp true, seccomp refused: tenancy is what
   serves), so that each invoke waits for a fresh environment's init; with where that init's time goes
   (medians): the process up to the runtime function's init (interpreter, awslambdaric and the project's
-  imports, the re-exec without credentials), the platform probe, the runtime's start (its zygote, the first
-  child), and what is left to the first /next; and the run itself after it. Next to them, the floor: a bare
+  imports, the re-exec without credentials), and of it the handler module's own imports where the function
+  says (the rest: the interpreter, the early hook, awslambdaric, the settings), the platform probe, the
+  runtime's start (its zygote, started ahead where the function says so, the first child), and what is left to
+  the first /next; and the run itself after it. Next to them, the floor: a bare
   awslambdaric function (`def handler(e, c): return "hello"`) on the same simulation (interpreter, uid, outer
   filter, environment), invoked the same way, each per-run row read as its difference and ratio to the floor
   (issue 31's targets: Python p50 <= floor + 120 ms, Node <= floor + 250 ms, p95 <= 1.5 x p50);
@@ -71,6 +73,7 @@ LOAD_WARNING = 1.5  # above this 1-minute load average a block's absolutes say m
 READY = re.compile(r"ready in ([0-9.]+) s")
 INIT = re.compile(
     r"ready in ([0-9.]+) s .*?; init ([0-9.na]+) s since the process started \(platform probe ([0-9.]+) s"
+    r"(?: waited for; the function's imports ([0-9.na]+) s; zygote started ahead: (\w+))?"
 )
 
 
@@ -253,17 +256,17 @@ def per_run_tenancy(
                 return instance
             found = INIT.search(instance.output())
             assert found, instance.output()
-            ready, age, probe = (float(v) for v in found.groups())
-            inits[label].append(
-                {
-                    "spawn to first /next": instance.init_seconds,
-                    "process start to init": age - ready - probe,
-                    "platform probe (waited for)": probe,
-                    "runtime start (first child)": ready,
-                    "after init to first /next": instance.init_seconds - age,
-                    **cpu,
-                }
-            )
+            ready, age, probe = (float(v) for v in found.groups()[:3])
+            imports = found.group(4)  # None where the function does not say (an older one)
+            before = age - ready - probe
+            parts = {"spawn to first /next": instance.init_seconds, "process start to init": before}
+            if imports is not None:
+                parts["  the handler module's imports"] = float(imports)
+                parts["  the rest (interpreter, early hook, awslambdaric, settings)"] = before - float(imports)
+            parts["platform probe (waited for)"] = probe
+            parts["runtime start (first child)"] = ready
+            parts["after init to first /next"] = instance.init_seconds - age
+            inits[label].append({**parts, **cpu})
             return instance
 
         return recorded

@@ -9,6 +9,13 @@
    credentials, namespaces, filters and limits, so its record is the one this process would have probed;
    `record()` reads it and makes it this process's record (the one platform_protections() returns, which
    the runtime's start and the function read). If the child gives no record, this process probes itself.
+3. Then the first zygote's interpreter starts (jail/zygote_start.py's `start_ahead`): as the runtime's start would
+   start it (the interpreter and environment the settings give, the language's runner), it imports the
+   zygote's modules while this process imports its own, and waits for its config, which the runtime's start
+   writes to it once the mode is chosen (the zygote's confinement follows the config, as always). A start
+   that asks for another interpreter, environment or runner kills it and starts its own; so does the
+   function's init when its runtime did not take it.
+4. asyncio is imported without ssl (`_asyncio_without_tls`).
 
 ## The role's credentials
 
@@ -76,18 +83,72 @@ def early_hook() -> None:
     beside awslambdaric's imports too, not only beside the function's own."""
     if "AWS_LAMBDA_RUNTIME_API" in os.environ:
         drop_credentials()
-        if any(arg.startswith("runtimes.") and arg.endswith(".lambda_function.handler") for arg in sys.orig_argv):
-            _start_probe()
+        if _handler_package():
+            _start_probe()  # first: forked while the process is smallest (each of its children copies less)
+            _start_zygote_ahead()
 
 
 probe_seconds = float("nan")  # from the probe's start to its record being read (nan: not probed here)
+imports_started = float("nan")  # time.monotonic() as the handler module began its imports (first_steps)
+_ahead_tried = False
 _probe: tuple[int, int, float] | None = None  # (pid, read end, started)
 _started = False
 
 
 def first_steps() -> None:
+    """The handler module's first call (a no-op for what the image's early hook already did)."""
+    global imports_started
+    imports_started = time.monotonic()
     drop_credentials()
     _start_probe()
+    _start_zygote_ahead()
+    _asyncio_without_tls()
+
+
+def _asyncio_without_tls() -> None:
+    """asyncio (the function's next import: the runtime runs on it), imported without ssl, which asyncio imports
+    only to offer TLS: this process makes no TLS connection (awslambdaric's client is a C extension of its own,
+    the runs' network is theirs), and ssl with libssl and libcrypto costs about 5 ms of CPU on every cold
+    start. Only this process's asyncio goes without TLS; an `import ssl` elsewhere still works."""
+    if "asyncio" in sys.modules or "ssl" in sys.modules:
+        return
+    sys.modules["ssl"] = None  # type: ignore[assignment] - `import ssl` raises ImportError: asyncio's ssl is None
+    try:
+        import asyncio  # noqa: F401
+    finally:
+        if "ssl" in sys.modules and sys.modules["ssl"] is None:
+            del sys.modules["ssl"]
+
+
+def _handler_package() -> str:
+    """`runtimes.<language>` where this process is a runtime function's (awslambdaric's handler argument)."""
+    for arg in sys.orig_argv:
+        if arg.startswith("runtimes.") and arg.endswith(".lambda_function.handler"):
+            return arg.removesuffix(".lambda_function.handler")
+    return ""
+
+
+def _start_zygote_ahead() -> None:
+    """The first zygote's interpreter, started now (jail/zygote_start.py), so that its start and imports run beside
+    this process's: as it will be started (the interpreter and environment the settings give, the language's
+    runner), its config to come once the runtime has chosen its mode. Where the settings need the model to be
+    read, or anything here fails, the runtime's start starts its zygote as usual (and says why, if it cannot)."""
+    global _ahead_tried
+    package = _handler_package()
+    if _ahead_tried or not package:
+        return
+    _ahead_tried = True
+    try:
+        from runtimes.config import RuntimeConfig, proxy_environment
+        from runtimes.function.environment import light_environment
+        from runtimes.jail import zygote_start
+
+        settings = light_environment()
+        if settings is not None:
+            env = RuntimeConfig(run_env=proxy_environment(settings)).environment()  # as the runtime's would be
+            zygote_start.start_ahead(settings.PYTHON_PATH, env, f"{package}.runner")
+    except Exception:  # noqa: BLE001 - the usual start instead
+        return
 
 
 def _start_probe() -> None:
@@ -109,6 +170,7 @@ def _start_probe() -> None:
     if pid == 0:  # pragma: no cover - child
         try:
             os.close(read_end)
+            _close_zygote_ahead()  # its config pipe and channel are this process's, not the probe's
             data = json.dumps(protections.probe().to_dict()).encode()
             while data:
                 data = data[os.write(write_end, data) :]
@@ -116,6 +178,12 @@ def _start_probe() -> None:
             os._exit(0)
     os.close(write_end)
     _probe = (pid, read_end, started)
+
+
+def _close_zygote_ahead() -> None:
+    started = sys.modules.get("runtimes.jail.zygote_start")
+    if started is not None:
+        started.close_inherited()
 
 
 def record() -> None:

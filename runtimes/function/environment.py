@@ -125,6 +125,13 @@ class FunctionSettings:
 def function_environment(environ: dict[str, str] | None = None) -> FunctionSettings | FunctionEnvironment:
     """The settings from environ (os.environ by default), or ConfigError naming what is wrong."""
     environ = os.environ if environ is None else environ
+    settings = light_environment(environ)
+    return _checked_by_the_model(environ) if settings is None else settings
+
+
+def light_environment(environ: dict[str, str] | None = None) -> FunctionSettings | None:
+    """The settings as read without the model, or None where a value needs the model (function_environment)."""
+    environ = os.environ if environ is None else environ
     values = {}
     try:
         for name, (kind, default, bounds) in FIELDS.items():
@@ -133,7 +140,7 @@ def function_environment(environ: dict[str, str] | None = None) -> FunctionSetti
             else:
                 values[name] = default() if callable(default) else default
     except _Unsure:
-        return _checked_by_the_model(environ)
+        return None
     return FunctionSettings(values)
 
 

@@ -6,12 +6,13 @@ Module import is Lambda's init phase. The role's credentials are gone before it
 begins (runtimes/function/early.py: in the image, the ENTRYPOINT's env(1) drops them
 before the interpreter starts; a process started otherwise re-executes itself
 from the venv's .pth hook), and the platform probe runs in a forked child beside
-the imports, from that hook as the interpreter starts (runtimes/function/early.py). The
+the imports, from that hook as the interpreter starts, and so does the first zygote's interpreter, which
+imports its modules meanwhile and waits for its config (runtimes/jail/zygote_start.py). The
 cold path imports no pydantic: the settings are read by runtimes/function/environment.py,
 the event by payload.read_request, the result is a plain dataclass. Then it reads the probed record (the
 shared protections record, which decides the mode), starts the zygote (a
-separately exec'ed process with a clean environment) with the layer baked into
-the image, and prepares the child for the first run, so that the first
+separately exec'ed process with a clean environment: the one started ahead,
+given its config now) with the layer baked into the image, and prepares the child for the first run, so that the first
 invocation finds it ready. That zygote is the first run's (the serial schedule's
 first-run step, jail/service/serial.py): it does nothing only later runs need (Python:
 no preload of the layer; Node: the snapshot baked into the image instead of a
@@ -61,6 +62,7 @@ from runtimes.config import RuntimeConfig
 from runtimes.function import early
 from runtimes.function.early import drop_credentials
 from runtimes.function.environment import ConfigError, function_environment
+from runtimes.jail import zygote_start
 from runtimes.jail.service.runtime import JailedRuntime
 from runtimes.jail.service.sweep import StrayProcesses
 from runtimes.linux import tempdirs
@@ -141,6 +143,7 @@ class RuntimeFunction:
 
     def __init__(self, runtime_class: type[JailedRuntime], list_layer: Callable[[RuntimeConfig], list[dict]]):
         drop_credentials()
+        self.imports_seconds = time.monotonic() - early.imports_started  # the handler module's (nan: not known)
         try:
             self.settings = function_environment()
         except ConfigError as exc:
@@ -161,7 +164,11 @@ class RuntimeFunction:
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="sandlot-runtime", daemon=True).start()
         self._stop_on_sigterm()
-        self._call(self._init())
+        try:
+            self._call(self._init())
+        except BaseException:
+            zygote_start.discard_ahead()  # an init that fails before its runtime took it (no node, no layer)
+            raise
 
     def _stop_on_sigterm(self) -> None:
         """Lambda ends an instance with SIGTERM (then SIGKILL): stop the runtime first, so that what it holds
@@ -214,6 +221,7 @@ class RuntimeFunction:
                 raise InitFailure(f"the dependency layer {layer} is not readable: rebuild the image")
         started = time.monotonic()
         await runtime.start()
+        ahead = "used" if runtime.zygote_started_ahead else "unused" if zygote_start.discard_ahead() else "none"
         platform = runtime.platform
         if not runtime.refused and not runtime.ready:
             reason = runtime.error or "unknown"
@@ -228,11 +236,14 @@ class RuntimeFunction:
         self.between_hooked = between_invocations(self._between)
         log.info(
             "%s runtime function ready in %.3f s (zygote, first child); init %.3f s since the process started "
-            "(platform probe %.3f s waited for); protections in force: %s; tenants kept apart by: %s; platform: %s%s",
+            "(platform probe %.3f s waited for; the function's imports %.3f s; zygote started ahead: %s); "
+            "protections in force: %s; tenants kept apart by: %s; platform: %s%s",
             runtime.language,
             time.monotonic() - started,
             _process_age(),
             self.probe_seconds,
+            self.imports_seconds,
+            ahead,
             runtime.protections(),
             self.boundary(),
             platform.to_dict() if platform else None,

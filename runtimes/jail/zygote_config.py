@@ -2,8 +2,8 @@
 
 Shared vocabulary of both sides (beside modes.py and protocol.py): the service
 builds a `ZygoteConfig` (service/runtime.py), writes it to an unlinked file
-(`config_file`) and execs the zygote on `command(...)`; the zygote reads the
-file in `BOOTSTRAP`, decodes the record (`ZygoteConfig.decode`) and reads it
+(`config_file`) and execs the zygote on `command(...)` (zygote_start.py); the zygote
+reads the file in `BOOTSTRAP`, decodes the record (`ZygoteConfig.decode`) and reads it
 by attribute (zygote/loop.py, zygote/confine.py, the runners). Nothing here
 imports either side: the service never imports the zygote's modules, and the
 zygote nothing of the service's (tests/test_zygote_imports.py).
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import IO, Any, ClassVar
 
 from runtimes.jail.modes import Mode
+from runtimes.jail.zygote_start import BOOTSTRAP, ZYGOTE_MODULE, command, header, import_paths  # noqa: F401
 
 
 def _tuples(value: Any) -> Any:
@@ -154,44 +155,7 @@ class ZygoteConfig:
         return dataclasses.replace(self, control_fd=fd)
 
 
-# ---- how the service starts a zygote on it ----------------------------------------------------------------
-
-ZYGOTE_MODULE = "runtimes.jail.zygote.loop"  # what BOOTSTRAP imports (ps and the tests know zygotes by it)
-
-# The zygote's configuration comes on an inherited descriptor (an unlinked file), not in its argv: argv stays
-# in the process's memory (sys.orig_argv, the stack), which every run inherits.
-BOOTSTRAP = (
-    "import json, os, sys\n"
-    "with os.fdopen(int(sys.argv[1]), 'rb') as f:\n"
-    "    config = json.load(f)\n"
-    "sys.path[:0] = config['import_paths']\n"
-    f"from {ZYGOTE_MODULE} import main\n"
-    "main(config)\n"
-)
-
-
-def import_paths() -> tuple[str, ...]:
-    """Where the zygote finds this package and pyseccomp before it confines itself (the service's call). Found
-    without importing pyseccomp, which loads libseccomp: a Lambda function's process may need none of it."""
-    import importlib.util
-    import os
-
-    import runtimes
-
-    paths = [os.path.dirname(os.path.dirname(os.path.abspath(runtimes.__file__)))]
-    found = importlib.util.find_spec("pyseccomp")
-    if found is None or found.origin is None:
-        raise ImportError("pyseccomp is not installed")
-    seccomp_dir = os.path.dirname(os.path.abspath(found.origin))
-    if seccomp_dir not in paths:
-        paths.append(seccomp_dir)
-    return tuple(paths)
-
-
-def command(python: str, config_fd: int, runner: str) -> list[str]:
-    """The argv that starts a zygote (isolated mode, no site, UTF-8), its configuration on config_fd; the
-    runner's module name last, unused, so that ps tells the zygotes of each language apart."""
-    return [python, "-I", "-S", "-X", "utf8", "-c", BOOTSTRAP, str(config_fd), runner]
+# ---- how the service starts a zygote on it (the command: zygote_start.py, light, for a zygote started ahead too) ---
 
 
 def config_file(config: ZygoteConfig) -> IO[bytes]:
@@ -199,6 +163,7 @@ def config_file(config: ZygoteConfig) -> IO[bytes]:
     import tempfile  # the service's only: not in the zygote's imports
 
     file = tempfile.TemporaryFile()  # noqa: SIM115 - the caller passes its descriptor on, then closes it
+    file.write(header(config.import_paths))
     file.write(config.to_json())
     file.seek(0)
     return file

@@ -4,7 +4,9 @@
   (Node: the image's baked one, loaded with rehashing); the zygotes after it are the usual ones;
 - the role's credentials leave a Lambda runtime process as its interpreter starts (the image's .pth hook);
 - the platform probe runs in a forked child beside the imports, and its record is the one the process
-  would have probed itself.
+  would have probed itself;
+- the first zygote's interpreter starts beside the imports too, as any zygote starts, and goes if unused;
+- the function's process imports asyncio without ssl.
 """
 
 import json
@@ -265,6 +267,159 @@ def test_the_early_probe_records_what_the_process_would_have_probed():
     ran = subprocess.run([sys.executable, "-c", script], cwd=REPO, **_text())
     forked, own = json.loads(ran.stdout)
     assert forked == own
+
+
+def _zygotes(function_pid: int) -> list[tuple[int, list[str], list[str], str]]:
+    """(pid, argv, environment, cwd) of each zygote the function's process started that is still alive."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().decode().split("\0")[:-1]
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = sorted(f.read().decode().split("\0")[:-1])
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except (OSError, ValueError):
+            continue
+        if int(stat[1]) == function_pid and stat[0] != "Z" and argv[-1].endswith(".runner"):
+            found.append((int(entry), argv, environ, cwd))
+    return found
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: the simulation changes to an unprivileged uid")
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"needs {SYSTEM_PYTHON} (any uid can run it)")
+@pytest.mark.parametrize("language", ["python3", "nodejs"])
+def test_the_first_zygote_starts_with_the_interpreter_and_as_any_zygote_starts(image, language):
+    """The first zygote's interpreter is started from the early hook, before the function's imports, and serves
+    the first run; it is started as the runtime starts every zygote: the same argv (but the config's descriptor),
+    environment and working directory as the usual zygote that replaces it after the first run."""
+    if language == "nodejs" and not os.access("/usr/bin/node", os.X_OK):
+        pytest.skip("needs node at /usr/bin/node")
+    instance = start_simulated(image, language, uid=SIM_UID + 45, SANDLOT_REQUIRE_SECCOMP="false")
+    try:
+        assert instance.ready, instance.output()
+        assert "zygote started ahead: used" in instance.output()
+        (first,) = _zygotes(instance.process.pid)
+        code = "print(6 * 7)" if language == "python3" else "console.log(6 * 7)"
+        result = result_of(instance, {"language": language, "code": code, "enable_network": True})
+        assert result["stdout"] == "42\n", result
+        deadline = time.monotonic() + 20
+        later = []
+        while time.monotonic() < deadline and not later:  # replaced once the answer is posted
+            later = [zygote for zygote in _zygotes(instance.process.pid) if zygote[0] != first[0]]
+            time.sleep(0.05)
+        assert later, instance.output()
+
+        def started_as(zygote):
+            _, argv, environ, cwd = zygote
+            return argv[:-2] + argv[-1:], environ, cwd  # argv[-2]: the config's descriptor's number
+
+        assert started_as(first) == started_as(later[0])
+        assert started_as(first)[1] == ["HOME=/tmp", "LANG=C.UTF-8", "TMPDIR=/tmp"]
+    finally:
+        instance.stop()
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: the simulation changes to an unprivileged uid")
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"needs {SYSTEM_PYTHON} (any uid can run it)")
+def test_a_zygote_started_ahead_that_the_runtime_does_not_take_is_gone_after_init(image):
+    """A jail this platform cannot give (SANDLOT_JAIL=full, no namespaces here): the runtime refuses runs before
+    it starts any zygote, and the one started ahead is killed; the function answers the probe, saying why."""
+    instance = start_simulated(image, "python3", uid=SIM_UID + 46, SANDLOT_JAIL="full")
+    try:
+        assert instance.ready, instance.output()
+        assert "zygote started ahead: unused" in instance.output()
+        assert _zygotes(instance.process.pid) == []
+        probe = instance.invoke({"action": "probe"})
+        assert probe.kind == "response" and json.loads(probe.body)["refused"], probe.body
+    finally:
+        instance.stop()
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: the simulation changes to an unprivileged uid")
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"needs {SYSTEM_PYTHON} (any uid can run it)")
+def test_the_functions_process_loads_no_tls_and_serves(image):
+    """asyncio goes without ssl in the function's process (no libssl, no libcrypto loaded at init); runs are served."""
+    instance = start_simulated(image, "python3", uid=SIM_UID + 47, SANDLOT_REQUIRE_SECCOMP="false")
+    try:
+        assert instance.ready, instance.output()
+        with open(f"/proc/{instance.process.pid}/maps") as f:
+            maps = f.read()
+        assert "libpython" in maps or "python3" in maps  # the function's own interpreter
+        assert "libssl" not in maps and "/_ssl." not in maps
+        result = result_of(instance, {"language": "python3", "code": "print(6 * 7)", "enable_network": True})
+        assert result["stdout"] == "42\n", result
+    finally:
+        instance.stop()
+
+
+def test_asyncio_without_tls_leaves_ssl_importable():
+    script = (
+        "import sys\n"
+        "from runtimes.function import early\n"
+        "early._asyncio_without_tls()\n"
+        "import asyncio.base_events, asyncio.sslproto\n"
+        "assert 'ssl' not in sys.modules and asyncio.sslproto.ssl is None\n"
+        "loop = asyncio.new_event_loop()\n"
+        "assert loop.run_until_complete(asyncio.sleep(0, 'ran')) == 'ran'\n"
+        "import ssl\n"
+        "print(ssl.PROTOCOL_TLS_CLIENT is not None)\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", script], cwd=REPO, **_text())
+    assert ran.stdout == "True\n"
+
+
+def test_a_zygote_started_ahead_serves_only_the_start_it_was_started_for():
+    """zygote_start.take_ahead hands it only to a start with the very interpreter, environment, runner and import
+    paths it was started with; any other start gets none, and that one is killed."""
+    script = (
+        "import json, sys\n"
+        "from runtimes.jail import zygote_start as z\n"
+        "env = {'LANG': 'C.UTF-8', 'HOME': '/tmp', 'TMPDIR': '/tmp'}\n"
+        "paths = z.import_paths()\n"
+        "ends = []\n"
+        "for other in ({**env, 'HTTP_PROXY': 'http://p:1'}, env):\n"
+        "    z.start_ahead(sys.executable, env, 'runtimes.python.runner')\n"
+        "    process = z._ahead.process\n"
+        "    taken = z.take_ahead(sys.executable, other, 'runtimes.python.runner', paths)\n"
+        "    ends.append([taken is not None, process.poll()])\n"
+        "    if taken is not None:\n"
+        "        taken.discard()\n"
+        "z.start_ahead(sys.executable, env, 'runtimes.python.runner')\n"
+        "process = z._ahead.process\n"
+        "ends.append([z.discard_ahead(), process.poll(), z.take_ahead(sys.executable, env, 'x', paths) is None])\n"
+        "print(json.dumps(ends))\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", script], cwd=REPO, **_text())
+    assert json.loads(ran.stdout) == [[False, -9], [True, None], [True, -9, True]]
+
+
+def test_a_zygote_started_ahead_exits_quietly_with_the_process_that_started_it():
+    """Its config never comes (the function's process died in its init): the end of its pipe closes, and it
+    exits without a word. run() returns once it has: it holds the same stderr."""
+    script = (
+        "import os, sys\n"
+        "from runtimes.jail import zygote_start as z\n"
+        "z.start_ahead(sys.executable, {'LANG': 'C.UTF-8'}, 'runtimes.python.runner')\n"
+        "print(z._ahead.process.pid, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", script], cwd=REPO, **_text())
+    pid = int(ran.stdout)
+    assert ran.stderr == ""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # its stderr closed as it exits: gone, or a zombie, a moment later
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.01)
+    else:
+        raise AssertionError(f"the zygote started ahead ({pid}) outlived the process that started it")
 
 
 def _text() -> dict:

@@ -58,6 +58,7 @@ class JailedRuntime(LanguageHooks):
         self.on_layer_unused: list = []  # called with a layer path no zygote uses any more
         self.first_run_apart = False  # the serial schedule's first run has a zygote of its own (see above)
         self._left_out: dict[str, dict] = {}  # by kind of zygote: the preload failures last logged
+        self.zygote_started_ahead = False  # a zygote of it was one started ahead of its config (zygote_start.py)
 
     # ---- life cycle -----------------------------------------------------------------------------
 
@@ -151,6 +152,7 @@ class JailedRuntime(LanguageHooks):
         """A new zygote of that kind, started (the pool's call, at start and at each rotation)."""
         config_for = functools.partial(self.zygote_config, kind)
         zygote = await self.provisions.start_zygote(self.interpreter(), self.layer(), self.tree, config_for, self.pool)
+        self.zygote_started_ahead |= zygote.started_ahead
         health.log_left_out(self.language, kind, zygote.report, self._left_out)
         return zygote
 

@@ -13,8 +13,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from runtimes.jail import protocol
-from runtimes.jail.zygote_config import ZygoteConfig, command, config_file
+from runtimes.jail import protocol, zygote_start
+from runtimes.jail.zygote_config import ZygoteConfig, config_file
 from runtimes.linux.pasta import NamespaceNetwork, Pasta
 from runtimes.payload import Unavailable
 
@@ -73,6 +73,7 @@ class ZygoteHandle:
         self._exits: dict[int, asyncio.Future] = {}
         self._pidfds: dict[int, int] = {}  # pid -> a pidfd of our own, to see it dead even without the zygote
         self.report: dict = {}
+        self.started_ahead = False  # its interpreter was started ahead of its config (zygote_start.py)
         self.forks = 0
         self.alive = False
         self._network = network  # userns without root: the runs' namespace and pasta (linux/pasta.py)
@@ -82,18 +83,26 @@ class ZygoteHandle:
 
     async def start(self) -> dict:
         loop = asyncio.get_running_loop()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        config = self._config.with_control(theirs.fileno())
-        with config_file(config) as file:
-            self._process = subprocess.Popen(
-                command(self._python, file.fileno(), config.runner),
-                env=self._env,
-                cwd="/",
-                stdin=subprocess.DEVNULL,
-                pass_fds=[theirs.fileno(), file.fileno()],
-                close_fds=True,
-            )
-        theirs.close()
+        config = self._config
+        ahead = zygote_start.take_ahead(self._python, self._env, config.runner, config.import_paths)
+        if ahead is not None:  # its interpreter started ahead (a runtime function's early hook): its config now
+            self.started_ahead = True
+            self._process, ours = ahead.process, ahead.control
+            try:
+                await asyncio.to_thread(ahead.send, config.with_control(ahead.control_fd).to_json())
+            except OSError:  # it died meanwhile: said as any zygote that exits as it starts (EOF below)
+                pass
+            except BaseException:  # cancelled (the service stops as it starts)
+                ahead.discard()
+                raise
+        else:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            config = config.with_control(theirs.fileno())
+            with config_file(config) as file:
+                self._process = zygote_start.popen(
+                    self._python, self._env, config.runner, file.fileno(), theirs.fileno()
+                )
+            theirs.close()
         ours.setblocking(False)
         self._control = ours
         self._ready = loop.create_future()
