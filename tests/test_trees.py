@@ -729,6 +729,13 @@ def test_an_image_tree_is_found_whatever_the_hostname_and_shared_only_with_the_s
         assert other.ensure(spec) == root  # alike: shared
         other.release(root)
         other.release(own)
+        # a later zygote of the instance that holds it, wanting other generated files (its runs' resolvers changed):
+        # a tree of its own, the image's left as its first zygotes' runs see it
+        later = store.ensure(renamed)
+        assert os.path.dirname(later) == store.root
+        with open(later + "/etc/hosts") as f:
+            assert f.read() == renamed["generated"]["/etc/hosts"]
+        store.release(later)
     finally:
         store.release(root)
         store.close()

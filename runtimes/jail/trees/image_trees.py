@@ -43,8 +43,12 @@ SLOTS = materialized.SLOTS  # an image tree's cells, by slot: cells/<uid> is a s
 DEFAULT_SLOTS = 16  # per tree: more than the uids a start and a busy spell of the default settings use
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
-# what each image tree this process finished holds of its own: its generated files' paths (slots link them)
-_finished: dict[str, tuple[str, ...]] = {}
+# what each image tree this process took holds of its own: its generated files (slots link them)
+_finished: dict[str, dict[str, str]] = {}
+# the uids this process gave each image tree's slots to: only theirs are ever given to another uid (another
+# instance's uids are its own business: it may be making a run's /tmp in one at this very moment)
+_assigned: dict[str, set[int]] = {}
+LINKING = ".link-"  # a cell's symlink while it is made, renamed to the uid's name once complete
 
 
 def image_spec(spec: dict) -> dict:
@@ -103,6 +107,12 @@ def is_image_tree(root: str) -> bool:
     return os.path.isdir(root + SLOTS)
 
 
+def holds_alike(path: str, spec: dict) -> bool:
+    """Whether the image tree at path, taken by this process, holds the generated files spec wants (a runtime's
+    later zygote may want others: its runs' resolvers changed)."""
+    return _finished.get(path) == dict(spec.get("generated", {}))
+
+
 def take(path: str, spec: dict, device_nodes: bool) -> int | None:
     """A descriptor holding a shared lock on the image tree at path, its generated files and devices written as
     spec and this container want them; None where another instance holds it with other ones (the caller builds a
@@ -119,7 +129,7 @@ def take(path: str, spec: dict, device_nodes: bool) -> int | None:
         else:
             finish(path, spec, device_nodes)
             fcntl.flock(fd, fcntl.LOCK_SH)
-        _finished[path] = tuple(spec.get("generated", {}))
+        _finished[path] = dict(spec.get("generated", {}))
         return fd
     except BaseException:
         with contextlib.suppress(OSError):
@@ -132,6 +142,9 @@ def finish(path: str, spec: dict, device_nodes: bool) -> None:
     devices (nodes, or stand-ins: materialized.materialize)."""
     for target, text in spec.get("generated", {}).items():
         _write(path + target, text)
+    for name in os.listdir(path + CELLS):
+        if name.startswith(LINKING):  # a cell's symlink a killed instance left half-made: no uid's
+            os.unlink(os.path.join(path + CELLS, name))
     devices = path + "/dev"
     for name in os.listdir(devices):
         os.unlink(os.path.join(devices, name))
@@ -172,32 +185,40 @@ def assign_slot(root: str, uid: int) -> bool:
     devices and generated files made as the tree's, and `cells/<uid>` naming it; False if every slot is in use.
     The caller holds tree_store's cell locks (no cell made, no run's /tmp made meanwhile)."""
     cells, slots = root + CELLS, root + SLOTS
-    taken: dict[str, str] = {}  # slot -> the uid's name whose cell it is
-    for name in os.listdir(cells):
-        with contextlib.suppress(OSError):
-            target = os.readlink(os.path.join(cells, name))
-            taken[os.path.basename(target)] = name
-    free = sorted((n for n in os.listdir(slots) if n.isdigit() and n not in taken), key=int)
-    if not free:
-        for slot, name in sorted(taken.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else -1):
-            if name != str(uid) and slot.isdigit() and not os.path.lexists(f"{slots}/{slot}/tmp"):
-                os.unlink(os.path.join(cells, name))  # its uid has no child in it: it makes its cell again
-                materialized.forget_devices(os.path.join(cells, name))
-                free = [slot]
-                break
-    if not free:
-        return False
-    slot = free[0]
-    _prepare(root, f"{slots}/{slot}")
-    link = os.path.join(cells, f".link-{uid}-{time.time_ns()}")
-    os.symlink(f"..{SLOTS}/{slot}", link)
+    held = os.open(cells, _DIRECTORY)
     try:
-        os.rename(link, os.path.join(cells, str(uid)))
-    except OSError as exc:
-        os.unlink(link)
-        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR):
-            raise
-    return True
+        fcntl.flock(held, fcntl.LOCK_EX)  # another instance of this container gives slots too: one at a time
+        taken: dict[str, str] = {}  # slot -> the name (a uid's) of the cell it is
+        for name in os.listdir(cells):
+            with contextlib.suppress(OSError):
+                taken[os.path.basename(os.readlink(os.path.join(cells, name)))] = name
+        free = sorted((n for n in os.listdir(slots) if n.isdigit() and n not in taken), key=int)
+        mine = _assigned.setdefault(root, set())
+        if not free:
+            for slot, name in sorted(taken.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else -1):
+                idle = not os.path.lexists(f"{slots}/{slot}/tmp")  # no child of its uid is in it
+                if idle and name.isdigit() and int(name) in mine and name != str(uid):
+                    os.unlink(os.path.join(cells, name))  # its uid has no child in it: it makes its cell again
+                    materialized.forget_devices(os.path.join(cells, name))
+                    mine.discard(int(name))
+                    free = [slot]
+                    break
+        if not free:
+            return False
+        slot = free[0]
+        _prepare(root, f"{slots}/{slot}")
+        link = os.path.join(cells, f"{LINKING}{uid}-{time.time_ns()}")
+        os.symlink(f"..{SLOTS}/{slot}", link)
+        try:
+            os.rename(link, os.path.join(cells, str(uid)))
+        except OSError as exc:
+            os.unlink(link)
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR):
+                raise
+        mine.add(uid)
+        return True
+    finally:
+        os.close(held)
 
 
 def _prepare(root: str, slot: str) -> None:

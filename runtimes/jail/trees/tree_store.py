@@ -213,6 +213,8 @@ class TreeStore:
         if not path:
             return ""
         if path in self._held:
+            if not image_trees.holds_alike(path, spec):
+                return ""  # its zygotes' runs have other generated files: a tree of this store's for this one
             fd, users = self._held[path]
             self._held[path] = (fd, users + 1)
             return path
