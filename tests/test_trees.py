@@ -740,3 +740,24 @@ def test_an_image_tree_is_found_whatever_the_hostname_and_shared_only_with_the_s
         store.release(root)
         store.close()
         other.close()
+
+
+@needs_root
+def test_an_image_trees_slots_a_killed_instance_gave_go_to_the_next_ones_uids(place, monkeypatch):
+    spec, image_dir, store = _image_tree(place, slots=2)
+    root = store.ensure(spec)
+    for uid in (RUN_UID, RUN_UID + 1):
+        trees.make_run_tmp(root, uid)
+        trees.remove_run_tmp(root, uid)  # its run is over; the instance is then killed, its cells left
+    store.close()
+    monkeypatch.setattr(image_trees, "_assigned", {})  # a new process
+    monkeypatch.setattr(image_trees, "_finished", {})
+    restarted = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
+    assert restarted.ensure(spec) == root
+    try:
+        trees.make_run_tmp(root, RUN_UID + 2)
+        assert os.readlink(root + f"/cells/{RUN_UID + 2}") == "../slots/0"
+        assert not os.path.lexists(root + f"/cells/{RUN_UID}")
+    finally:
+        restarted.release(root)
+        restarted.close()

@@ -126,8 +126,10 @@ def take(path: str, spec: dict, device_nodes: bool) -> int | None:
             if not _holds(path, spec, device_nodes):
                 os.close(fd)
                 return None
-        else:
+        else:  # no live instance holds it: the cells it has were given by dead ones, and may go to this one's uids
             finish(path, spec, device_nodes)
+            cells = path + CELLS
+            _assigned[path] = {int(n) for n in os.listdir(cells) if n.isdigit() and os.path.islink(f"{cells}/{n}")}
             fcntl.flock(fd, fcntl.LOCK_SH)
         _finished[path] = dict(spec.get("generated", {}))
         return fd

@@ -422,6 +422,8 @@ def clear_stale_run_tmps(tree_root: str, own: range = range(0)) -> list[str]:
     removed = []
     for name in os.listdir(parent):
         path = os.path.join(parent, name)
+        if name.startswith(image_trees.LINKING):
+            continue  # an image tree's cell being named (image_trees.assign_slot): a slot, maybe another uid's
         if ".build-" in name or TRASH in name:  # a half-made cell, or what an earlier clearing failed to remove
             if remove_if_unlocked(path, remove=_remove_quietly):
                 removed.append(name)
