@@ -761,3 +761,21 @@ def test_an_image_trees_slots_a_killed_instance_gave_go_to_the_next_ones_uids(pl
     finally:
         restarted.release(root)
         restarted.close()
+
+
+@needs_root
+def test_an_image_tree_that_cannot_be_written_here_gives_way_to_a_tree_of_the_stores_own(place, monkeypatch):
+    spec, _image_dir, store = _image_tree(place)
+
+    def read_only(path: str, text: str) -> None:  # a read-only root filesystem (Kubernetes' readOnlyRootFilesystem)
+        raise OSError(30, "Read-only file system", path)
+
+    monkeypatch.setattr(image_trees, "_write", read_only)
+    root = store.ensure(spec)
+    try:
+        assert os.path.dirname(root) == store.root
+        with open(root + "/etc/hosts") as f:
+            assert f.read() == spec["generated"]["/etc/hosts"]
+    finally:
+        store.release(root)
+        store.close()

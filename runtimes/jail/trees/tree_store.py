@@ -218,7 +218,11 @@ class TreeStore:
             fd, users = self._held[path]
             self._held[path] = (fd, users + 1)
             return path
-        fd = image_trees.take(path, spec, self.device_nodes)
+        try:
+            fd = image_trees.take(path, spec, self.device_nodes)
+        except OSError as exc:  # a read-only root filesystem (readOnlyRootFilesystem): a tree of this store's
+            log.warning("the image's tree %s cannot be used here: %s", path, exc)
+            return ""
         if fd is None:
             log.warning("the image's tree %s is held by another instance with other generated files: not used", path)
             return ""
