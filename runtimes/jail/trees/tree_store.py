@@ -329,8 +329,10 @@ def _mtime(path: str) -> float:
 
 def forget_pages(tree_root: str) -> int:
     """Drop the page cache of a tree's files that no process maps (its cells' files are the same inodes, and
-    are not walked); how many files were told. Only for a tree of copies of its own (TreeStore.uncache): the
-    pages of a tree of hard links are the host's files' too."""
+    are not walked, nor an image tree's slots); how many files were told. Only on a container's own filesystem
+    (TreeStore.uncache): a tree of copies of its own, or the image's tree, whose files are the image's (as the
+    image's node is in the other modes: provisions.py). Elsewhere the pages of a tree of hard links are the host's
+    files' too."""
     return materialized.drop_cache(tree_root, skipped=(tree_root + tree_files.CELLS, tree_root + image_trees.SLOTS))
 
 
