@@ -319,6 +319,26 @@ def build_layers(args: argparse.Namespace) -> int:
     return 0
 
 
+def build_trees(args: argparse.Namespace) -> int:
+    """The chroot jail's trees for the layers in use, and their cells, into an image (the service image's
+    Dockerfile): a container of the image then copies none at start (runtimes/jail/trees/image_trees.py)."""
+    from runtimes.jail.trees import image_trees
+
+    settings = load_settings()
+    layers = layer_manager(settings)
+    for language in layers.layers:
+        layers.ensure(language)
+    config = _runtime_config(settings, layers)
+    for language in LANGUAGES:
+        runtime = language.runtime_class()(config)
+        if runtime.missing():
+            continue
+        into, slots = args.into or image_trees.IMAGE_TREES, args.slots or image_trees.DEFAULT_SLOTS
+        path, built = image_trees.build(runtime.tree().to_dict(), into, slots)
+        print(f"{language.wire_name}: {path}{'' if built else ' (there already)'}")
+    return 0
+
+
 # ---- sandlot run ---------------------------------------------------------------------------------------------------
 
 EXTENSIONS = {suffix: language.wire_name for language in LANGUAGES for suffix in language.extensions}
@@ -727,6 +747,12 @@ def main(argv: list[str] | None = None) -> int:
     build_cmd = layer_commands.add_parser("build", help="build the dependency layers (shows pip's and npm's progress)")
     build_cmd.add_argument("--language", choices=[*WIRE_NAMES, "all"], default="all")
     build_cmd.set_defaults(func=build_layers)
+    trees_cmd = layer_commands.add_parser(
+        "trees", help="build the chroot jail's trees for the layers in use, and their cells, into an image"
+    )
+    trees_cmd.add_argument("--into", default=None, help="where (default /opt/sandlot/image-trees, the image's)")
+    trees_cmd.add_argument("--slots", type=int, default=None, help="cells per tree (default 16)")
+    trees_cmd.set_defaults(func=build_trees)
     _add_run(commands)
     _add_health(commands)
     _add_config(commands)

@@ -176,3 +176,17 @@ def test_the_image_builds_the_default_layers_where_the_service_looks_for_them(do
     assert IMAGE_LAYERS in command and "compileall" in command
     envs = [n for n, i in enumerate(stage) if i["instruction"] == "ENV" and "NODEJS_PATH" in i["value"]]
     assert envs and envs[0] < builds[0]
+
+
+def test_the_image_builds_the_chroot_trees_on_its_finished_layers_and_compiled_standard_library(dockerfile):
+    """A container on default privileges starts on the image's trees (runtimes/jail/trees/image_trees.py), found by
+    a key over their sources' stats: they are built after everything they hold is final (the layers' bytecode and
+    modes, the standard library's bytecode), or no container would find them."""
+    stage = final_stage(dockerfile)
+    layers = [n for n, i in enumerate(stage) if i["instruction"] == "RUN" and "sandlot layers build" in i["value"]]
+    trees = [n for n, i in enumerate(stage) if i["instruction"] == "RUN" and "sandlot layers trees" in i["value"]]
+    assert len(trees) == 1 and layers[0] < trees[0]
+    command = stage[trees[0]]["value"]
+    assert command.index("compileall") < command.index("sandlot layers trees")
+    later = [i for i in stage[trees[0] + 1 :] if i["instruction"] in ("RUN", "COPY", "ADD")]
+    assert not any("/opt/sandlot" in i["value"] or "/usr" in i["value"] for i in later), later

@@ -20,7 +20,7 @@ from conftest import needs_root
 
 from runtimes.config import RuntimeConfig
 from runtimes.jail.policy import tree_files
-from runtimes.jail.trees import materialized
+from runtimes.jail.trees import image_trees, materialized
 from runtimes.jail.trees import tree_store as trees
 from runtimes.linux import dirlock, rootfs
 from runtimes.nodejs.runtime import NodeRuntime
@@ -639,3 +639,143 @@ def test_the_leap_second_zones_are_left_out_of_every_tree_and_the_usual_ones_are
         materialized.materialize(spec, root)
         assert os.listdir(root + "/usr/share/zoneinfo/right") == [], language
         assert os.path.isfile(root + os.path.realpath("/usr/share/zoneinfo/Europe/Paris")), language
+
+
+def _image_tree(place: str, slots: int = 2) -> tuple[dict, str, trees.TreeStore]:
+    """The Python runtime's tree built as the service image's Dockerfile builds it (`sandlot layers trees`), and a
+    store that finds it there."""
+    spec = runtime_specs(place)["python3"]
+    image_dir = os.path.join(place, "image")
+    image_trees.build(spec, image_dir, slots)
+    return spec, image_dir, trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
+
+
+@needs_root
+def test_an_image_tree_serves_runs_from_its_slots_and_nothing_is_built_or_copied_at_start(place):
+    spec, image_dir, store = _image_tree(place)
+    root = store.ensure(spec)
+    try:
+        assert os.path.dirname(root) == image_dir and os.listdir(store.root) == []  # no tree of the container's own
+        # what an image leaves out is written as this container wants it: the hosts file naming its hostname, devices
+        with open(root + "/etc/hosts") as f:
+            assert f.read() == spec["generated"]["/etc/hosts"]
+        assert sorted(os.listdir(root + "/dev")) == sorted(os.path.basename(d) for d in spec["devices"])
+        assert trees.make_run_tmp(root, RUN_UID) == root + f"/cells/{RUN_UID}/tmp"
+        assert os.readlink(root + f"/cells/{RUN_UID}") == "../slots/0"  # a slot of the image's, not a cell made now
+        python = os.path.realpath(RuntimeConfig().python_path)
+        code = CONFINED.format(root=root, uid=RUN_UID, python=python)
+        out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        # its own /tmp is its only writable place; no other uid's cell, no slot, is in sight
+        assert out.stdout.splitlines() == ["['/tmp'] ['report.txt'] False", "Europe/Paris OpenSSL"]
+        # the run sees what a cell of a tree made at start shows, and every file is the image tree's own inode
+        made = os.path.join(place, "made")
+        os.mkdir(made)
+        materialized.materialize(spec, made)
+        made_cell = materialized.make_cell(made, RUN_UID)
+        os.mkdir(made_cell + "/tmp")
+        with open(made_cell + "/tmp/report.txt", "w") as f:
+            f.write("mine")
+        slot = root + "/slots/0"
+        assert {p: e[:3] for p, e in listing(slot).items()} == {p: e[:3] for p, e in listing(made_cell).items()}
+        for dirpath, _dirnames, filenames in os.walk(slot + "/usr"):
+            for name in filenames:
+                path = os.path.join(dirpath, name)
+                assert os.lstat(path).st_ino == os.lstat(root + path[len(slot) :]).st_ino, path
+    finally:
+        store.release(root)
+        store.close()
+    assert os.path.isdir(root)  # the image's tree stays after its last user
+
+
+@needs_root
+def test_an_image_trees_slots_go_to_one_uid_each_and_to_another_only_once_no_child_is_in_them(place):
+    spec, _image_dir, store = _image_tree(place, slots=2)
+    root = store.ensure(spec)
+    uids = [RUN_UID + n for n in range(4)]
+    try:
+        trees.make_run_tmp(root, uids[0])
+        trees.make_run_tmp(root, uids[1])
+        assert [os.readlink(root + f"/cells/{uid}") for uid in uids[:2]] == ["../slots/0", "../slots/1"]
+        # both slots hold a child's /tmp: a third uid gets a cell of its own, made as in a tree made at start
+        third = trees.make_run_tmp(root, uids[2])
+        assert not os.path.islink(root + f"/cells/{uids[2]}") and os.path.isdir(third)
+        # the first uid's run is over (its /tmp gone, no process of it left): its slot may go to another uid
+        trees.remove_run_tmp(root, uids[0])
+        fourth = trees.make_run_tmp(root, uids[3])
+        assert os.readlink(root + f"/cells/{uids[3]}") == "../slots/0" and os.listdir(fourth) == []
+        assert not os.path.lexists(root + f"/cells/{uids[0]}")  # the first uid's next run makes its cell again
+        # a slot whose uid's child is in it (its /tmp) is never given to another
+        assert os.readlink(root + f"/cells/{uids[1]}") == "../slots/1"
+        assert os.stat(root + f"/cells/{uids[1]}/tmp").st_uid == uids[1]
+    finally:
+        store.release(root)
+        store.close()
+
+
+@needs_root
+def test_an_image_tree_is_found_whatever_the_hostname_and_shared_only_with_the_same_files(place):
+    spec, image_dir, store = _image_tree(place)
+    root = store.ensure(spec)
+    other = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)  # another instance
+    try:
+        renamed = {**spec, "generated": {**spec["generated"], "/etc/hosts": tree_files.run_hosts("elsewhere")}}
+        assert image_trees.image_key(renamed) == image_trees.image_key(spec)
+        # held with other generated files: the other instance builds a tree of its own rather than change them
+        own = other.ensure(renamed)
+        assert os.path.dirname(own) == other.root
+        with open(root + "/etc/hosts") as f:
+            assert f.read() == spec["generated"]["/etc/hosts"]
+        assert other.ensure(spec) == root  # alike: shared
+        other.release(root)
+        other.release(own)
+        # a later zygote of the instance that holds it, wanting other generated files (its runs' resolvers changed):
+        # a tree of its own, the image's left as its first zygotes' runs see it
+        later = store.ensure(renamed)
+        assert os.path.dirname(later) == store.root
+        with open(later + "/etc/hosts") as f:
+            assert f.read() == renamed["generated"]["/etc/hosts"]
+        store.release(later)
+    finally:
+        store.release(root)
+        store.close()
+        other.close()
+
+
+@needs_root
+def test_an_image_trees_slots_a_killed_instance_gave_go_to_the_next_ones_uids(place, monkeypatch):
+    spec, image_dir, store = _image_tree(place, slots=2)
+    root = store.ensure(spec)
+    for uid in (RUN_UID, RUN_UID + 1):
+        trees.make_run_tmp(root, uid)
+        trees.remove_run_tmp(root, uid)  # its run is over; the instance is then killed, its cells left
+    store.close()
+    monkeypatch.setattr(image_trees, "_assigned", {})  # a new process
+    monkeypatch.setattr(image_trees, "_finished", {})
+    restarted = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
+    assert restarted.ensure(spec) == root
+    try:
+        trees.make_run_tmp(root, RUN_UID + 2)
+        assert os.readlink(root + f"/cells/{RUN_UID + 2}") == "../slots/0"
+        assert not os.path.lexists(root + f"/cells/{RUN_UID}")
+    finally:
+        restarted.release(root)
+        restarted.close()
+
+
+@needs_root
+def test_an_image_tree_that_cannot_be_written_here_gives_way_to_a_tree_of_the_stores_own(place, monkeypatch):
+    spec, _image_dir, store = _image_tree(place)
+
+    def read_only(path: str, text: str) -> None:  # a read-only root filesystem (Kubernetes' readOnlyRootFilesystem)
+        raise OSError(30, "Read-only file system", path)
+
+    monkeypatch.setattr(image_trees, "_write", read_only)
+    root = store.ensure(spec)
+    try:
+        assert os.path.dirname(root) == store.root
+        with open(root + "/etc/hosts") as f:
+            assert f.read() == spec["generated"]["/etc/hosts"]
+    finally:
+        store.release(root)
+        store.close()

@@ -17,6 +17,8 @@ from runtimes.jail.policy.tree_files import CELLS, cell
 from runtimes.linux import dirlock
 from runtimes.linux.rootfs import forget_cached_pages, mirror
 
+SLOTS = "/slots"  # an image tree's cells by slot (image_trees.py): never part of a cell
+
 # ---- the tree as a real directory (the chroot mode: no mount can be made) ------------------------------
 
 TREE_FORMAT = 4  # bumped when materialize() changes what a tree holds: older trees are then rebuilt
@@ -127,7 +129,7 @@ def make_cell(root: str, uid: int) -> str:
     try:
         source = os.open(root, _DIRECTORY)
         try:
-            _clone(source, held, skipped=(os.path.basename(CELLS), "tmp"))
+            clone(source, held, skipped=(os.path.basename(CELLS), os.path.basename(SLOTS), "tmp"))
         finally:
             os.close(source)
         os.chmod(scratch, stat.S_IMODE(os.stat(root).st_mode))
@@ -187,7 +189,7 @@ def forget_devices(cell_root: str) -> None:
         del _made[path]
 
 
-def _clone(source: int, target: int, skipped: tuple[str, ...] = ()) -> None:
+def clone(source: int, target: int, skipped: tuple[str, ...] = ()) -> None:
     """Into the directory open as target, the entries of the one open as source: directories made anew (the
     maker's, with the source's mode), everything else a hard link. By descriptors: no path is walked again, and
     nothing is followed."""
@@ -208,7 +210,7 @@ def _clone(source: int, target: int, skipped: tuple[str, ...] = ()) -> None:
         try:
             inner_target = os.open(name, _DIRECTORY, dir_fd=target)
             try:
-                _clone(inner_source, inner_target)
+                clone(inner_source, inner_target)
                 os.fchmod(inner_target, mode)
             finally:
                 os.close(inner_target)

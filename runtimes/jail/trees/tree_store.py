@@ -46,7 +46,7 @@ import threading
 import time
 
 from runtimes.jail.policy import tree_files
-from runtimes.jail.trees import materialized
+from runtimes.jail.trees import image_trees, materialized
 from runtimes.linux import removal
 from runtimes.linux.dirlock import TRASH, lock_shared, remove_if_unlocked
 from runtimes.linux.removal import remove_tree as remove_tree  # re-exported: runs' /tmp directories, trees
@@ -141,8 +141,9 @@ def devices_work(directory: str) -> str:
 class TreeStore:
     """The materialized trees of one instance, under root (`<data dir>/trees`)."""
 
-    def __init__(self, root: str, first: bool = False):
+    def __init__(self, root: str, first: bool = False, image_dir: str = image_trees.IMAGE_TREES):
         self.root = root
+        self.image_dir = image_dir  # the image's trees (image_trees.py), taken before any is built here
         self._pending_first = False
         os.makedirs(root, mode=0o755, exist_ok=True)
         os.chmod(root, 0o755)
@@ -193,6 +194,9 @@ class TreeStore:
                 fd, users = self._held[path]
                 self._held[path] = (fd, users + 1)
                 return path
+            image = self._image_tree(spec)
+            if image:
+                return image
             while True:
                 try:
                     fd = lock_shared(path)
@@ -200,6 +204,30 @@ class TreeStore:
                 except FileNotFoundError:  # none yet, or another instance was removing it (Gone)
                     self._build(spec, path)
             self._held[path] = (fd, 1)
+        return path
+
+    def _image_tree(self, spec: dict) -> str:
+        """The image's tree for spec, taken (image_trees.take), "" if the image has none. Held like a tree of
+        this store's, but never removed."""
+        path = image_trees.find(spec, self.image_dir)
+        if not path:
+            return ""
+        if path in self._held:
+            if not image_trees.holds_alike(path, spec):
+                return ""  # its zygotes' runs have other generated files: a tree of this store's for this one
+            fd, users = self._held[path]
+            self._held[path] = (fd, users + 1)
+            return path
+        try:
+            fd = image_trees.take(path, spec, self.device_nodes)
+        except OSError as exc:  # a read-only root filesystem (readOnlyRootFilesystem): a tree of this store's
+            log.warning("the image's tree %s cannot be used here: %s", path, exc)
+            return ""
+        if fd is None:
+            log.warning("the image's tree %s is held by another instance with other generated files: not used", path)
+            return ""
+        self._held[path] = (fd, 1)
+        log.info("tree %s: the image's own, with its cells", path)
         return path
 
     def _build(self, spec: dict, path: str) -> None:
@@ -255,6 +283,8 @@ class TreeStore:
                 return
             del self._held[path]
             os.close(fd)
+        if image_trees.is_image_tree(path):
+            return  # the image's: it stays
         if remove_if_unlocked(path, remove=_remove_quietly):
             log.info("removed unused tree %s", path)
 
@@ -299,9 +329,11 @@ def _mtime(path: str) -> float:
 
 def forget_pages(tree_root: str) -> int:
     """Drop the page cache of a tree's files that no process maps (its cells' files are the same inodes, and
-    are not walked); how many files were told. Only for a tree of copies of its own (TreeStore.uncache): the
-    pages of a tree of hard links are the host's files' too."""
-    return materialized.drop_cache(tree_root, skipped=(tree_root + tree_files.CELLS,))
+    are not walked, nor an image tree's slots); how many files were told. Only on a container's own filesystem
+    (TreeStore.uncache): a tree of copies of its own, or the image's tree, whose files are the image's (as the
+    image's node is in the other modes: provisions.py). Elsewhere the pages of a tree of hard links are the host's
+    files' too."""
+    return materialized.drop_cache(tree_root, skipped=(tree_root + tree_files.CELLS, tree_root + image_trees.SLOTS))
 
 
 # ---- each run's own /tmp in a tree ------------------------------------------------------------------------
@@ -317,9 +349,14 @@ _cells_lock = threading.Lock()
 
 def make_cells(tree_root: str, uids: list[int]) -> None:
     """The cells of the uids the next runs will have, made ahead (while their zygote starts, beside it)."""
+    image = image_trees.is_image_tree(tree_root)
     for uid in uids:
         if not os.path.isdir(tree_root + tree_files.cell(uid)):
             with _making_cells:
+                if image:  # a slot of the image's, if one is free (image_trees.assign_slot)
+                    with _cells_lock:
+                        if os.path.isdir(tree_root + tree_files.cell(uid)) or image_trees.assign_slot(tree_root, uid):
+                            continue
                 materialized.make_cell(tree_root, uid)
 
 
@@ -391,6 +428,8 @@ def clear_stale_run_tmps(tree_root: str, own: range = range(0)) -> list[str]:
     removed = []
     for name in os.listdir(parent):
         path = os.path.join(parent, name)
+        if name.startswith(image_trees.LINKING):
+            continue  # an image tree's cell being named (image_trees.assign_slot): a slot, maybe another uid's
         if ".build-" in name or TRASH in name:  # a half-made cell, or what an earlier clearing failed to remove
             if remove_if_unlocked(path, remove=_remove_quietly):
                 removed.append(name)

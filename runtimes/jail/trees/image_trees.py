@@ -1,0 +1,242 @@
+"""The chroot jail's trees built into the service image, with their cells, so that a container copies none at start.
+
+On a container's own filesystem (overlayfs) a tree made at start costs a copy of every file (a hard link to a file
+of the image copies it up first: tree_store.py), and the copies' inodes and names stay charged to the container. A
+tree built when the image is built (`sandlot layers trees`, the Dockerfile) is part of the image: its files are hard
+links to the image's own in one layer (the interpreter's, node's, the default layers'), read by every container of
+the image from the same pages, and a container starts on it at once.
+
+What differs between containers, and so is left out of an image tree and of its key (image_key):
+- the generated files (the run's /etc/hosts names the container's hostname, which `uname()` tells a run in the
+  chroot mode, and its resolv.conf the resolvers runs may reach);
+- the devices: nodes where this container may make them (mknod), stand-ins where it may not (a user namespace);
+  a node made in the image would be refused there, or differ.
+Both are written into the tree when a service instance first takes it (finish), as it would have made them.
+
+Cells: on overlayfs a hard link to an image file copies it up, so no cell (the tree again, a hard link per file:
+materialized.make_cell) can be made from an image tree at start without copying it all. The image carries them too,
+by slot, not by uid (`slots/<n>`: the uids of a block are known only in the container, from its user namespace's
+map): a uid's cell is a symlink `cells/<uid>` -> `../slots/<n>` to a slot no other uid has (assign_slot), the
+devices and generated files put in the slot then. A slot whose uid has no child in it (no /tmp: no process of that
+uid is left, see tree_store.retire_idle_cells) may be given to another uid when every slot is taken; beyond that a
+cell is made as in a tree of the container's own (tree_store.make_cells: slow, every file copied up once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import stat
+import time
+
+from runtimes.jail.policy.tree_files import CELLS
+from runtimes.jail.trees import materialized
+
+log = logging.getLogger("sandlot.trees")
+
+IMAGE_TREES = "/opt/sandlot/image-trees"  # the service image's trees (Dockerfile: `sandlot layers trees`)
+SLOTS = materialized.SLOTS  # an image tree's cells, by slot: cells/<uid> is a symlink to one of them
+DEFAULT_SLOTS = 16  # per tree: more than the uids a start and a busy spell of the default settings use
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+# what each image tree this process took holds of its own: its generated files (slots link them)
+_finished: dict[str, dict[str, str]] = {}
+# the uids this process gave each image tree's slots to: only theirs are ever given to another uid (another
+# instance's uids are its own business: it may be making a run's /tmp in one at this very moment)
+_assigned: dict[str, set[int]] = {}
+LINKING = ".link-"  # a cell's symlink while it is made, renamed to the uid's name once complete
+
+
+def image_spec(spec: dict) -> dict:
+    """What of a tree's spec an image tree holds: all but the generated files and the devices."""
+    return {**spec, "generated": {}, "devices": []}
+
+
+def image_key(spec: dict) -> str:
+    """The key of spec's image tree: tree_store.fingerprint of what an image tree holds (sources' stats included)."""
+    from runtimes.jail.trees.tree_store import fingerprint
+
+    return "image-" + fingerprint(image_spec(spec), device_nodes=False)
+
+
+def build(spec: dict, image_dir: str, slots: int = DEFAULT_SLOTS) -> tuple[str, bool]:
+    """The image tree of spec under image_dir, and its slots' cells; (its path, whether it was built now)."""
+    path = os.path.join(image_dir, image_key(spec))
+    if os.path.isdir(path):
+        return path, False
+    os.makedirs(image_dir, mode=0o755, exist_ok=True)
+    scratch = f"{path}.build-{time.time_ns()}"
+    os.mkdir(scratch, 0o700)
+    try:
+        materialized.materialize(image_spec(spec), scratch)
+        os.makedirs(scratch + "/dev", mode=0o755, exist_ok=True)  # the devices go in when a container takes it
+        os.chmod(scratch + "/dev", 0o755)
+        os.mkdir(scratch + SLOTS, 0o711)
+        source = os.open(scratch, _DIRECTORY)
+        try:
+            for slot in range(slots):
+                os.mkdir(f"{scratch}{SLOTS}/{slot}", 0o700)
+                target = os.open(f"{scratch}{SLOTS}/{slot}", _DIRECTORY)
+                try:
+                    materialized.clone(source, target, skipped=(CELLS.lstrip("/"), SLOTS.lstrip("/"), "tmp"))
+                    os.fchmod(target, stat.S_IMODE(os.fstat(source).st_mode))
+                finally:
+                    os.close(target)
+        finally:
+            os.close(source)
+        os.rename(scratch, path)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return path, True
+
+
+def find(spec: dict, image_dir: str) -> str:
+    """The image tree for spec, "" if the image has none (another layer, another interpreter)."""
+    if not image_dir:
+        return ""
+    path = os.path.join(image_dir, image_key(spec))
+    return path if os.path.isdir(path + SLOTS) else ""
+
+
+def is_image_tree(root: str) -> bool:
+    return os.path.isdir(root + SLOTS)
+
+
+def holds_alike(path: str, spec: dict) -> bool:
+    """Whether the image tree at path, taken by this process, holds the generated files spec wants (a runtime's
+    later zygote may want others: its runs' resolvers changed)."""
+    return _finished.get(path) == dict(spec.get("generated", {}))
+
+
+def take(path: str, spec: dict, device_nodes: bool) -> int | None:
+    """A descriptor holding a shared lock on the image tree at path, its generated files and devices written as
+    spec and this container want them; None where another instance holds it with other ones (the caller builds a
+    tree of its own instead)."""
+    fd = os.open(path, _DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # another instance of this container has it: it must hold the same
+            if not _holds(path, spec, device_nodes):
+                os.close(fd)
+                return None
+        else:  # no live instance holds it: the cells it has were given by dead ones, and may go to this one's uids
+            finish(path, spec, device_nodes)
+            cells = path + CELLS
+            _assigned[path] = {int(n) for n in os.listdir(cells) if n.isdigit() and os.path.islink(f"{cells}/{n}")}
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        _finished[path] = dict(spec.get("generated", {}))
+        return fd
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise
+
+
+def finish(path: str, spec: dict, device_nodes: bool) -> None:
+    """Write into the image tree at path what an image leaves out: the generated files (root's, 0444) and the
+    devices (nodes, or stand-ins: materialized.materialize)."""
+    for target, text in spec.get("generated", {}).items():
+        _write(path + target, text)
+    for name in os.listdir(path + CELLS):
+        if name.startswith(LINKING):  # a cell's symlink a killed instance left half-made: no uid's
+            os.unlink(os.path.join(path + CELLS, name))
+    devices = path + "/dev"
+    for name in os.listdir(devices):
+        os.unlink(os.path.join(devices, name))
+    for device in spec["devices"]:
+        target = path + device
+        if device_nodes:
+            os.mknod(target, stat.S_IFCHR | 0o666, os.stat(device).st_rdev)
+            os.chmod(target, 0o666)  # mknod's mode goes through the umask
+        elif device == materialized.NULL_STAND_IN:
+            _write(target, "")
+
+
+def _holds(path: str, spec: dict, device_nodes: bool) -> bool:
+    try:
+        for target, text in spec.get("generated", {}).items():
+            with open(path + target) as file:
+                if file.read() != text:
+                    return False
+        shown = sorted(os.listdir(path + "/dev"))
+    except OSError:
+        return False
+    wanted = [os.path.basename(d) for d in spec["devices"] if device_nodes or d == materialized.NULL_STAND_IN]
+    return shown == sorted(wanted)
+
+
+def _write(path: str, text: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+    with open(fd, "w") as file:
+        file.write(text)
+    os.chmod(path, 0o444)  # whatever the umask
+
+
+def assign_slot(root: str, uid: int) -> bool:
+    """uid's cell in the image tree at root: a slot no other uid has (or one whose uid has no child in it), its
+    devices and generated files made as the tree's, and `cells/<uid>` naming it; False if every slot is in use.
+    The caller holds tree_store's cell locks (no cell made, no run's /tmp made meanwhile)."""
+    cells, slots = root + CELLS, root + SLOTS
+    held = os.open(cells, _DIRECTORY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another instance of this container gives slots too: one at a time
+        taken: dict[str, str] = {}  # slot -> the name (a uid's) of the cell it is
+        for name in os.listdir(cells):
+            with contextlib.suppress(OSError):
+                taken[os.path.basename(os.readlink(os.path.join(cells, name)))] = name
+        free = sorted((n for n in os.listdir(slots) if n.isdigit() and n not in taken), key=int)
+        mine = _assigned.setdefault(root, set())
+        if not free:
+            for slot, name in sorted(taken.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else -1):
+                idle = not os.path.lexists(f"{slots}/{slot}/tmp")  # no child of its uid is in it
+                if idle and name.isdigit() and int(name) in mine and name != str(uid):
+                    os.unlink(os.path.join(cells, name))  # its uid has no child in it: it makes its cell again
+                    materialized.forget_devices(os.path.join(cells, name))
+                    mine.discard(int(name))
+                    free = [slot]
+                    break
+        if not free:
+            return False
+        slot = free[0]
+        _prepare(root, f"{slots}/{slot}")
+        link = os.path.join(cells, f"{LINKING}{uid}-{time.time_ns()}")
+        os.symlink(f"..{SLOTS}/{slot}", link)
+        try:
+            os.rename(link, os.path.join(cells, str(uid)))
+        except OSError as exc:
+            os.unlink(link)
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR):
+                raise
+        mine.add(uid)
+        return True
+    finally:
+        os.close(held)
+
+
+def _prepare(root: str, slot: str) -> None:
+    """A slot as a cell of the tree at root: its devices and generated files made again, as the tree's."""
+    devices = slot + "/dev"
+    for name in os.listdir(devices):
+        os.unlink(os.path.join(devices, name))
+    for name in os.listdir(root + "/dev"):
+        model = os.lstat(os.path.join(root, "dev", name))
+        target = os.path.join(devices, name)
+        if stat.S_ISCHR(model.st_mode):
+            os.mknod(target, stat.S_IFCHR | 0o666, model.st_rdev)
+            os.chmod(target, 0o666)
+        else:
+            os.link(os.path.join(root, "dev", name), target)  # a stand-in: a file nobody may write
+    for target in _finished.get(root, ()):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(slot + target)
+        os.link(root + target, slot + target)
