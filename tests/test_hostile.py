@@ -401,12 +401,12 @@ METADATA_ATTEMPTS = (
     "print(json.dumps({{'changed': changed, 'targets': len(fds)}}))\n"
 )
 # the layer file's mode and times, its directory's mode (in the chroot jail each uid's cell has directories of
-# its own, with times of their own; the files are the tree's, and the service's own links to them move their ctime:
-# test_a_run_cannot_change_the_shared_files)
+# its own, with times of their own; the files are the tree's), and its link count (the links others make and remove
+# move its ctime: test_a_run_cannot_change_the_shared_files)
 METADATA_SEEN = (
     "import json, os, requests\n"
     "f, d = os.stat(requests.__file__), os.stat(os.path.dirname(requests.__file__))\n"
-    "print(json.dumps([f.st_mode, f.st_mtime_ns, f.st_ctime_ns, d.st_mode]))\n"
+    "print(json.dumps([f.st_mode, f.st_mtime_ns, f.st_ctime_ns, d.st_mode, f.st_nlink]))\n"
 )
 NODE_METADATA_ATTEMPTS = (
     "const fs = require('fs');\n"
@@ -441,22 +441,25 @@ def test_a_run_cannot_change_the_shared_files(service):
 
     wrapper = os.path.join(getattr(service, "source", "/nonexistent"), "runtimes", "nodejs", "wrapper.js")
     slow = {"timeout": 30 * SLOWDOWN} if SLOWDOWN > 1 else {}  # `import requests`, from the lean zygote too
-    # In the chroot jail the layer's files are hard links in the service's tree and in each uid's cell, and the
-    # service makes and removes cells as uids come and go (at rest, and ahead of the next runs): each link moves the
-    # file's ctime, so between two runs the ctime says nothing of what a run did (the attempts' own check does:
-    # each attempt's ctime before and after). Elsewhere a change of ctime between the runs is one a run made.
-    chroot = service.detail()["runtimes"]["python3"]["protections"]["mode"] == "chroot"
 
-    def seen() -> list:
-        mode, mtime, ctime, directory = json.loads(run(service, METADATA_SEEN, **slow)["stdout"])
-        return [mode, mtime, None if chroot else ctime, directory]
+    # Where the layer's file has other names (hard links: the chroot jail's tree and each uid's cell, made and removed
+    # as uids come and go, at rest and ahead of the next runs; those of any chroot service on the same store of
+    # layers, whatever this one's mode), each link made or removed moves its ctime, so between two runs the ctime
+    # says nothing of what a run did (the attempts' own check does: each attempt's ctime before and after). A file
+    # of one name both times: any change of its ctime is one a run made.
+    def seen() -> tuple[list, list]:
+        mode, mtime, ctime, directory, links = json.loads(run(service, METADATA_SEEN, **slow)["stdout"])
+        return [mode, mtime, directory], [ctime, links]
 
-    before = seen()
+    before, (ctime, links) = seen()
     data = run(service, METADATA_ATTEMPTS.format(wrapper=wrapper), **slow)
     assert data["exit_code"] == 0, data
     result = json.loads(data["stdout"])
     assert result["changed"] == [] and result["targets"] >= 2, data
-    assert seen() == before
+    after, (ctime_after, links_after) = seen()
+    assert after == before
+    if links == links_after == 1:
+        assert ctime_after == ctime
     node = run(service, NODE_METADATA_ATTEMPTS.format(wrapper=wrapper), language="nodejs")
     first = json.loads(node["stdout"])
     assert first["changed"] == [], node
