@@ -6,10 +6,11 @@ Starts its own service on a free port (as root, `MAX_WORKERS=4`) and prints one 
 changes by the minute, weighs on both columns alike: read the ratios, not absolute numbers across
 runs. `--unprivileged` starts the services as nobody (the userns jail without root); `--jail M`
 gives them SANDLOT_JAIL=M; `--container` starts them in the stand-in for a container on default
-privileges (tests/outer_filter.py: the chroot mode).
+privileges (tests/outer_filter.py: the chroot mode). `--relative` adds the rows again as ratios to the bare
+interpreter spawns of the same run (the emulated arm64 machine's table: infra/arm64/vm.py bench).
 
     python bench/bench.py [--base 5d5d6ef] [--blocks 6] [--requests 100] [--starts 3] [--unprivileged]
-                          [--jail chroot] [--container]
+                          [--jail chroot] [--container] [--relative]
 
 Rows (each for this tree and the base):
 - python hello, 1 client: p50 and p90, and p50 over a `python -I -S -c pass` spawn;
@@ -474,6 +475,12 @@ def main() -> None:
         help="the services in the stand-in for a default container (chroot, the default), a restricted pod "
         "(landlock), or both side by side",
     )
+    parser.add_argument(
+        "--relative",
+        action="store_true",
+        help="also every time, rate and CPU row as a ratio to the bare interpreter spawns measured in the same run "
+        "(where absolute times mean little: an emulated machine)",
+    )
     args = parser.parse_args()
 
     containers = list(CONTAINERS) if args.container == "both" else [args.container]
@@ -503,6 +510,7 @@ def main() -> None:
     spawns: list[float] = []
     node_starts: list[float] = []
     node_spawns: list[float] = []
+    python_starts: list[float] = []
     memory: dict[str, tuple[float, list]] = {}
     try:
         for subject in subjects:
@@ -522,6 +530,8 @@ def main() -> None:
             spawns += spawn_times([python, "-I", "-S", "-c", "pass"], 10)
             node_starts.append(spawn_cpu([RuntimeConfig().nodejs_path, "-e", "0"], 10))
             node_spawns += spawn_times([RuntimeConfig().nodejs_path, "-e", ""], 10)
+            if args.relative:
+                python_starts.append(spawn_cpu([python, "-I", "-S", "-c", "pass"], 10))
             for subject in subjects:
                 measure_block(subject, args.requests)
             loads.append(os.getloadavg()[0])
@@ -530,6 +540,52 @@ def main() -> None:
             subject.stop()
     node_bound = (os.cpu_count() or 1) / statistics.median(node_spawns)
     report(subjects, ratios, statistics.median(spawns), statistics.median(node_starts), memory, loads, node_bound)
+    if args.relative:
+        spawned = {
+            "python": statistics.median(spawns),
+            "python cpu": statistics.median(python_starts),
+            "node": statistics.median(node_spawns),
+            "node cpu": statistics.median(node_starts),
+        }
+        report_relative(subjects, ratios, spawned)
+
+
+def report_relative(subjects: list[Subject], ratios: list[tuple[int, int, str]], spawned: dict[str, float]) -> None:
+    """The rows as ratios to the bare interpreter spawns of the same run (spawned: the p50 of a `python -I -S -c
+    pass` and of a `node -e ""` spawn, and the CPU of one start of each): what a run costs beyond starting an
+    interpreter, on a machine whose absolute speed means nothing (software emulation)."""
+    cores = os.cpu_count() or 1
+    print(f"\nrelative to this machine's bare interpreter spawns ({cores} cores):")
+    print(f"  python spawn p50 {spawned['python'] * 1000:.1f} ms, CPU {spawned['python cpu'] * 1000:.1f} ms;", end="")
+    print(f" node spawn p50 {spawned['node'] * 1000:.1f} ms, CPU {spawned['node cpu'] * 1000:.1f} ms")
+    line = _table(subjects, ratios, "row / the bare spawn's")
+
+    def pct(row: str, q: float) -> list[float]:
+        return [percentile(s.samples[row], q) if s.samples.get(row) else float("nan") for s in subjects]
+
+    def med(row: str) -> list[float]:
+        return _medians(subjects, row)
+
+    python_bound, node_bound = cores / spawned["python"], cores / spawned["node"]
+    line(
+        "python hello, 1 client, p50 / spawn p50",
+        [v / spawned["python"] for v in pct("python hello, 1 client", 0.5)],
+        "x",
+    )
+    line(
+        "python hello, 1 client, p90 / spawn p50",
+        [v / spawned["python"] for v in pct("python hello, 1 client", 0.9)],
+        "x",
+    )
+    line("python hello, 4 clients / cores per spawn", [v / python_bound for v in med("python hello, 4 clients")], "x")
+    line("  CPU per run (machine) / a spawn's CPU", [v / spawned["python cpu"] for v in med("python cpu machine")], "x")
+    line("node hello, 4 clients / cores per spawn", [v / node_bound for v in med("node hello, 4 clients")], "x")
+    line("  CPU per run (machine) / a spawn's CPU", [v / spawned["node cpu"] for v in med("node cpu machine")], "x")
+    line(
+        "node hello, paced 10/s, p50 / spawn p50",
+        [v / spawned["node"] for v in pct("node hello, paced 10/s", 0.5)],
+        "x",
+    )
 
 
 def report(

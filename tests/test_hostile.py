@@ -374,7 +374,7 @@ METADATA_ATTEMPTS = (
     "            'chmod': lambda fd: os.chmod(f'/proc/self/fd/{{fd}}', 0)}}\n"
     "def seen(fd):\n"  # what a change would show: ctime moves with any change of mode, owner, times, xattrs
     "    st = os.fstat(fd)\n"
-    "    return (st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns, st.st_ctime_ns)\n"
+    "    return (st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns, st.st_ctime_ns), st.st_nlink\n"
     "changed = []\n"
     "fds = {{}}\n"  # all opened first: an fchmod(fd, 0) that worked would keep the next open out
     "for target in targets:\n"
@@ -384,21 +384,29 @@ METADATA_ATTEMPTS = (
     "        pass\n"  # a Python run's domain may not read Node's wrapper (the landlock jail)
     "for target, fd in fds.items():\n"
     "    for name, attempt in attempts.items():\n"
-    "        before = seen(fd)\n"
-    "        try:\n"
-    "            attempt(fd)\n"  # refused, or (fchmod in the landlock jail) answered without a change
-    "        except OSError:\n"
-    "            pass\n"
-    "        if seen(fd) != before:\n"
+    # the link count moves the ctime too: in the chroot jail the file's other names are the service's (each uid's
+    # cell of hard links, made and removed as uids come and go, meanwhile): an attempt whose window saw the count
+    # move is tried again
+    "        for _ in range(20):\n"
+    "            before, links = seen(fd)\n"
+    "            try:\n"
+    "                attempt(fd)\n"  # refused, or (fchmod in the landlock jail) answered without a change
+    "            except OSError:\n"
+    "                pass\n"
+    "            after, links_after = seen(fd)\n"
+    "            if links_after == links:\n"
+    "                break\n"
+    "        if after != before:\n"
     "            changed.append(f'{{name}} {{target}}')\n"
     "print(json.dumps({{'changed': changed, 'targets': len(fds)}}))\n"
 )
 # the layer file's mode and times, its directory's mode (in the chroot jail each uid's cell has directories of
-# its own, with times of their own; the files are the tree's)
+# its own, with times of their own; the files are the tree's), and its link count (the links others make and remove
+# move its ctime: test_a_run_cannot_change_the_shared_files)
 METADATA_SEEN = (
     "import json, os, requests\n"
     "f, d = os.stat(requests.__file__), os.stat(os.path.dirname(requests.__file__))\n"
-    "print(json.dumps([f.st_mode, f.st_mtime_ns, f.st_ctime_ns, d.st_mode]))\n"
+    "print(json.dumps([f.st_mode, f.st_mtime_ns, f.st_ctime_ns, d.st_mode, f.st_nlink]))\n"
 )
 NODE_METADATA_ATTEMPTS = (
     "const fs = require('fs');\n"
@@ -409,10 +417,16 @@ NODE_METADATA_ATTEMPTS = (
     "    ['futimes', (fd) => fs.futimesSync(fd, 1, 1)],\n"
     "    ['fchown', (fd) => fs.fchownSync(fd, process.getuid(), process.getgid())]]) {{\n"
     "  const fd = fs.openSync(target, 'r');\n"
-    "  const seen = () => {{ const s = fs.fstatSync(fd, {{bigint: true}}); return `${{s.mode}} ${{s.ctimeNs}}`; }};\n"
-    "  const before = seen();\n"
-    "  try {{ attempt(fd); }} catch (e) {{}}\n"
-    "  if (seen() !== before) changed.push(name);\n"
+    "  const seen = () => {{ const s = fs.fstatSync(fd, {{bigint: true}});\n"
+    "    return [`${{s.mode}} ${{s.ctimeNs}}`, s.nlink]; }};\n"
+    "  let before, after;\n"  # tried again where the link count moved meanwhile (METADATA_ATTEMPTS)
+    "  for (let i = 0; i < 20; i++) {{\n"
+    "    before = seen();\n"
+    "    try {{ attempt(fd); }} catch (e) {{}}\n"
+    "    after = seen();\n"
+    "    if (after[1] === before[1]) break;\n"
+    "  }}\n"
+    "  if (after[0] !== before[0]) changed.push(name);\n"
     "  fs.closeSync(fd);\n"
     "}}\n"
     "const st = fs.statSync(target);\n"
@@ -427,12 +441,25 @@ def test_a_run_cannot_change_the_shared_files(service):
 
     wrapper = os.path.join(getattr(service, "source", "/nonexistent"), "runtimes", "nodejs", "wrapper.js")
     slow = {"timeout": 30 * SLOWDOWN} if SLOWDOWN > 1 else {}  # `import requests`, from the lean zygote too
-    before = run(service, METADATA_SEEN, **slow)["stdout"]
+
+    # Where the layer's file has other names (hard links: the chroot jail's tree and each uid's cell, made and removed
+    # as uids come and go, at rest and ahead of the next runs; those of any chroot service on the same store of
+    # layers, whatever this one's mode), each link made or removed moves its ctime, so between two runs the ctime
+    # says nothing of what a run did (the attempts' own check does: each attempt's ctime before and after). A file
+    # of one name both times: any change of its ctime is one a run made.
+    def seen() -> tuple[list, list]:
+        mode, mtime, ctime, directory, links = json.loads(run(service, METADATA_SEEN, **slow)["stdout"])
+        return [mode, mtime, directory], [ctime, links]
+
+    before, (ctime, links) = seen()
     data = run(service, METADATA_ATTEMPTS.format(wrapper=wrapper), **slow)
     assert data["exit_code"] == 0, data
     result = json.loads(data["stdout"])
     assert result["changed"] == [] and result["targets"] >= 2, data
-    assert run(service, METADATA_SEEN, **slow)["stdout"] == before
+    after, (ctime_after, links_after) = seen()
+    assert after == before
+    if links == links_after == 1:
+        assert ctime_after == ctime
     node = run(service, NODE_METADATA_ATTEMPTS.format(wrapper=wrapper), language="nodejs")
     first = json.loads(node["stdout"])
     assert first["changed"] == [], node
