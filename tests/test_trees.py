@@ -779,3 +779,29 @@ def test_an_image_tree_that_cannot_be_written_here_gives_way_to_a_tree_of_the_st
     finally:
         store.release(root)
         store.close()
+
+
+@needs_root
+def test_a_slot_changing_hands_changes_nothing_a_run_of_any_slot_can_see(place):
+    """The generated files of every slot are links to the tree's own: a slot given to another uid must not link
+    them again, or their change time and link count (which every run reads) would tell when another uid got a
+    slot."""
+    spec, _image_dir, store = _image_tree(place, slots=1)
+    root = store.ensure(spec)
+    try:
+        trees.make_run_tmp(root, RUN_UID)
+        trees.remove_run_tmp(root, RUN_UID)  # its run is over: its slot may go to another uid
+        seen = {target: os.lstat(root + "/slots/0" + target) for target in spec["generated"]}
+        time.sleep(0.05)
+        trees.make_run_tmp(root, RUN_UID + 1)
+        assert os.readlink(root + f"/cells/{RUN_UID + 1}") == "../slots/0"
+        for target, before in seen.items():
+            after = os.lstat(root + "/slots/0" + target)
+            assert (after.st_ino, after.st_nlink, after.st_ctime_ns) == (
+                before.st_ino,
+                before.st_nlink,
+                before.st_ctime_ns,
+            ), target
+    finally:
+        store.release(root)
+        store.close()

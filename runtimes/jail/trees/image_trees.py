@@ -128,6 +128,12 @@ def take(path: str, spec: dict, device_nodes: bool) -> int | None:
                 return None
         else:  # no live instance holds it: the cells it has were given by dead ones, and may go to this one's uids
             finish(path, spec, device_nodes)
+            _finished[path] = dict(spec.get("generated", {}))
+            # every slot made again as this instance's cells: one a dead instance gave to a uid of this one's (the
+            # same block, after a restart) is used as it is, and would show the dead one's generated files
+            for slot in os.listdir(path + SLOTS):
+                if slot.isdigit():
+                    _prepare(path, f"{path}{SLOTS}/{slot}")
             cells = path + CELLS
             _assigned[path] = {int(n) for n in os.listdir(cells) if n.isdigit() and os.path.islink(f"{cells}/{n}")}
             fcntl.flock(fd, fcntl.LOCK_SH)
@@ -237,6 +243,10 @@ def _prepare(root: str, slot: str) -> None:
         else:
             os.link(os.path.join(root, "dev", name), target)  # a stand-in: a file nobody may write
     for target in _finished.get(root, ()):
-        with contextlib.suppress(FileNotFoundError):
+        try:
+            if os.lstat(slot + target).st_ino == os.lstat(root + target).st_ino:
+                continue  # linked already: linked again, its change time would tell every run when a slot changed hands
             os.unlink(slot + target)
+        except FileNotFoundError:
+            pass
         os.link(root + target, slot + target)
