@@ -74,3 +74,58 @@ def test_a_later_instance_with_another_hostname_is_not_served_the_earlier_ones_h
         assert {line.split()[1] for line in seen} == {"second-host"}, seen
     finally:
         second.stop()
+
+
+def _protected_hardlinks() -> int:
+    try:
+        with open("/proc/sys/fs/protected_hardlinks") as f:
+            return int(f.read())
+    except OSError:
+        return -1
+
+
+CHANGE_SHARED = r"""
+import os, sys
+shared = [os.path.realpath(sys.executable), "/etc/hosts", "/etc/resolv.conf", "/dev/null", os.__file__]
+for path in shared:
+    for name, change in (
+        ("link", lambda p: os.link(p, "/tmp/linked")),
+        ("utime", lambda p: os.utime(p)),
+        ("chmod", lambda p: os.chmod(p, 0o777)),
+        ("xattr", lambda p: os.setxattr(p, "user.sandlot", b"x")),
+        ("write", lambda p: open(p, "ab").close()),
+    ):
+        if path == "/dev/null" and name in ("utime", "write"):
+            continue  # the slot's own node, made anew for each run: every run may write it
+        try:
+            change(path)
+        except OSError:
+            continue
+        print("CHANGED", name, path)
+"""
+
+
+@needs_root
+@pytest.mark.xfail(
+    _protected_hardlinks() == 0,
+    strict=True,
+    reason="fs.protected_hardlinks=0 on this host: a run may link any file it can read (the image tree's, shared "
+    "by every slot) into its /tmp, changing its link count and change time, which every other run reads",
+)
+def test_a_run_in_a_slot_cannot_change_the_image_trees_files(dirs):
+    """Every slot's files are the image tree's inodes (on the image's filesystem, the image layer's): no run may
+    link, touch, chmod, tag or write one, and the tree's files are as they were after it."""
+    data, image = dirs
+    svc = serving(data, image)  # 16 slots: no cell of the container's own is made (it would link the files too)
+    try:
+        [root] = [os.path.join(image, name) for name in os.listdir(image)]
+        cells = os.listdir(root + "/cells")
+        assert all(os.path.islink(f"{root}/cells/{name}") for name in cells), cells
+        before = {path: os.lstat(root + path) for path in ("/etc/hosts", "/etc/resolv.conf")}
+        for _ in range(3):
+            assert stdout(svc, CHANGE_SHARED) == ""
+        for path, info in before.items():
+            after = os.lstat(root + path)
+            assert (after.st_ino, after.st_nlink, after.st_ctime_ns) == (info.st_ino, info.st_nlink, info.st_ctime_ns)
+    finally:
+        svc.stop()
