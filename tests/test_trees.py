@@ -834,13 +834,10 @@ def test_the_slots_of_an_instance_killed_beside_another_go_to_the_other_ones_uid
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="an instance that takes the image tree alone adopts every uid a dead instance gave a slot (_assigned), and "
-    "an instance started after it may be given the same uids (the dead one's block): the first then gives their "
-    "slots to its own uids, unserialised with the other's making a run's /tmp in them (its cell lock is per process)",
-)
 def test_a_slot_is_never_given_away_from_a_uid_of_another_live_instance(place, monkeypatch):
+    """An instance that takes the image tree alone must not count the uids a dead instance gave slots as its own: an
+    instance started after it may be given the same uids (the dead one's block), and the first would give their slots
+    to its uids, unserialised with the other's making a run's /tmp in them (its cell lock is per process)."""
     spec, image_dir, dead = _image_tree(place, slots=2)
     root = dead.ensure(spec)
     for uid in (RUN_UID + 1, RUN_UID):  # two instances' uids (blocks), both killed: as one here
@@ -861,8 +858,10 @@ def test_a_slot_is_never_given_away_from_a_uid_of_another_live_instance(place, m
         trees.remove_run_tmp(root, RUN_UID + 1)  # over: the next of that uid makes its /tmp there again
         monkeypatch.setattr(image_trees, "_assigned", first_state[0])
         monkeypatch.setattr(image_trees, "_finished", first_state[1])
-        trees.make_run_tmp(root, RUN_UID + 50)  # a uid of the first instance's, every slot taken
-        assert os.readlink(root + f"/cells/{RUN_UID + 1}") == "../slots/0"  # the second instance's uid keeps it
+        for uid in (RUN_UID + 50, RUN_UID + 51):  # uids of the first instance's, until every slot is taken
+            trees.make_run_tmp(root, uid)
+            trees.remove_run_tmp(root, uid)
+            assert os.readlink(root + f"/cells/{RUN_UID + 1}") == "../slots/0"  # the second instance's uid keeps it
     finally:
         for store in (first, second):
             store.release(root)

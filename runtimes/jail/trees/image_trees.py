@@ -126,16 +126,20 @@ def take(path: str, spec: dict, device_nodes: bool) -> int | None:
             if not _holds(path, spec, device_nodes):
                 os.close(fd)
                 return None
-        else:  # no live instance holds it: the cells it has were given by dead ones, and may go to this one's uids
+        else:  # no live instance holds it: the cells it has were given by dead ones
             finish(path, spec, device_nodes)
             _finished[path] = dict(spec.get("generated", {}))
-            # every slot made again as this instance's cells: one a dead instance gave to a uid of this one's (the
-            # same block, after a restart) is used as it is, and would show the dead one's generated files
+            # every slot free again, and made again as this instance's: a uid a dead instance gave one may be another
+            # live instance's by now (the dead one's block, given to an instance started since), whose runs this one
+            # must never take a slot from; and a uid of this one's would find the dead one's generated files there
+            cells = path + CELLS
+            for name in os.listdir(cells):
+                if name.isdigit() and os.path.islink(f"{cells}/{name}"):
+                    os.unlink(f"{cells}/{name}")
             for slot in os.listdir(path + SLOTS):
                 if slot.isdigit():
                     _prepare(path, f"{path}{SLOTS}/{slot}")
-            cells = path + CELLS
-            _assigned[path] = {int(n) for n in os.listdir(cells) if n.isdigit() and os.path.islink(f"{cells}/{n}")}
+            _assigned[path] = set()
             fcntl.flock(fd, fcntl.LOCK_SH)
         _finished[path] = dict(spec.get("generated", {}))
         return fd
