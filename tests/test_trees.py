@@ -866,3 +866,22 @@ def test_a_slot_is_never_given_away_from_a_uid_of_another_live_instance(place, m
         for store in (first, second):
             store.release(root)
             store.close()
+
+
+@needs_root
+def test_what_a_killed_instances_runs_left_in_the_image_trees_slots_goes_when_the_next_takes_it(place, monkeypatch):
+    spec, image_dir, store = _image_tree(place, slots=2)
+    root = store.ensure(spec)
+    left = trees.make_run_tmp(root, RUN_UID)  # its run is killed with the instance: its /tmp stays
+    with open(left + "/secret", "w") as f:
+        f.write("x")
+    store.close()
+    monkeypatch.setattr(image_trees, "_assigned", {})  # a new process
+    monkeypatch.setattr(image_trees, "_finished", {})
+    restarted = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
+    assert restarted.ensure(spec) == root
+    try:
+        assert not os.path.lexists(root + "/slots/0/tmp")
+    finally:
+        restarted.release(root)
+        restarted.close()

@@ -35,6 +35,7 @@ import time
 
 from runtimes.jail.policy.tree_files import CELLS
 from runtimes.jail.trees import materialized
+from runtimes.linux import removal
 
 log = logging.getLogger("sandlot.trees")
 
@@ -138,6 +139,7 @@ def take(path: str, spec: dict, device_nodes: bool) -> int | None:
                     os.unlink(f"{cells}/{name}")
             for slot in os.listdir(path + SLOTS):
                 if slot.isdigit():
+                    removal.remove(f"{path}{SLOTS}/{slot}/tmp")  # a dead run's (its cell's name went above)
                     _prepare(path, f"{path}{SLOTS}/{slot}")
             _assigned[path] = set()
             fcntl.flock(fd, fcntl.LOCK_SH)
