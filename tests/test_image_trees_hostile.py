@@ -4,10 +4,12 @@ earlier instance or an earlier uid of the slot left."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import needs_root
@@ -129,3 +131,44 @@ def test_a_run_in_a_slot_cannot_change_the_image_trees_files(dirs):
             assert (after.st_ino, after.st_nlink, after.st_ctime_ns) == (info.st_ino, info.st_nlink, info.st_ctime_ns)
     finally:
         svc.stop()
+
+
+LEAVE_AND_LOOK = r"""
+import os, threading, time
+mine = os.stat("/tmp")
+print(repr((os.getuid(), os.stat("/").st_ino, os.listdir("/tmp"), os.stat("/dev/null").st_ctime >= mine.st_ctime - 1,
+            sorted(os.listdir("/")))), flush=True)
+open("/tmp/left", "w").write("x")
+os.chmod("/tmp/left", 0o6777)
+os.utime("/dev/null")
+def spin():
+    while True:
+        open(f"/tmp/spin{threading.get_ident()}", "w").close()
+for _ in range(4):
+    threading.Thread(target=spin, daemon=True).start()
+time.sleep(30)
+"""
+
+
+@needs_root
+def test_a_slot_given_to_another_uid_after_a_run_that_timed_out_shows_nothing_of_it(dirs):
+    """Runs that leave files (a setuid-moded one among them), touch their slot's device node and are still writing
+    when their timeout ends them: a later run of another uid in the same slot finds an empty /tmp, a device node
+    made anew, and nothing else in its root."""
+    data, image = dirs
+    svc = serving(data, image, slots=2, WORKER_TIMEOUT="1")
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda _: svc.run(LEAVE_AND_LOOK)["data"], range(16)))
+    finally:
+        svc.stop()
+    [root] = [os.path.join(image, name) for name in os.listdir(image)]
+    shown = sorted(name for name in os.listdir(root) if name not in ("cells", "slots"))  # as a cell shows the tree
+    uids_by_slot: dict[int, set[int]] = {}
+    for answer in answers:
+        assert answer["outcome"] == "timeout", answer
+        uid, slot, tmp, fresh_null, listing = ast.literal_eval(answer["stdout"].splitlines()[0])
+        assert (tmp, fresh_null) == ([], True), answer
+        assert listing == shown, answer
+        uids_by_slot.setdefault(slot, set()).add(uid)
+    assert any(len(uids) > 1 for uids in uids_by_slot.values()), uids_by_slot  # a slot did change hands
