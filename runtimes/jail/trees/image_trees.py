@@ -35,6 +35,7 @@ import time
 
 from runtimes.jail.policy.tree_files import CELLS
 from runtimes.jail.trees import materialized
+from runtimes.linux import removal
 
 log = logging.getLogger("sandlot.trees")
 
@@ -126,10 +127,21 @@ def take(path: str, spec: dict, device_nodes: bool) -> int | None:
             if not _holds(path, spec, device_nodes):
                 os.close(fd)
                 return None
-        else:  # no live instance holds it: the cells it has were given by dead ones, and may go to this one's uids
+        else:  # no live instance holds it: the cells it has were given by dead ones
             finish(path, spec, device_nodes)
+            _finished[path] = dict(spec.get("generated", {}))
+            # every slot free again, and made again as this instance's: a uid a dead instance gave one may be another
+            # live instance's by now (the dead one's block, given to an instance started since), whose runs this one
+            # must never take a slot from; and a uid of this one's would find the dead one's generated files there
             cells = path + CELLS
-            _assigned[path] = {int(n) for n in os.listdir(cells) if n.isdigit() and os.path.islink(f"{cells}/{n}")}
+            for name in os.listdir(cells):
+                if name.isdigit() and os.path.islink(f"{cells}/{name}"):
+                    os.unlink(f"{cells}/{name}")
+            for slot in os.listdir(path + SLOTS):
+                if slot.isdigit():
+                    removal.remove(f"{path}{SLOTS}/{slot}/tmp")  # a dead run's (its cell's name went above)
+                    _prepare(path, f"{path}{SLOTS}/{slot}")
+            _assigned[path] = set()
             fcntl.flock(fd, fcntl.LOCK_SH)
         _finished[path] = dict(spec.get("generated", {}))
         return fd
@@ -237,6 +249,10 @@ def _prepare(root: str, slot: str) -> None:
         else:
             os.link(os.path.join(root, "dev", name), target)  # a stand-in: a file nobody may write
     for target in _finished.get(root, ()):
-        with contextlib.suppress(FileNotFoundError):
+        try:
+            if os.lstat(slot + target).st_ino == os.lstat(root + target).st_ino:
+                continue  # linked already: linked again, its change time would tell every run when a slot changed hands
             os.unlink(slot + target)
+        except FileNotFoundError:
+            pass
         os.link(root + target, slot + target)
