@@ -96,13 +96,10 @@ def test_the_reading_loads_no_pydantic():
     assert out.stdout.strip() == "[]"
 
 
-# `sandlot serve` with a setting only the model refuses, as a subreaper: whatever of it outlives it comes back here
-UNDER_A_SUBREAPER = """
-import ctypes, json, os, subprocess, sys
-ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-result = subprocess.run([sys.executable, "-m", "handler.cli", "serve"], capture_output=True, text=True, timeout=60)
+# in a subreaper, once its service ended: reap what came back (it had ended), then list what is still alive below
+LEFT_BELOW = """
 left = []
-while True:  # reap what came back (it had ended), then list what is still alive below this process
+while True:
     try:
         if os.waitpid(-1, os.WNOHANG)[0] == 0:
             break
@@ -115,8 +112,20 @@ for entry in os.listdir("/proc"):
                 left.append(entry)
     except (OSError, ValueError):
         pass
+"""
+
+# `sandlot serve` with a setting only the model refuses, as a subreaper: whatever of it outlives it comes back here
+UNDER_A_SUBREAPER = (
+    """
+import ctypes, json, os, subprocess, sys
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+result = subprocess.run([sys.executable, "-m", "handler.cli", "serve"], capture_output=True, text=True, timeout=60)
+"""
+    + LEFT_BELOW
+    + """
 print(json.dumps({"code": result.returncode, "stderr": result.stderr, "left": left}))
 """
+)
 
 
 @pytest.mark.parametrize("setting", [{"SANDLOT_METRICS": "nonsense"}, {"SANDLOT_QUEUE_TIMEOUT": "0"}])
@@ -146,7 +155,8 @@ def test_a_setting_only_the_model_refuses_stops_the_start_and_leaves_no_process(
 
 # `sandlot serve` ended by SIGTERM as soon as its app answers (the runtimes most likely still starting), as a
 # subreaper: whatever of it outlives it comes back here
-TERMINATED_WHILE_STARTING = """
+TERMINATED_WHILE_STARTING = (
+    """
 import ctypes, json, os, signal, subprocess, sys, time, urllib.error, urllib.request
 ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 service = subprocess.Popen([sys.executable, "-m", "handler.cli", "serve"], stderr=subprocess.PIPE, text=True)
@@ -162,22 +172,12 @@ while answered is None and time.monotonic() < deadline:
 service.send_signal(signal.SIGTERM)
 stderr = service.communicate(timeout=60)[1]
 time.sleep(0.5)  # what the service's end left (a zygote's last words) comes back to this subreaper
-left = []
-while True:
-    try:
-        if os.waitpid(-1, os.WNOHANG)[0] == 0:
-            break
-    except ChildProcessError:
-        break
-for entry in os.listdir("/proc"):
-    try:
-        with open(f"/proc/{entry}/stat") as f:
-            if entry.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
-                left.append(entry)
-    except (OSError, ValueError):
-        pass
+"""
+    + LEFT_BELOW
+    + """
 print(json.dumps({"code": service.returncode, "answered": answered, "stderr": stderr, "left": left}))
 """
+)
 
 
 def test_a_service_stopped_while_its_runtimes_start_ends_them_first_and_leaves_no_process():

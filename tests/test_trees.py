@@ -650,6 +650,13 @@ def _image_tree(place: str, slots: int = 2) -> tuple[dict, str, trees.TreeStore]
     return spec, image_dir, trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
 
 
+def _restarted(place: str, image_dir: str, monkeypatch, name: str = "trees") -> trees.TreeStore:
+    """The tree store of another instance (another process: nothing of the last one's image trees remembered)."""
+    monkeypatch.setattr(image_trees, "_assigned", {})
+    monkeypatch.setattr(image_trees, "_finished", {})
+    return trees.TreeStore(os.path.join(place, name), image_dir=image_dir)
+
+
 @needs_root
 def test_an_image_tree_serves_runs_from_its_slots_and_nothing_is_built_or_copied_at_start(place):
     spec, image_dir, store = _image_tree(place)
@@ -750,9 +757,7 @@ def test_an_image_trees_slots_a_killed_instance_gave_go_to_the_next_ones_uids(pl
         trees.make_run_tmp(root, uid)
         trees.remove_run_tmp(root, uid)  # its run is over; the instance is then killed, its cells left
     store.close()
-    monkeypatch.setattr(image_trees, "_assigned", {})  # a new process
-    monkeypatch.setattr(image_trees, "_finished", {})
-    restarted = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
+    restarted = _restarted(place, image_dir, monkeypatch)
     assert restarted.ensure(spec) == root
     try:
         trees.make_run_tmp(root, RUN_UID + 2)
@@ -820,9 +825,7 @@ def test_the_slots_of_an_instance_killed_beside_another_go_to_the_other_ones_uid
     for uid in (RUN_UID, RUN_UID + 1):
         trees.make_run_tmp(root, uid)
         trees.remove_run_tmp(root, uid)  # its runs are over
-    monkeypatch.setattr(image_trees, "_assigned", {})  # another instance beside it: another process, other uids
-    monkeypatch.setattr(image_trees, "_finished", {})
-    other = trees.TreeStore(os.path.join(place, "other"), image_dir=image_dir)
+    other = _restarted(place, image_dir, monkeypatch, "other")  # another instance beside it: other uids
     assert other.ensure(spec) == root
     first.close()  # the first instance is killed; the other goes on
     try:
@@ -849,9 +852,7 @@ def test_a_slot_is_never_given_away_from_a_uid_of_another_live_instance(place, m
     monkeypatch.setattr(image_trees, "_finished", first_state[1])
     first = trees.TreeStore(os.path.join(place, "first"), image_dir=image_dir)
     assert first.ensure(spec) == root
-    monkeypatch.setattr(image_trees, "_assigned", {})  # the second, given the block RUN_UID + 1 was in
-    monkeypatch.setattr(image_trees, "_finished", {})
-    second = trees.TreeStore(os.path.join(place, "second"), image_dir=image_dir)
+    second = _restarted(place, image_dir, monkeypatch, "second")  # given the block RUN_UID + 1 was in
     assert second.ensure(spec) == root
     try:
         trees.make_run_tmp(root, RUN_UID + 1)  # its run, in the slot the dead instance gave that uid
@@ -876,9 +877,7 @@ def test_what_a_killed_instances_runs_left_in_the_image_trees_slots_goes_when_th
     with open(left + "/secret", "w") as f:
         f.write("x")
     store.close()
-    monkeypatch.setattr(image_trees, "_assigned", {})  # a new process
-    monkeypatch.setattr(image_trees, "_finished", {})
-    restarted = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
+    restarted = _restarted(place, image_dir, monkeypatch)
     assert restarted.ensure(spec) == root
     try:
         assert not os.path.lexists(root + "/slots/0/tmp")
