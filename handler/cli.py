@@ -321,9 +321,7 @@ def build_layers(args: argparse.Namespace) -> int:
 
 def build_trees(args: argparse.Namespace) -> int:
     """The chroot jail's trees for the layers in use, and their cells, into an image (the service image's
-    Dockerfile): a container of the image then copies none at start (runtimes/jail/trees/image_trees.py)."""
-    from runtimes.jail.trees import image_trees
-
+    Dockerfile): a container of the image then copies none at start (the runtime's build_image_tree)."""
     settings = load_settings()
     layers = layer_manager(settings)
     for language in layers.layers:
@@ -333,8 +331,7 @@ def build_trees(args: argparse.Namespace) -> int:
         runtime = language.runtime_class()(config)
         if runtime.missing():
             continue
-        into, slots = args.into or image_trees.IMAGE_TREES, args.slots or image_trees.DEFAULT_SLOTS
-        path, built = image_trees.build(runtime.tree().to_dict(), into, slots)
+        path, built = runtime.build_image_tree(args.into or "", args.slots or 0)
         print(f"{language.wire_name}: {path}{'' if built else ' (there already)'}")
     return 0
 

@@ -206,6 +206,15 @@ class JailedRuntime(LanguageHooks):
         """What each run gets in this runtime's mode (README: protections per run; health.py)."""
         return health.protections(self)
 
+    def build_image_tree(self, into: str = "", slots: int = 0) -> tuple[str, bool]:
+        """The chroot jail's tree of this runtime, and its cells by slot, built into an image (`sandlot layers
+        trees`, the service image's Dockerfile: trees/image_trees.py); (its path, whether it was built now)."""
+        from runtimes.jail.trees import image_trees
+
+        return image_trees.build(
+            self.tree().to_dict(), into or image_trees.IMAGE_TREES, slots or image_trees.DEFAULT_SLOTS
+        )
+
     # ---- runs -------------------------------------------------------------------------------------
 
     async def run(self, request: RunRequest, max_seconds: float | None = None) -> RunResult:
