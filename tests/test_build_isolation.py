@@ -337,7 +337,9 @@ def test_build_code_finds_nothing_and_is_gone_when_its_build_ends(tool, mode, pl
     try:
         result = subprocess.run(
             [*launcher, python, "-c", LAYER_BUILD, tool, str(work), str(source), str(BUILD_UID)],
-            env={**os.environ, "PYTHONPATH": unprivileged.source(), "HOME": "/nonexistent"},
+            # a home that is not there, under the test's own place: what `npm config list` writes there (its logs,
+            # as the service's uid) goes with it
+            env={**os.environ, "PYTHONPATH": unprivileged.source(), "HOME": str(place / "no-home")},
             capture_output=True,
             text=True,
             timeout=600,

@@ -237,7 +237,8 @@ def test_an_interpreters_paths_are_asked_of_it_once_then_read_from_the_data_dir(
         runtime.interpreter_paths.cache_clear()
         cache = tmp_path / runtime.PATHS_CACHE
         entries = json.loads(cache.read_text())
-        cache.write_text(json.dumps({key: {**paths, "stdlib": "/nonexistent"} for key, paths in entries.items()}))
+        gone = str(tmp_path / "gone")  # a standard library that is not there any more
+        cache.write_text(json.dumps({key: {**paths, "stdlib": gone} for key, paths in entries.items()}))
         with pytest.raises(AssertionError, match="an interpreter was started"):  # a stale answer: asked again
             runtime.interpreter_paths(python, str(tmp_path))
     finally:

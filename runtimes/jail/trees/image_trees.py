@@ -58,10 +58,8 @@ def image_spec(spec: dict) -> dict:
 
 
 def image_key(spec: dict) -> str:
-    """The key of spec's image tree: tree_store.fingerprint of what an image tree holds (sources' stats included)."""
-    from runtimes.jail.trees.tree_store import fingerprint
-
-    return "image-" + fingerprint(image_spec(spec), device_nodes=False)
+    """The key of spec's image tree: materialized.fingerprint of what an image tree holds (sources' stats included)."""
+    return "image-" + materialized.fingerprint(image_spec(spec), device_nodes=False)
 
 
 def build(spec: dict, image_dir: str, slots: int = DEFAULT_SLOTS) -> tuple[str, bool]:

@@ -7,6 +7,8 @@ uid's cell in it (make_cell); runtimes/jail/trees/tree_store.py keeps them.
 from __future__ import annotations
 
 import errno
+import hashlib
+import json
 import os
 import shutil
 import stat
@@ -356,3 +358,39 @@ def _settle_tree(root: str, hidden: list[str]) -> None:
             path = os.path.join(dirpath, name)
             if os.path.islink(path) and os.geteuid() == 0:
                 os.chown(path, 0, 0, follow_symlinks=False)
+
+
+def fingerprint(spec: dict, device_nodes: bool) -> str:
+    """The key of the tree a spec gives: the spec, and the type, size, mode, owner and mtime of every file
+    it would hold (a walk of stats, no reads)."""
+    digest = hashlib.sha256(
+        json.dumps({"format": TREE_FORMAT, "spec": spec, "devices": device_nodes}, sort_keys=True).encode()
+    )
+    hidden = {os.path.realpath(path) for path in spec["hidden"]}
+    sources = [*spec["binds"], *spec.get("placed", {}).values(), *spec["devices"]]
+    for path in sources:
+        for name, info in _stats(os.path.realpath(path), hidden):
+            digest.update(
+                f"{name}\0{info.st_mode}\0{info.st_size}\0{info.st_uid}\0{info.st_mtime_ns}\0{info.st_rdev}\n".encode()
+            )
+    return digest.hexdigest()[:24]
+
+
+def _stats(path: str, hidden: set[str]):
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        yield path, os.stat_result((0,) * 10)
+        return
+    yield path, info
+    if not stat.S_ISDIR(info.st_mode) or path in hidden:
+        return
+    pending = [path]
+    while pending:
+        directory = pending.pop()
+        with os.scandir(directory) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                entry_info = entry.stat(follow_symlinks=False)
+                yield entry.path, entry_info
+                if stat.S_ISDIR(entry_info.st_mode) and entry.path not in hidden:
+                    pending.append(entry.path)

@@ -35,8 +35,6 @@ possible), so it is built once per tree spec, before any zygote needs it, and ke
 from __future__ import annotations
 
 import errno
-import hashlib
-import json
 import logging
 import os
 import shutil
@@ -47,6 +45,7 @@ import time
 
 from runtimes.jail.policy import tree_files
 from runtimes.jail.trees import image_trees, materialized
+from runtimes.jail.trees.materialized import fingerprint as fingerprint  # re-exported: bench/trees.py
 from runtimes.linux import removal
 from runtimes.linux.dirlock import TRASH, lock_shared, remove_if_unlocked
 from runtimes.linux.removal import remove_tree as remove_tree  # re-exported: runs' /tmp directories, trees
@@ -83,42 +82,6 @@ def trees_dir(data_dir: str) -> str:
 
 class TreeUnusable(RuntimeError):
     """Trees cannot be materialized here (e.g. a noexec filesystem): the chroot mode cannot serve."""
-
-
-def fingerprint(spec: dict, device_nodes: bool) -> str:
-    """The key of the tree a spec gives: the spec, and the type, size, mode, owner and mtime of every file
-    it would hold (a walk of stats, no reads)."""
-    digest = hashlib.sha256(
-        json.dumps({"format": materialized.TREE_FORMAT, "spec": spec, "devices": device_nodes}, sort_keys=True).encode()
-    )
-    hidden = {os.path.realpath(path) for path in spec["hidden"]}
-    sources = [*spec["binds"], *spec.get("placed", {}).values(), *spec["devices"]]
-    for path in sources:
-        for name, info in _stats(os.path.realpath(path), hidden):
-            digest.update(
-                f"{name}\0{info.st_mode}\0{info.st_size}\0{info.st_uid}\0{info.st_mtime_ns}\0{info.st_rdev}\n".encode()
-            )
-    return digest.hexdigest()[:24]
-
-
-def _stats(path: str, hidden: set[str]):
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        yield path, os.stat_result((0,) * 10)
-        return
-    yield path, info
-    if not stat.S_ISDIR(info.st_mode) or path in hidden:
-        return
-    pending = [path]
-    while pending:
-        directory = pending.pop()
-        with os.scandir(directory) as entries:
-            for entry in sorted(entries, key=lambda e: e.name):
-                entry_info = entry.stat(follow_symlinks=False)
-                yield entry.path, entry_info
-                if stat.S_ISDIR(entry_info.st_mode) and entry.path not in hidden:
-                    pending.append(entry.path)
 
 
 def devices_work(directory: str) -> str:
