@@ -181,3 +181,30 @@ def test_network_without_root_is_served_only_where_pasta_can_work(record, pasta,
     else:
         failed = network.failed("pasta could not set up the runs' network: it said no")
         assert not failed.in_force and failed.refused.endswith("it said no")
+
+
+@pytest.mark.parametrize(
+    ("mode", "protected", "refused"),
+    [("chroot", False, True), ("chroot", True, False), ("full", False, False), ("landlock", False, False)],
+)
+def test_links_are_refused_to_runs_only_in_the_chroot_mode_where_the_kernel_lets_anyone_link(mode, protected, refused):
+    """The chroot mode's cells hold hard links to the tree's files on the filesystem of the run's own /tmp: where
+    fs.protected_hardlinks is 0 a run's filter refuses link(2) (allowlist.build's refuse_links). Elsewhere /tmp is
+    another filesystem (a tmpfs: EXDEV) or Landlock refuses the link, and nothing changes."""
+    from runtimes.config import RuntimeConfig
+    from runtimes.python.runtime import PythonRuntime
+
+    runtime = PythonRuntime(RuntimeConfig())
+    runtime.mode = modes.MODES[mode]
+    runtime.platform = dataclasses.replace(ROOT_IN_A_CONTAINER, protected_hardlinks=protected)
+    assert runtime.runner_config().refuse_links is refused
+
+
+def test_hard_links_count_as_protected_only_where_the_kernel_says_1(tmp_path):
+    from runtimes.linux.protections import hardlinks_protected
+
+    (tmp_path / "on").write_text("1\n")
+    (tmp_path / "off").write_text("0\n")
+    assert hardlinks_protected(str(tmp_path / "on"))
+    assert not hardlinks_protected(str(tmp_path / "off"))
+    assert not hardlinks_protected(str(tmp_path / "missing"))  # a kernel without the setting protects nothing

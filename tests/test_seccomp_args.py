@@ -577,3 +577,45 @@ def test_every_thread_of_a_run_shares_its_descriptor_table():
         "close_range, unshare with high bits": "EPERM",
         "a Python thread": ["ran"],
     }
+
+
+def links(directory: str) -> dict:
+    source = os.path.join(directory, "shared")
+    with open(source, "w") as file:
+        file.write("x")
+    found = {}
+    for name, call in (
+        ("link", lambda target: os.link(source, target)),
+        ("linkat", lambda target: os.link(source, target, follow_symlinks=False)),
+    ):
+        target = os.path.join(directory, name)
+        try:
+            call(target)
+            found[name] = "ok"
+        except OSError as exc:
+            found[name] = errno.errorcode[exc.errno]
+    found["symlink"] = "ok" if os.symlink(source, os.path.join(directory, "symbolic")) is None else "?"
+    return found
+
+
+def test_hard_links_are_refused_only_where_the_filter_is_built_to_refuse_them(tmp_path):
+    """Where fs.protected_hardlinks is 0, a chroot-mode run could link the tree's shared files into its /tmp
+    (language.links_refused): the filter then answers link and linkat as that setting would, with EPERM. Elsewhere
+    (its own files in its /tmp) links work as before; symlinks are never touched."""
+
+    def run(refuse: bool, directory: str) -> dict:
+        program = engine.compile_program(allowlist.build(False, refuse_links=refuse))
+
+        def confined() -> dict:
+            set_no_new_privs()
+            program.load()
+            return links(directory)
+
+        answer, error = in_child(confined)
+        assert not error, error
+        return answer
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert run(False, str(tmp_path / "a")) == {"link": "ok", "linkat": "ok", "symlink": "ok"}
+    assert run(True, str(tmp_path / "b")) == {"link": "EPERM", "linkat": "EPERM", "symlink": "ok"}

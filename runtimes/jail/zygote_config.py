@@ -49,6 +49,7 @@ class RunnerConfig:
     require_seccomp: bool = True  # refuse to run without the allow-list filter
     extra_syscalls: tuple[int, ...] = ()  # allowed on top of the allow-list (the operator's)
     seccomp: bool = True  # the platform's record found seccomp possible at all (policy/seccomp.prepared)
+    refuse_links: bool = False  # link(2) refused: runs share the tree's files where the kernel lets anyone link them
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -83,6 +83,10 @@ class Protections:
     # CAP_SYS_ADMIN although it lets user namespaces through. Cosmetic: where refused, a run's uname() tells
     # the container's name (the children skip the step; jail/zygote/confine.py)
     hostname: bool = True
+    # fs.protected_hardlinks is 1: nobody may hard-link a file they neither own nor may read and write. The chroot
+    # mode's runs share the tree's files, and their /tmp is on the same filesystem: where it is 0 a run could link
+    # them into its /tmp (their link count, seen by every run, would then carry what one run tells another)
+    protected_hardlinks: bool = True
     errors: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -244,6 +248,19 @@ def _host_nft() -> None:
     # one transaction that adds a table and deletes it again: nothing of it is ever in force
     name = f"sandlot_probe_{os.getpid()}"
     nftables.run(f"add table inet {name}\ndelete table inet {name}\n")
+
+
+PROTECTED_HARDLINKS = "/proc/sys/fs/protected_hardlinks"
+
+
+def hardlinks_protected(path: str = PROTECTED_HARDLINKS) -> bool:
+    """Whether the kernel refuses a hard link to a file the caller neither owns nor may read and write (a kernel
+    without the setting, or one that cannot be read, counts as no)."""
+    try:
+        with open(path) as file:
+            return file.read().strip() == "1"
+    except OSError:
+        return False
 
 
 NULL_DEVICE = (1, 3)  # the major and minor numbers of /dev/null
@@ -482,6 +499,7 @@ def probe(at_once: bool = False) -> Protections:
         mknod=bool(values["mknod"]),
         time_namespaces=bool(values["time_namespaces"]),
         hostname=bool(values["hostname"]),
+        protected_hardlinks=hardlinks_protected(),
         errors=errors,
     )
 

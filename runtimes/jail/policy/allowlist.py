@@ -297,6 +297,8 @@ SOCKET_OPTIONS_BELOW = 128  # Linux's socket-level options are numbered below th
 
 
 # With network: a client's calls. No bind, listen or accept: nothing reaches a run from outside.
+# refused where runs share files that the kernel lets anyone hard-link (build's refuse_links)
+LINK_CALLS = ("link", "linkat")
 NETWORK_SYSCALLS = ("connect",)
 NETWORK_FAMILIES = (AF_INET, AF_INET6)
 # socket()'s protocol for each type: 0 (the type's default) or the type's own. Never another: MPTCP (262) is a
@@ -522,10 +524,16 @@ def check_extra_syscalls(numbers: list[int], arch: int | None = None) -> None:
 
 
 def build(
-    network: bool, extra: tuple[int, ...] = (), allow_exec: bool = False, arch: int | None = None
+    network: bool,
+    extra: tuple[int, ...] = (),
+    allow_exec: bool = False,
+    arch: int | None = None,
+    refuse_links: bool = False,
 ) -> pyseccomp.SyscallFilter:
     """The allow-list for one run. Build once per process, load in each child. arch: for another architecture
-    than this machine's (what the tests read of aarch64's program on x86_64); extra is that architecture's."""
+    than this machine's (what the tests read of aarch64's program on x86_64); extra is that architecture's.
+    refuse_links: link and linkat fail with EPERM, as the kernel's fs.protected_hardlinks would answer a link to a
+    shared file (language.links_refused says where)."""
     # checked here too, whoever built the config (a Lambda's environment too); added by the name the number has on
     # the filter's architecture (libseccomp reads a rule's number as this machine's and translates it)
     extra_names = extra_syscall_names(extra, arch)
@@ -535,9 +543,14 @@ def build(
     except OSError:
         pass  # libseccomp older than 2.5
     for name in BASE_SYSCALLS:
-        engine.allow(flt, name)
+        if not (refuse_links and name in LINK_CALLS):
+            engine.allow(flt, name)
     for name in extra_names.values():
-        flt.add_rule(pyseccomp.ALLOW, name)
+        if not (refuse_links and name in LINK_CALLS):
+            flt.add_rule(pyseccomp.ALLOW, name)
+    if refuse_links:
+        for name in LINK_CALLS:
+            engine.refuse(flt, errno.EPERM, name)
     # threads share one descriptor table (pthread_create's flags), which the service reads for files a run holds
     # after their names went (tmp/held.py): no thread of a table of its own, by clone or by close_range
     thread = CLONE_THREAD | CLONE_FILES
@@ -711,10 +724,15 @@ def clock_prefix(pid: int, calls: tuple[int, tuple[int, ...]] | None = None) -> 
     return engine.assemble(code)
 
 
-def programs(extra: tuple[int, ...] = (), allow_exec: bool = False) -> dict[bool, SeccompProgram]:
+def programs(
+    extra: tuple[int, ...] = (), allow_exec: bool = False, refuse_links: bool = False
+) -> dict[bool, SeccompProgram]:
     """The compiled filters of a runtime, by network flag (and the fence's template, for its children)."""
     fence_program(_FENCE_PLACEHOLDER)
-    return {network: compile_program(build(network, extra, allow_exec)) for network in (False, True)}
+    return {
+        network: compile_program(build(network, extra, allow_exec, refuse_links=refuse_links))
+        for network in (False, True)
+    }
 
 
 def prepared(config: RunnerConfig, allow_exec: bool = False) -> tuple[dict[bool, SeccompProgram], str | None]:
@@ -726,7 +744,7 @@ def prepared(config: RunnerConfig, allow_exec: bool = False) -> tuple[dict[bool,
     """
     if not config.seccomp:
         return {}, "refused by the platform (the protections record)"
-    filters = programs(tuple(config.extra_syscalls), allow_exec=allow_exec)
+    filters = programs(tuple(config.extra_syscalls), allow_exec=allow_exec, refuse_links=config.refuse_links)
     error = engine.probe(filters[False])
     return (filters if error is None else {}), error
 

@@ -65,7 +65,20 @@ class LanguageHooks:
             "require_seccomp": self.config.require_seccomp,
             "extra_syscalls": tuple(self.config.extra_syscalls),
             "seccomp": bool(self.platform is None or self.platform.seccomp),  # allowlist.prepared
+            "refuse_links": self.links_refused,
         }
+
+    @property
+    def links_refused(self) -> bool:
+        """Runs get EPERM from link(2): in the chroot mode every run's cell holds hard links to the tree's files,
+        on the filesystem of its own /tmp, and where fs.protected_hardlinks is 0 nothing else keeps a run from
+        linking them there (their link count would then tell every other run what this one does)."""
+        return (
+            self.mode is not None
+            and self.mode.tree == modes.CHROOT
+            and self.platform is not None
+            and not self.platform.protected_hardlinks
+        )
 
     def encode(self, request: RunRequest, timeout: float, network_refused: str = "") -> bytes:
         """What the child reads on stdin for this run (timeout: the run's own, already capped; network_refused:
