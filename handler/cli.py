@@ -746,7 +746,9 @@ def main(argv: list[str] | None = None) -> int:
     build_cmd.add_argument("--language", choices=[*WIRE_NAMES, "all"], default="all")
     build_cmd.set_defaults(func=build_layers)
     trees_cmd = layer_commands.add_parser(
-        "trees", help="build the chroot jail's trees for the layers in use, and their cells, into an image"
+        "trees",
+        help="build the chroot jail's trees for the layers in use, and the layer-less ones an operator's layer is "
+        "added to, with their cells, into an image",
     )
     trees_cmd.add_argument("--into", default=None, help="where (default /opt/sandlot/image-trees, the image's)")
     trees_cmd.add_argument("--slots", type=int, default=None, help="cells per tree (default 16)")
