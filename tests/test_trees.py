@@ -957,6 +957,11 @@ def test_the_image_carries_each_runtimes_tree_and_its_layer_less_one(place):
     assert not os.path.lexists(image_trees.find(base, image_dir) + tree_files.LAYER_IN_TREE)
     # without a layer the two are one
     assert len(PythonRuntime(RuntimeConfig(python_layer="")).build_image_tree(image_dir, 1)) == 1
+    # Node.js: the layer is all a layer-less tree lacks (node's libraries are node's own)
+    node = NodeRuntime(RuntimeConfig(nodejs_path=shutil.which("node") or "/usr/bin/node", nodejs_layer=layer))
+    if not node.missing():
+        added = image_trees.additions(node.tree().to_dict(), node.tree(layer=False).to_dict())
+        assert (added["binds"], added["placed"]) == ([], {tree_files.LAYER_IN_TREE: os.path.realpath(layer)})
 
 
 @needs_root

@@ -47,7 +47,7 @@ import time
 
 from runtimes.jail.policy.tree_files import CELLS
 from runtimes.jail.trees import materialized
-from runtimes.linux import removal
+from runtimes.linux import removal, syscalls
 
 log = logging.getLogger("sandlot.trees")
 
@@ -255,7 +255,7 @@ def _add(path: str, added: dict | None, wanted: str, uncache: bool) -> None:
     try:
         done = materialized.materialize(added, scratch, device_nodes=False, uncache=uncache)
         entries = _new_entries(scratch, path)
-        os.sync()  # the copies on disk before the record says they are complete (tree_store's builds do the same)
+        syscalls.syncfs(scratch)  # the copies on disk before the record says they are complete
         if uncache:
             materialized.drop_cache(scratch)  # written back now: clean pages, read back as runs need them
         _write_added(path, "", entries)
