@@ -1101,3 +1101,23 @@ def test_what_a_container_killed_while_adding_a_layer_left_goes_at_the_next_take
     finally:
         restarted.release(root)
         restarted.close()
+
+
+@needs_root
+@pytest.mark.parametrize("entries", [["/../outside"], ["/slots"], ["relative"], ["/usr/./lib"], "not a list"])
+def test_a_record_of_additions_naming_anything_but_a_path_in_the_tree_is_refused_and_nothing_removed(place, entries):
+    image_dir, base = _layerless_image(place, slots=1)
+    spec, _base = _layered(_layer(place, "probe", "1"))
+    root = image_trees.find(base, image_dir)
+    outside = os.path.join(image_dir, "outside")
+    os.mkdir(outside)
+    with open(root + image_trees.ADDED, "w") as f:
+        json.dump({"key": "added-other", "entries": entries}, f)
+    store = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
+    own = store.ensure(spec, base)
+    try:
+        assert os.path.dirname(own) == store.root  # the image's tree not used: a tree of the store's own
+        assert os.path.isdir(outside) and os.path.isdir(root + "/slots/0") and os.path.isdir(root + "/usr/lib")
+    finally:
+        store.release(own)
+        store.close()

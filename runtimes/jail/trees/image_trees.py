@@ -279,6 +279,9 @@ def _add(path: str, added: dict | None, wanted: str, uncache: bool) -> None:
     )
 
 
+_NOT_ADDED = (CELLS.lstrip("/"), SLOTS.lstrip("/"), "tmp", "dev")  # the tree's own, never an addition's
+
+
 def _new_entries(scratch: str, tree: str) -> list[str]:
     """The top-most entries under scratch that tree lacks (paths from the root); what both hold is the same host
     path mirrored (a file bound twice, a symlink on the way, a directory both have: looked into)."""
@@ -289,8 +292,8 @@ def _new_entries(scratch: str, tree: str) -> list[str]:
         with os.scandir(scratch + directory) as entries:
             for entry in entries:
                 name = f"{directory}/{entry.name}"
-                if not directory and name in (CELLS, SLOTS, "/tmp", "/dev"):
-                    continue  # the tree's own, never an addition's
+                if not directory and entry.name in _NOT_ADDED:
+                    continue
                 try:
                     info = os.lstat(tree + name)
                 except FileNotFoundError:
@@ -322,7 +325,12 @@ def _read_added(path: str) -> dict:
     try:
         with open(path + ADDED) as file:
             record = json.load(file)
-        return {"key": str(record["key"]), "entries": [str(entry) for entry in record["entries"]]}
+        entries = [str(entry) for entry in record["entries"]]
+        for entry in entries:  # each removed with its slots' copies when replaced: a path inside the tree, no more
+            parts = entry.split("/")
+            if parts[0] != "" or len(parts) < 2 or {"", ".", ".."} & set(parts[1:]) or parts[1] in _NOT_ADDED:
+                raise ValueError(entry)
+        return {"key": str(record["key"]), "entries": entries}
     except FileNotFoundError:
         return {"key": NO_ADDITIONS, "entries": []}
     except (OSError, ValueError, KeyError, TypeError):  # unreadable: its entries unknown, the tree not trusted
