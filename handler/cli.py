@@ -320,8 +320,9 @@ def build_layers(args: argparse.Namespace) -> int:
 
 
 def build_trees(args: argparse.Namespace) -> int:
-    """The chroot jail's trees for the layers in use, and their cells, into an image (the service image's
-    Dockerfile): a container of the image then copies none at start (the runtime's build_image_tree)."""
+    """The chroot jail's trees for the layers in use, and their layer-less ones, with their cells, into an image
+    (the service image's Dockerfile): a container of the image then copies none at start, and only an operator's
+    layer where it has one (the runtime's build_image_tree)."""
     settings = load_settings()
     layers = layer_manager(settings)
     for language in layers.layers:
@@ -331,8 +332,8 @@ def build_trees(args: argparse.Namespace) -> int:
         runtime = language.runtime_class()(config)
         if runtime.missing():
             continue
-        path, built = runtime.build_image_tree(args.into or "", args.slots or 0)
-        print(f"{language.wire_name}: {path}{'' if built else ' (there already)'}")
+        for path, built in runtime.build_image_tree(args.into or "", args.slots or 0):
+            print(f"{language.wire_name}: {path}{'' if built else ' (there already)'}")
     return 0
 
 
@@ -745,7 +746,9 @@ def main(argv: list[str] | None = None) -> int:
     build_cmd.add_argument("--language", choices=[*WIRE_NAMES, "all"], default="all")
     build_cmd.set_defaults(func=build_layers)
     trees_cmd = layer_commands.add_parser(
-        "trees", help="build the chroot jail's trees for the layers in use, and their cells, into an image"
+        "trees",
+        help="build the chroot jail's trees for the layers in use, and the layer-less ones an operator's layer is "
+        "added to, with their cells, into an image",
     )
     trees_cmd.add_argument("--into", default=None, help="where (default /opt/sandlot/image-trees, the image's)")
     trees_cmd.add_argument("--slots", type=int, default=None, help="cells per tree (default 16)")

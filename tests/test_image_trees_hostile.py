@@ -158,3 +158,58 @@ def test_a_slot_given_to_another_uid_after_a_run_that_timed_out_shows_nothing_of
         assert listing == shown, answer
         uids_by_slot.setdefault(slot, set()).add(uid)
     assert any(len(uids) > 1 for uids in uids_by_slot.values()), uids_by_slot  # a slot did change hands
+
+
+@pytest.fixture
+def wheelhouse():
+    """Two pure-Python wheels (an operator's packages), off /tmp and world-readable: a layer build's uid reads them."""
+    from test_layers import make_wheel, reachable_place, readable
+
+    places = reachable_place("sandlot-slots-wheels-")
+    house = next(places)
+    make_wheel(house, "sandlot-probe", "1.0", {"sandlot_probe.py": "VALUE = 'probe-ok'\n"})
+    make_wheel(house, "sandlot-other", "1.0", {"sandlot_other.py": "VALUE = 'other-ok'\n"})
+    readable(house)
+    yield house
+    next(places, None)  # removed
+
+
+IMPORT = """
+try:
+    import {module}
+    print({module}.VALUE)
+except ImportError as exc:
+    print(type(exc).__name__)
+"""
+
+
+@needs_root
+def test_an_operators_layer_is_served_from_the_images_layer_less_tree(dirs, wheelhouse):
+    """The image has a tree of its default layer and one without a layer; an operator's layer (dify-sandbox's
+    dependencies file) is added to the layer-less one and its slots: runs import its packages, and no tree is built
+    in the container. A restart with another layer is served that one, and nothing of the first."""
+    data, image = dirs
+    layers = (("sandlot-probe", "sandlot_probe", ""), ("sandlot-other", "sandlot_other", "sandlot_probe"))
+    for package, module, gone in layers:
+        requirements = os.path.join(str(wheelhouse), f"{package}.txt")
+        with open(requirements, "w") as f:
+            f.write(f"{package}\n")
+        os.chmod(requirements, 0o644)
+        svc = serving(
+            data,
+            image,
+            SANDLOT_TEST_IMAGE_LAYERLESS="1",
+            SANDLOT_PYTHON_REQUIREMENTS=requirements,
+            SANDLOT_PIP_FIND_LINKS=str(wheelhouse),
+        )
+        try:
+            answers = {stdout(svc, IMPORT.format(module=module)).strip() for _ in range(4)}
+            assert answers == {module.replace("sandlot_", "") + "-ok"}, answers
+            if gone:
+                assert stdout(svc, IMPORT.format(module=gone)).strip() == "ModuleNotFoundError"
+        finally:
+            svc.stop()
+        [tree] = [name for name in os.listdir(image) if not name.endswith(".added")]
+        assert sorted(os.listdir(image)) == [tree, tree + ".added"]
+        own = os.path.join(data, "trees")
+        assert not os.path.isdir(own) or os.listdir(own) == [], os.listdir(own)  # no tree of the container's own

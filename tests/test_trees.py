@@ -884,3 +884,240 @@ def test_what_a_killed_instances_runs_left_in_the_image_trees_slots_goes_when_th
     finally:
         restarted.release(root)
         restarted.close()
+
+
+# ---- an operator's layer added to the image's layer-less tree ---------------------------------------------------
+
+
+def _layer(place: str, module: str, value: str) -> str:
+    """A Python layer (a directory of modules) holding module, whose VALUE is value."""
+    layer = tempfile.mkdtemp(prefix="sandlot-layer-", dir=place)
+    os.makedirs(os.path.join(layer, module))
+    with open(os.path.join(layer, module, "__init__.py"), "w") as f:
+        f.write(f"VALUE = {value!r}\n")
+    os.chmod(layer, 0o755)
+    return layer
+
+
+def _layered(layer: str) -> tuple[dict, dict]:
+    """The Python runtime's tree spec with layer, and its layer-less one (what the image carries besides)."""
+    runtime = PythonRuntime(RuntimeConfig(python_layer=layer))
+    return runtime.tree().to_dict(), runtime.tree(layer=False).to_dict()
+
+
+def _layerless_image(place: str, slots: int = 2) -> tuple[str, dict]:
+    """An image-tree directory holding only the Python runtime's layer-less tree (the image's default layer is
+    another than the operator's: its tree is of no use, and left out here)."""
+    image_dir = os.path.join(place, "image")
+    _spec, base = _layered(_layer(place, "unused", "x"))
+    image_trees.build(base, image_dir, slots)
+    return image_dir, base
+
+
+IMPORTS_LAYER = """
+import os, sys
+os.chroot({root!r})
+os.chdir("/")
+os.chroot("/cells/{uid}")
+os.chdir("/")
+os.setgroups([])
+os.setresgid({uid}, {uid}, {uid})
+os.setresuid({uid}, {uid}, {uid})
+writable = [d for d, _dirs, _files in os.walk("/") if os.access(d, os.W_OK)]
+files = [os.path.join(d, f) for d, _dirs, names in os.walk("/opt") for f in names]
+writable += [f for f in files if os.access(f, os.W_OK)]
+print(writable, flush=True)
+os.execv({python!r}, [{python!r}, "-I", "-S", "-c",
+         "import sys; sys.path.insert(0, {layer!r}); import {module}; print({module}.VALUE)"])
+"""
+
+
+def _imports(root: str, uid: int, module: str) -> list[str]:
+    """What a run of uid in its cell of the tree at root prints importing module from the layer: the places it may
+    write, then module's VALUE (or the import's failure)."""
+    python = os.path.realpath(RuntimeConfig().python_path)
+    code = IMPORTS_LAYER.format(root=root, uid=uid, python=python, layer=tree_files.LAYER_IN_TREE, module=module)
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True)
+    return [*out.stdout.splitlines(), *(["FAILED " + out.stderr.strip().splitlines()[-1]] if out.returncode else [])]
+
+
+@needs_root
+def test_the_image_carries_each_runtimes_tree_and_its_layer_less_one(place):
+    """`sandlot layers trees`: the tree of the layers in use, and the one an operator's layer is added to."""
+    layer = _layer(place, "probe", "1")
+    image_dir = os.path.join(place, "image")
+    built = PythonRuntime(RuntimeConfig(python_layer=layer)).build_image_tree(image_dir, 1)
+    spec, base = _layered(layer)
+    assert sorted(path for path, _new in built) == sorted(
+        os.path.join(image_dir, image_trees.image_key(s)) for s in (spec, base)
+    )
+    # the layer-less one: no layer, and none of the libraries only the layer's ELF files load; spec only adds to it
+    assert tree_files.LAYER_IN_TREE not in base["placed"] and set(base["binds"]) <= set(spec["binds"])
+    assert image_trees.additions(spec, base)["placed"] == {tree_files.LAYER_IN_TREE: os.path.realpath(layer)}
+    assert not os.path.lexists(image_trees.find(base, image_dir) + tree_files.LAYER_IN_TREE)
+    # without a layer the two are one
+    assert len(PythonRuntime(RuntimeConfig(python_layer="")).build_image_tree(image_dir, 1)) == 1
+    # Node.js: the layer is all a layer-less tree lacks (node's libraries are node's own)
+    node = NodeRuntime(RuntimeConfig(nodejs_path=shutil.which("node") or "/usr/bin/node", nodejs_layer=layer))
+    if not node.missing():
+        added = image_trees.additions(node.tree().to_dict(), node.tree(layer=False).to_dict())
+        assert (added["binds"], added["placed"]) == ([], {tree_files.LAYER_IN_TREE: os.path.realpath(layer)})
+
+
+@needs_root
+def test_a_layer_the_image_has_no_tree_of_is_added_to_its_layer_less_tree_and_its_slots(place):
+    image_dir, base = _layerless_image(place, slots=2)
+    spec, spec_base = _layered(_layer(place, "probe", "operator's"))
+    assert spec_base == base and image_trees.find(spec, image_dir) == ""  # no tree of this layer in the image
+    store = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
+    root = store.ensure(spec, base)
+    try:
+        assert os.path.dirname(root) == image_dir and os.listdir(store.root) == []  # nothing built of its own
+        layer_file = tree_files.LAYER_IN_TREE + "/probe/__init__.py"
+        info = os.lstat(root + layer_file)
+        assert (info.st_uid, stat.S_IMODE(info.st_mode) & 0o022) == (0, 0)  # root's, nobody else may write it
+        uids = [RUN_UID + n for n in range(3)]
+        for uid in uids:
+            trees.make_run_tmp(root, uid)
+        assert [os.readlink(root + f"/cells/{uid}") for uid in uids[:2]] == ["../slots/0", "../slots/1"]
+        assert not os.path.islink(root + f"/cells/{uids[2]}")  # beyond the slots: a cell made now, the layer in it
+        for uid in uids:
+            assert os.lstat(root + tree_files.cell(uid) + layer_file).st_ino == info.st_ino  # the tree's own file
+            assert _imports(root, uid, "probe") == ["['/tmp']", "operator's"]
+        # recorded beside the tree, not in it (every cell clones its root)
+        assert os.path.isfile(root + image_trees.ADDED)
+        assert not any(name.startswith(".") for name in os.listdir(root))
+        # a slot's listing is the tree's: what a cell made at start from a tree of spec shows
+        made = os.path.join(place, "made")
+        os.mkdir(made)
+        materialized.materialize(spec, made)
+        made_cell = materialized.make_cell(made, RUN_UID)
+        slot = root + "/slots/0"
+        assert {p: e[:3] for p, e in listing(slot).items() if not p.startswith("/tmp")} == {
+            p: e[:3] for p, e in listing(made_cell).items()
+        }
+    finally:
+        store.release(root)
+        store.close()
+
+
+@needs_root
+def test_a_restarted_container_reuses_the_same_layer_and_replaces_another(place, monkeypatch):
+    image_dir, base = _layerless_image(place, slots=2)
+    first_spec, _base = _layered(_layer(place, "first", "1"))
+    store = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
+    root = store.ensure(first_spec, base)
+    trees.make_run_tmp(root, RUN_UID)
+    for uid in (RUN_UID + 1, RUN_UID + 2, RUN_UID + 3):
+        trees.make_run_tmp(root, uid)  # the last one beyond the slots: a cell of its own
+    layer_file = root + tree_files.LAYER_IN_TREE + "/first/__init__.py"
+    inode = os.lstat(layer_file).st_ino
+    store.close()  # killed
+
+    # the same layer again: found as it was, nothing copied
+    added = []
+    monkeypatch.setattr(image_trees, "_add", lambda *args: added.append(args))
+    again = _restarted(place, image_dir, monkeypatch)
+    assert again.ensure(first_spec, base) == root and added == []
+    assert os.lstat(layer_file).st_ino == inode
+    again.close()
+    monkeypatch.undo()
+
+    # another layer: the first one's files gone from the tree, every slot and every cell
+    second_spec, _base = _layered(_layer(place, "second", "2"))
+    restarted = _restarted(place, image_dir, monkeypatch)
+    assert restarted.ensure(second_spec, base) == root
+    try:
+        assert os.listdir(root + tree_files.LAYER_IN_TREE) == ["second"]
+        for slot in os.listdir(root + "/slots"):
+            assert os.listdir(f"{root}/slots/{slot}{tree_files.LAYER_IN_TREE}") == ["second"], slot
+        assert not os.path.lexists(root + tree_files.cell(RUN_UID + 3))  # the cell beyond the slots: made again
+        for uid in (RUN_UID + 10, RUN_UID + 11, RUN_UID + 12):
+            trees.make_run_tmp(root, uid)
+            assert _imports(root, uid, "second") == ["['/tmp']", "2"]
+            assert _imports(root, uid, "first")[-1].startswith("FAILED ModuleNotFoundError")
+    finally:
+        restarted.release(root)
+        restarted.close()
+
+    # no layer at all (the layer-less spec itself): the image's tree as it was built
+    bare = _restarted(place, image_dir, monkeypatch)
+    assert bare.ensure(base, base) == root
+    try:
+        assert not os.path.lexists(root + tree_files.LAYER_IN_TREE)
+        slots = [f"{root}/slots/{slot}" for slot in os.listdir(root + "/slots")]
+        assert not any(os.path.lexists(slot + tree_files.LAYER_IN_TREE) for slot in slots)
+        assert [name for name in os.listdir(image_dir) if ".added" in name] == [os.path.basename(root) + ".added"]
+    finally:
+        bare.release(root)
+        bare.close()
+
+
+@needs_root
+def test_an_instance_wanting_another_layer_than_the_live_holders_gets_a_tree_of_its_own(place, monkeypatch):
+    image_dir, base = _layerless_image(place, slots=2)
+    first_spec, _base = _layered(_layer(place, "first", "1"))
+    second_spec, _base = _layered(_layer(place, "second", "2"))
+    store = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
+    root = store.ensure(first_spec, base)
+    other = _restarted(place, image_dir, monkeypatch, "other")  # another instance beside it
+    try:
+        assert other.ensure(first_spec, base) == root  # the same layer: shared
+        own = other.ensure(second_spec, base)
+        assert os.path.dirname(own) == other.root  # another: a tree of its own, the image's left as the first has it
+        assert os.listdir(own + tree_files.LAYER_IN_TREE) == ["second"]
+        assert os.listdir(root + tree_files.LAYER_IN_TREE) == ["first"]
+        other.release(own)
+        # a later zygote of the holder's own on another layer (the package routes rebuilt it): the same
+        later = store.ensure(second_spec, base)
+        assert os.path.dirname(later) == store.root and os.listdir(root + tree_files.LAYER_IN_TREE) == ["first"]
+        store.release(later)
+    finally:
+        for holder in (store, other):
+            holder.release(root)
+            holder.close()
+
+
+@needs_root
+def test_what_a_container_killed_while_adding_a_layer_left_goes_at_the_next_take(place, monkeypatch):
+    image_dir, base = _layerless_image(place, slots=2)
+    spec, _base = _layered(_layer(place, "probe", "1"))
+    store = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
+
+    def killed(source: str, target: str) -> None:
+        raise KeyboardInterrupt  # the container dies with the layer in the tree, not yet in every slot
+
+    monkeypatch.setattr(image_trees, "_link_into", killed)
+    with pytest.raises(KeyboardInterrupt):
+        store.ensure(spec, base)
+    root = image_trees.find(base, image_dir)
+    assert os.path.isdir(root + tree_files.LAYER_IN_TREE)
+    monkeypatch.undo()
+    restarted = _restarted(place, image_dir, monkeypatch)
+    assert restarted.ensure(base, base) == root  # no layer now: what the dead one added goes
+    try:
+        assert not os.path.lexists(root + tree_files.LAYER_IN_TREE)
+        assert sorted(os.listdir(image_dir)) == sorted([os.path.basename(root), os.path.basename(root) + ".added"])
+    finally:
+        restarted.release(root)
+        restarted.close()
+
+
+@needs_root
+@pytest.mark.parametrize("entries", [["/../outside"], ["/slots"], ["relative"], ["/usr/./lib"], "not a list"])
+def test_a_record_of_additions_naming_anything_but_a_path_in_the_tree_is_refused_and_nothing_removed(place, entries):
+    image_dir, base = _layerless_image(place, slots=1)
+    spec, _base = _layered(_layer(place, "probe", "1"))
+    root = image_trees.find(base, image_dir)
+    outside = os.path.join(image_dir, "outside")
+    os.mkdir(outside)
+    with open(root + image_trees.ADDED, "w") as f:
+        json.dump({"key": "added-other", "entries": entries}, f)
+    store = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
+    own = store.ensure(spec, base)
+    try:
+        assert os.path.dirname(own) == store.root  # the image's tree not used: a tree of the store's own
+        assert os.path.isdir(outside) and os.path.isdir(root + "/slots/0") and os.path.isdir(root + "/usr/lib")
+    finally:
+        store.release(own)
+        store.close()

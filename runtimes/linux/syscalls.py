@@ -54,6 +54,16 @@ def _b(path: str | None) -> bytes | None:
     return None if path is None else os.fsencode(path)
 
 
+def syncfs(path: str) -> None:
+    """Write back what is dirty on the filesystem holding path, and only that one (sync(2) waits for every
+    filesystem of the machine: other containers' too)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _check(_libc.syncfs(fd), f"syncfs {path}")
+    finally:
+        os.close(fd)
+
+
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     _check(_libc.mount(_b(source), _b(target), _b(fstype), ctypes.c_ulong(flags), _b(data)), f"mount {target}")
 

@@ -60,7 +60,9 @@ class NodeRuntime(JailedRuntime):
         fresh = None
         tree_root = ""  # the chroot jail's tree, held while the snapshot is built with its node
         if self.provisions.trees is not None:
-            tree_root = await asyncio.to_thread(self.provisions.hold_tree, self.tree().to_dict())
+            tree_root = await asyncio.to_thread(
+                self.provisions.hold_tree, self.tree().to_dict(), self.tree(layer=False).to_dict()
+            )
         try:
             try:
                 fresh = await asyncio.to_thread(
@@ -128,11 +130,12 @@ class NodeRuntime(JailedRuntime):
     def interpreter(self) -> str:
         return self.config.python_path  # the zygote is Python; its children exec node
 
-    def tree(self) -> rootfs.TreeSpec:
+    def tree(self, layer: bool = True) -> rootfs.TreeSpec:
+        """The chroot mode's tree; without layer, the same but for the layer (the image's layer-less tree)."""
         spec = rootfs.TreeSpec()
         spec.add(self.node)
         spec.place(WRAPPER_IN_TREE, WRAPPER)
-        if self.config.nodejs_layer:
+        if layer and self.config.nodejs_layer:
             spec.place(tree_files.LAYER_IN_TREE, self.config.nodejs_layer)  # fixed: no data dir in view
         spec.add(*rootfs.shared_libraries([self.node]))
         tree_files.run_system_files(spec, self.run_hostname(), self.run_nameservers())

@@ -148,12 +148,14 @@ class PythonRuntime(JailedRuntime):
     def interpreter(self) -> str:
         return self.config.python_path
 
-    def tree(self) -> rootfs.TreeSpec:
+    def tree(self, layer: bool = True) -> rootfs.TreeSpec:
+        """The chroot mode's tree; without layer, the same but for the layer and the libraries only its ELF files
+        load (the image's layer-less tree, to which a container adds an operator's layer: image_trees.additions)."""
         python = os.path.realpath(self.config.python_path)
         paths = interpreter_paths(python, self.config.data_dir)
         spec = rootfs.TreeSpec()
         spec.add(python, paths["stdlib"], paths["platstdlib"])
-        layer = self.config.python_layer
+        layer = self.config.python_layer if layer else ""
         elf = [python, *rootfs.elf_files_under(paths["dynload"])]
         if layer:
             spec.place(tree_files.LAYER_IN_TREE, layer)  # at a fixed path: the data dir's stays out of view

@@ -44,7 +44,9 @@ class LanguageHooks:
         """Why this runtime cannot exist on this machine (e.g. no node), or ""."""
         return ""
 
-    def tree(self) -> TreeSpec:
+    def tree(self, layer: bool = True) -> TreeSpec:
+        """The chroot mode's tree of this runtime's runs; without layer, the same without the dependency layer
+        (and what only it needs): the image's layer-less tree (trees/image_trees.py)."""
         raise NotImplementedError
 
     def readable(self) -> list[str]:

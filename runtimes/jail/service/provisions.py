@@ -296,14 +296,16 @@ class Provisions:
         self,
         python: str,
         layer: str,
-        tree: Callable[[], TreeSpec],
+        tree: Callable[..., TreeSpec],  # the runtime's tree(layer=True): with layer=False, its layer-less one
         config_for: Callable[[str], ZygoteConfig],  # the zygote's config, on the tree root given ("" for none)
         pool: ChildPool,
     ) -> ZygoteHandle:
         """A zygote started on what the mode set up: the chroot mode's tree (and the cells ahead of its first
         runs), the environment, the runs' network. Raises Unavailable if it does not start."""
         # the chroot mode: its tree, built now if this layer has none yet (a thread: runs go on meanwhile)
-        root = await asyncio.to_thread(self.hold_tree, tree().to_dict()) if self.trees else ""
+        root = ""
+        if self.trees:
+            root = await asyncio.to_thread(self.hold_tree, tree().to_dict(), tree(layer=False).to_dict())
         config = config_for(root)
         if root and self.uids is not None:
             # the cells of the next runs' uids (as many as are kept ready, and one), made while the zygote starts:
@@ -398,12 +400,13 @@ class Provisions:
         except tree_store.TreeUnusable as exc:
             raise modes.JailRefused(f"the chroot jail's tree cannot be made: {exc}") from exc
 
-    def hold_tree(self, spec: dict) -> str:
+    def hold_tree(self, spec: dict, base: dict | None = None) -> str:
         """The chroot mode: the materialized tree for spec, held ("" in other modes); what runs of dead instances
-        left in its /tmp goes. Blocking: in a thread."""
+        left in its /tmp goes. base: spec's layer-less tree, whose image tree spec's layer may be added to where the
+        image has none of spec's own (tree_store.TreeStore.ensure). Blocking: in a thread."""
         if self.trees is None:
             return ""
-        root = self.trees.ensure(spec)
+        root = self.trees.ensure(spec, base)
         own = range(self.uids.first, self.uids.first + self.uids.size) if self.uids is not None else range(0)
         left = tree_store.clear_stale_run_tmps(root, own)
         if left:

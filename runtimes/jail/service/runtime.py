@@ -206,14 +206,17 @@ class JailedRuntime(LanguageHooks):
         """What each run gets in this runtime's mode (README: protections per run; health.py)."""
         return health.protections(self)
 
-    def build_image_tree(self, into: str = "", slots: int = 0) -> tuple[str, bool]:
-        """The chroot jail's tree of this runtime, and its cells by slot, built into an image (`sandlot layers
-        trees`, the service image's Dockerfile: trees/image_trees.py); (its path, whether it was built now)."""
+    def build_image_tree(self, into: str = "", slots: int = 0) -> list[tuple[str, bool]]:
+        """The chroot jail's trees of this runtime, and their cells by slot, built into an image (`sandlot layers
+        trees`, the service image's Dockerfile: trees/image_trees.py): its tree, and its layer-less one, to which a
+        container adds an operator's layer (one tree where there is no layer); (each one's path, whether it was
+        built now)."""
         from runtimes.jail.trees import image_trees
 
-        return image_trees.build(
-            self.tree().to_dict(), into or image_trees.IMAGE_TREES, slots or image_trees.DEFAULT_SLOTS
-        )
+        into, slots = into or image_trees.IMAGE_TREES, slots or image_trees.DEFAULT_SLOTS
+        wanted = (self.tree().to_dict(), self.tree(layer=False).to_dict())
+        specs = {image_trees.image_key(spec): spec for spec in wanted}  # one where there is no layer
+        return [image_trees.build(spec, into, slots) for spec in specs.values()]
 
     # ---- runs -------------------------------------------------------------------------------------
 

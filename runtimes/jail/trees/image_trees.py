@@ -20,6 +20,17 @@ map): a uid's cell is a symlink `cells/<uid>` -> `../slots/<n>` to a slot no oth
 devices and generated files put in the slot then. A slot whose uid has no child in it (no /tmp: no process of that
 uid is left, see tree_store.retire_idle_cells) may be given to another uid when every slot is taken; beyond that a
 cell is made as in a tree of the container's own (tree_store.make_cells: slow, every file copied up once).
+
+An operator's layer (dify-sandbox's dependencies file, the package routes) gives the tree spec another key: the image
+has no tree of it. The image carries each runtime's layer-less tree too (the tree without its layer, and without the
+libraries only the layer's ELF files load), and a spec that differs from it only by additions (additions(): binds
+and placed entries the layer-less spec lacks) is served from it, what it adds materialized into it when a container
+takes it alone (take: copies, as tree_store makes them on overlayfs, a few MB against the interpreter's 160) and
+hard-linked into every slot (the copies are the container's own files already: a link copies nothing). What was
+added is recorded beside the tree (`<tree>.added`), not in it (cells clone the tree's root, and runs would see it):
+a restarted container with the same additions finds them there; other additions replace them (the old ones removed
+from the tree and every slot), only when no live instance holds the tree; one that holds it with other additions
+keeps them, and a second instance that wants others builds a tree of its own.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -35,7 +47,7 @@ import time
 
 from runtimes.jail.policy.tree_files import CELLS
 from runtimes.jail.trees import materialized
-from runtimes.linux import removal
+from runtimes.linux import removal, syscalls
 
 log = logging.getLogger("sandlot.trees")
 
@@ -50,6 +62,10 @@ _finished: dict[str, dict[str, str]] = {}
 # instance's uids are its own business: it may be making a run's /tmp in one at this very moment)
 _assigned: dict[str, set[int]] = {}
 LINKING = ".link-"  # a cell's symlink while it is made, renamed to the uid's name once complete
+ADDED = ".added"  # beside an image tree (`<tree>.added`): what was added to it (additions), and which entries
+NO_ADDITIONS = "none"  # the additions key of a tree as the image built it
+# the additions each image tree this process took holds (their key): a later zygote wanting others is not served it
+_added: dict[str, str] = {}
 
 
 def image_spec(spec: dict) -> dict:
@@ -106,28 +122,64 @@ def is_image_tree(root: str) -> bool:
     return os.path.isdir(root + SLOTS)
 
 
-def holds_alike(path: str, spec: dict) -> bool:
+def holds_alike(path: str, spec: dict, added: dict | None = None) -> bool:
     """Whether the image tree at path, taken by this process, holds the generated files spec wants (a runtime's
-    later zygote may want others: its runs' resolvers changed)."""
-    return _finished.get(path) == dict(spec.get("generated", {}))
+    later zygote may want others: its runs' resolvers changed) and the additions added (another layer)."""
+    return _finished.get(path) == dict(spec.get("generated", {})) and _added.get(path) == additions_key(added)
 
 
-def take(path: str, spec: dict, device_nodes: bool) -> int | None:
+def additions(spec: dict, base: dict) -> dict | None:
+    """What spec's tree holds beyond base's (its layer-less spec), as a spec of its own: the binds and the placed
+    entries base lacks. None where spec differs from base otherwise (other hidden paths or devices, a bind base has
+    and spec lacks, a placed entry of base's from another source): base's tree cannot be made spec's by adding."""
+    if sorted(spec["hidden"]) != sorted(base["hidden"]) or sorted(spec["devices"]) != sorted(base["devices"]):
+        return None
+    if spec.get("tmp_replaced", True) != base.get("tmp_replaced", True):
+        return None
+    placed, base_placed = spec.get("placed", {}), base.get("placed", {})
+    if any(bind not in spec["binds"] for bind in base["binds"]):
+        return None
+    if any(placed.get(target) != source for target, source in base_placed.items()):
+        return None
+    return {
+        "binds": [bind for bind in spec["binds"] if bind not in base["binds"]],
+        "hidden": list(spec["hidden"]),  # what base hides stays hidden in what is added
+        "placed": {target: source for target, source in placed.items() if target not in base_placed},
+        "generated": {},
+        "devices": [],
+        "tmp_replaced": spec.get("tmp_replaced", True),
+    }
+
+
+def additions_key(added: dict | None) -> str:
+    """The key of what added adds (materialized.fingerprint: its sources' stats included: a layer rebuilt gives
+    another), NO_ADDITIONS for nothing."""
+    if not added or not (added["binds"] or added["placed"]):
+        return NO_ADDITIONS
+    return "added-" + materialized.fingerprint(added, device_nodes=False)
+
+
+def take(path: str, spec: dict, device_nodes: bool, added: dict | None = None, uncache: bool = False) -> int | None:
     """A descriptor holding a shared lock on the image tree at path, its generated files and devices written as
-    spec and this container want them; None where another instance holds it with other ones (the caller builds a
-    tree of its own instead)."""
+    spec and this container want them, and what added adds (additions(): none if None) in it and in every slot;
+    None where another instance holds it with other ones (the caller builds a tree of its own instead).
+    uncache: the added files' pages dropped once copied (tree_store.TreeStore.uncache)."""
+    wanted = additions_key(added)
     fd = os.open(path, _DIRECTORY)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             fcntl.flock(fd, fcntl.LOCK_SH)  # another instance of this container has it: it must hold the same
-            if not _holds(path, spec, device_nodes):
+            if not _holds(path, spec, device_nodes) or _read_added(path)["key"] != wanted:
                 os.close(fd)
                 return None
         else:  # no live instance holds it: the cells it has were given by dead ones
             finish(path, spec, device_nodes)
             _finished[path] = dict(spec.get("generated", {}))
+            replaced = _read_added(path)["key"] != wanted
+            if replaced:
+                _add(path, added, wanted, uncache)
             # every slot free again, and made again as this instance's: a uid a dead instance gave one may be another
             # live instance's by now (the dead one's block, given to an instance started since), whose runs this one
             # must never take a slot from; and a uid of this one's would find the dead one's generated files there
@@ -135,6 +187,8 @@ def take(path: str, spec: dict, device_nodes: bool) -> int | None:
             for name in os.listdir(cells):
                 if name.isdigit() and os.path.islink(f"{cells}/{name}"):
                     os.unlink(f"{cells}/{name}")
+                elif replaced and name.isdigit():  # a cell made beyond the slots: a clone of the old additions
+                    removal.remove(f"{cells}/{name}")
             for slot in os.listdir(path + SLOTS):
                 if slot.isdigit():
                     removal.remove(f"{path}{SLOTS}/{slot}/tmp")  # a dead run's (its cell's name went above)
@@ -142,6 +196,7 @@ def take(path: str, spec: dict, device_nodes: bool) -> int | None:
             _assigned[path] = set()
             fcntl.flock(fd, fcntl.LOCK_SH)
         _finished[path] = dict(spec.get("generated", {}))
+        _added[path] = wanted
         return fd
     except BaseException:
         with contextlib.suppress(OSError):
@@ -167,6 +222,129 @@ def finish(path: str, spec: dict, device_nodes: bool) -> None:
             os.chmod(target, 0o666)  # mknod's mode goes through the umask
         elif device == materialized.NULL_STAND_IN:
             _write(target, "")
+
+
+def _add(path: str, added: dict | None, wanted: str, uncache: bool) -> None:
+    """Make the image tree at path, and every slot of it, hold what added adds (the additions key wanted) and no
+    earlier additions. Called under the exclusive take only: no live instance uses the tree or a slot.
+
+    What is added is materialized beside the tree (its directory's filesystem: a rename moves it in), then each
+    top-most entry the tree lacks is moved into it and hard-linked into every slot (directories made again, as in a
+    cell). The record beside the tree names those entries before any is moved in, its key set only once all are in
+    place: a container killed halfway leaves a record whose key matches nothing, and the next take removes them."""
+    record = _read_added(path)
+    image_dir, name = os.path.split(path)
+    for left in os.listdir(image_dir):  # what an instance killed while adding left beside the tree
+        if left.startswith((f"{name}{ADDED}-", f"{name}{ADDED}.")):
+            removal.remove(os.path.join(image_dir, left))
+    slots = [f"{path}{SLOTS}/{slot}" for slot in os.listdir(path + SLOTS) if slot.isdigit()]
+    for entry in record["entries"]:  # the old additions go, from every slot and from the tree
+        for root in [*slots, path]:
+            removal.remove(root + entry)
+    _write_added(path, "", [])
+    if wanted == NO_ADDITIONS:
+        _write_added(path, NO_ADDITIONS, [])
+        return
+    assert added is not None
+    for target in added["placed"]:
+        if os.path.lexists(path + target):  # a placed entry shows over what a bind put there: not an addition
+            raise OSError(errno.EEXIST, f"{target} is in the image's tree already: the layer cannot be added to it")
+    started = time.monotonic()
+    scratch = f"{path}{ADDED}-{time.time_ns()}"
+    os.mkdir(scratch, 0o700)
+    try:
+        done = materialized.materialize(added, scratch, device_nodes=False, uncache=uncache)
+        entries = _new_entries(scratch, path)
+        syscalls.syncfs(scratch)  # the copies on disk before the record says they are complete
+        if uncache:
+            materialized.drop_cache(scratch)  # written back now: clean pages, read back as runs need them
+        _write_added(path, "", entries)
+        for entry in entries:
+            os.rename(scratch + entry, path + entry)
+            for slot in slots:
+                _link_into(path + entry, slot + entry)
+        _write_added(path, wanted, entries)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    log.info(
+        "tree %s: the image's layer-less tree, %d entries added (%d files linked, %d copied, %d bytes) and linked "
+        "into %d slots in %.2f s",
+        path,
+        len(entries),
+        done.linked,
+        done.copied,
+        done.copied_bytes,
+        len(slots),
+        time.monotonic() - started,
+    )
+
+
+_NOT_ADDED = (CELLS.lstrip("/"), SLOTS.lstrip("/"), "tmp", "dev")  # the tree's own, never an addition's
+
+
+def _new_entries(scratch: str, tree: str) -> list[str]:
+    """The top-most entries under scratch that tree lacks (paths from the root); what both hold is the same host
+    path mirrored (a file bound twice, a symlink on the way, a directory both have: looked into)."""
+    found: list[str] = []
+    pending = [""]
+    while pending:
+        directory = pending.pop()
+        with os.scandir(scratch + directory) as entries:
+            for entry in entries:
+                name = f"{directory}/{entry.name}"
+                if not directory and entry.name in _NOT_ADDED:
+                    continue
+                try:
+                    info = os.lstat(tree + name)
+                except FileNotFoundError:
+                    found.append(name)
+                    continue
+                if entry.is_dir(follow_symlinks=False) and stat.S_ISDIR(info.st_mode):
+                    pending.append(name)
+    return sorted(found)
+
+
+def _link_into(source: str, target: str) -> None:
+    """An added entry of the tree into a slot: a directory made again (root's, its mode), its files hard links."""
+    info = os.lstat(source)
+    if not stat.S_ISDIR(info.st_mode):
+        os.link(source, target, follow_symlinks=False)
+        return
+    os.mkdir(target, 0o700)
+    inner_source, inner_target = os.open(source, _DIRECTORY), os.open(target, _DIRECTORY)
+    try:
+        materialized.clone(inner_source, inner_target)
+        os.fchmod(inner_target, stat.S_IMODE(info.st_mode))
+    finally:
+        os.close(inner_source)
+        os.close(inner_target)
+
+
+def _read_added(path: str) -> dict:
+    """The record beside the image tree at path: the key of what was added, and its entries (none as built)."""
+    try:
+        with open(path + ADDED) as file:
+            record = json.load(file)
+        entries = [str(entry) for entry in record["entries"]]
+        for entry in entries:  # each removed with its slots' copies when replaced: a path inside the tree, no more
+            parts = entry.split("/")
+            if parts[0] != "" or len(parts) < 2 or {"", ".", ".."} & set(parts[1:]) or parts[1] in _NOT_ADDED:
+                raise ValueError(entry)
+        return {"key": str(record["key"]), "entries": entries}
+    except FileNotFoundError:
+        return {"key": NO_ADDITIONS, "entries": []}
+    except (OSError, ValueError, KeyError, TypeError):  # unreadable: its entries unknown, the tree not trusted
+        raise OSError(errno.EINVAL, f"{path}{ADDED} cannot be read: the image's tree is not used") from None
+
+
+def _write_added(path: str, key: str, entries: list[str]) -> None:
+    scratch = f"{path}{ADDED}.{time.time_ns()}"
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with open(fd, "w") as file:
+        json.dump({"key": key, "entries": entries}, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.rename(scratch, path + ADDED)
 
 
 def _holds(path: str, spec: dict, device_nodes: bool) -> bool:

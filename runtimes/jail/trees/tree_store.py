@@ -134,10 +134,12 @@ class TreeStore:
     def device_nodes(self) -> bool:
         return not self.no_devices
 
-    def ensure(self, spec: dict) -> str:
-        """A finished tree for spec, built now if there is none; held until release() (once per ensure())."""
+    def ensure(self, spec: dict, base: dict | None = None) -> str:
+        """A finished tree for spec, built now if there is none; held until release() (once per ensure()).
+        base: spec's layer-less spec (the runtime's tree(layer=False)): where the image has no tree of spec's but
+        one of base's, that one with spec's layer added (image_trees.additions)."""
         try:
-            return self._ensure(spec)
+            return self._ensure(spec, base)
         finally:
             self._first_done()
 
@@ -149,7 +151,7 @@ class TreeStore:
                 self._pending_first = False
                 _first_turn.notify_all()
 
-    def _ensure(self, spec: dict) -> str:
+    def _ensure(self, spec: dict, base: dict | None = None) -> str:
         key = fingerprint(spec, self.device_nodes)
         path = os.path.join(self.root, key)
         with self._lock:
@@ -157,7 +159,7 @@ class TreeStore:
                 fd, users = self._held[path]
                 self._held[path] = (fd, users + 1)
                 return path
-            image = self._image_tree(spec)
+            image = self._image_tree(spec, base)
             if image:
                 return image
             while True:
@@ -169,28 +171,37 @@ class TreeStore:
             self._held[path] = (fd, 1)
         return path
 
-    def _image_tree(self, spec: dict) -> str:
+    def _image_tree(self, spec: dict, base: dict | None = None) -> str:
         """The image's tree for spec, taken (image_trees.take), "" if the image has none. Held like a tree of
-        this store's, but never removed."""
+        this store's, but never removed. Where the image has none of spec's own, its tree of base (the layer-less
+        spec), with what spec adds to base added to it, if spec only adds (image_trees.additions)."""
         path = image_trees.find(spec, self.image_dir)
+        added = None
+        if not path and base is not None:
+            added = image_trees.additions(spec, base)
+            if added is not None:
+                path = image_trees.find(base, self.image_dir)
         if not path:
             return ""
         if path in self._held:
-            if not image_trees.holds_alike(path, spec):
-                return ""  # its zygotes' runs have other generated files: a tree of this store's for this one
+            if not image_trees.holds_alike(path, spec, added):
+                return ""  # its zygotes' runs have other generated files or another layer: a tree of this store's
             fd, users = self._held[path]
             self._held[path] = (fd, users + 1)
             return path
         try:
-            fd = image_trees.take(path, spec, self.device_nodes)
+            fd = image_trees.take(path, spec, self.device_nodes, added, uncache=self.uncache)
         except OSError as exc:  # a read-only root filesystem (readOnlyRootFilesystem): a tree of this store's
             log.warning("the image's tree %s cannot be used here: %s", path, exc)
             return ""
         if fd is None:
-            log.warning("the image's tree %s is held by another instance with other generated files: not used", path)
+            log.warning(
+                "the image's tree %s is held by another instance with other generated files or another layer: not used",
+                path,
+            )
             return ""
         self._held[path] = (fd, 1)
-        log.info("tree %s: the image's own, with its cells", path)
+        log.info("tree %s: the image's own, with its cells%s", path, " and the layer added" if added else "")
         return path
 
     def _build(self, spec: dict, path: str) -> None:
