@@ -76,11 +76,14 @@ class LayerStore:
         requested: Callable[[], Requested] = lambda: None,
         baked: Path | None = None,
         build_uid: Callable[[], int | None] = lambda: None,
+        finish: Callable[[Path], None] | None = None,
     ):
         """sources(): the files the layer is built from; requested(): the packages asked for on top of them (the
         ones the serving layer has); build(scratch, requested, on_output): fills scratch or raises
         LayerBuildError. baked: a read-only store of layers built with the image, used as they are when their
-        key is the current one. build_uid(): the uid the build runs as when the service is root (staging, above)."""
+        key is the current one. build_uid(): the uid the build runs as when the service is root (staging, above).
+        finish(layer): what the service itself does to a built layer, once it is root's and read-only to others
+        and before it is renamed into place (Python's: its bytecode, which runs cannot write)."""
         self.root = root
         self.baked = baked
         self._build_uid = build_uid
@@ -88,6 +91,7 @@ class LayerStore:
         self._build = build
         self._salt = salt
         self._requested = requested
+        self._finish = finish
         self._lock = threading.Lock()  # builds run in threads; one at a time
         self._held: dict[str, int] = {}  # layer path -> directory fd holding our shared lock
         self.current = ""
@@ -169,6 +173,8 @@ class LayerStore:
                     make_readable(staging)
                     shutil.copytree(staging, scratch, symlinks=True, dirs_exist_ok=True)
                     os.chmod(scratch, 0o755)
+                if self._finish is not None:
+                    self._finish(scratch)
                 os.rename(scratch, target)  # the same directory: our lock stays on it
             except BaseException:
                 os.close(held)

@@ -10,7 +10,9 @@ may not be allowed to read the operator's own file.
 
 from __future__ import annotations
 
+import logging
 import os
+import subprocess
 import sys
 import sysconfig
 from collections.abc import Callable
@@ -23,6 +25,8 @@ from runtimes.languages import PYTHON
 
 if TYPE_CHECKING:
     from layers.manager import Layer
+
+log = logging.getLogger("sandlot.layers")
 
 DEFAULT_REQUIREMENTS = PYTHON.default_base_file()  # layers/python/requirements.txt
 DIFY_REQUIREMENTS = Path("dependencies/python-requirements.txt")  # dify-sandbox's location
@@ -62,6 +66,7 @@ def managed_layer(settings, data_dir: Path) -> Layer:
         requested=requested.render,
         baked=image_layers(PYTHON.folder),  # the defaults the service image carries (Dockerfile)
         build_uid=lambda: settings.build_uid,
+        finish=lambda layer: compile_layer(layer, python),
     )
     return Layer(
         store,
@@ -127,6 +132,41 @@ def build(
     source.unlink(missing_ok=True)
     if result.returncode != 0:
         raise LayerBuildError(f"pip failed with code {result.returncode}: {what_went_wrong(result.stdout)}")
+
+
+# run by the runs' interpreter (its bytecode is theirs), as the service: every regular .py file under the layer,
+# never one a symlink names (the build made the tree: a link to a file only root may read must not become
+# bytecode others can), never through a __pycache__ that is not a directory of its own (removed first)
+COMPILE = r"""
+import os, py_compile, stat, sys
+os.umask(0o022)
+for directory, dirs, files in os.walk(sys.argv[1]):
+    cache = os.path.join(directory, "__pycache__")
+    if os.path.lexists(cache) and (os.path.islink(cache) or not os.path.isdir(cache)):
+        os.unlink(cache)
+    dirs[:] = [name for name in dirs if name != "__pycache__"]
+    for name in files:
+        path = os.path.join(directory, name)
+        if name.endswith(".py") and stat.S_ISREG(os.lstat(path).st_mode):
+            mode = py_compile.PycInvalidationMode.UNCHECKED_HASH
+            py_compile.compile(path, invalidation_mode=mode, doraise=False, quiet=2)
+"""
+
+
+def compile_layer(layer: Path, python: str) -> None:
+    """The layer's bytecode, as the image's layers have it (Dockerfile: compileall --invalidation-mode
+    unchecked-hash): runs read the layer read-only, and a zygote would otherwise compile every module it imports
+    from source at each start. A layer is never written again, so the sources are not checked (unchecked-hash).
+    Where it fails, runs compile as before: the log says so."""
+    try:
+        result = subprocess.run(
+            [python, "-I", "-S", "-c", COMPILE, str(layer)], capture_output=True, text=True, timeout=600
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("the layer's bytecode was not compiled (runs compile what they import): %s", exc)
+        return
+    if result.returncode != 0:
+        log.warning("the layer's bytecode was not compiled (runs compile what they import): %s", result.stderr[-2000:])
 
 
 def installed(layer: str) -> list[dict[str, str]]:
