@@ -7,6 +7,7 @@ import importlib.util
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -101,3 +102,27 @@ def test_a_store_finishes_a_build_before_renaming_it_into_place(place):
 
     LayerStore(place / "store", lambda: [], build, finish=finish).ensure()
     assert seen == [(True, 0o644)]  # in the scratch directory, already read-only to others
+
+
+def cached_bytes(root: Path) -> int:
+    """What the page cache holds of the regular files under root (fincore, util-linux)."""
+    files = [str(p) for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
+    result = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", *files], capture_output=True)
+    return sum(int(line) for line in result.stdout.split())
+
+
+@needs_root
+@pytest.mark.skipif(not shutil.which("fincore"), reason="needs fincore (util-linux) to read the page cache")
+def test_a_build_leaves_no_page_cache_of_its_layer_or_of_pip(place):
+    wheels = place / "wheels"
+    wheels.mkdir()
+    make_wheel(wheels, "sandlot-cached", "1.0", {"sandlot_cached/__init__.py": "VALUE = 'x' * 100000\n" * 4})
+    requirements = place / "requirements.txt"
+    requirements.write_text("sandlot-cached\n")
+    readable(place)
+    layer = python_layer.managed_layer(service_settings(requirements, wheels), place / "data")
+    built = Path(layer.store.ensure())
+    layer.store.settling.join(30)
+    assert cached_bytes(built) == 0  # written, flushed, dropped: a container is not charged for it at rest
+    (pip,) = python_layer.pip_package()
+    assert cached_bytes(Path(pip)) == 0  # pip's own files, which the build read

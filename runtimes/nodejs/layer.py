@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from layers import isolation
-from layers.store import LayerBuildError, what_went_wrong
+from layers.store import LayerBuildError, drop_cached, what_went_wrong
 from runtimes.languages import NODEJS
 from runtimes.linux import rootfs
 
@@ -98,6 +98,7 @@ def build(
     # overlayfs runs exec the tree's copy of node (jail/trees/tree_store.py), so those pages, charged to the container,
     # would only be read again by the next build; elsewhere the ready children map what runs use of it, which stays
     rootfs.forget_cached_pages(node)
+    drop_cached(os.path.dirname(os.path.dirname(npm_cli)))  # npm's own files, as node's (layers/store.py)
     if result.returncode != 0:
         raise LayerBuildError(f"npm failed with code {result.returncode}: {what_went_wrong(result.stdout)}")
     (scratch / "node_modules").mkdir(exist_ok=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from layers import isolation
-from layers.store import LayerBuildError, what_went_wrong
+from layers.store import LayerBuildError, drop_cached, what_went_wrong
 from runtimes.languages import PYTHON
 
 if TYPE_CHECKING:
@@ -129,6 +129,8 @@ def build(
     indexes = [index, FILES_HOST, env.get("PIP_EXTRA_INDEX_URL", "")]
     reaches = isolation.reached([*indexes, *configured, *isolation.proxies(env)])
     result = isolation.run(argv, str(scratch), [*readable, dynload], env, build_uid, on_output, reaches=reaches)
+    for tool in pip_package():  # pip's own files, read for the first time (layers/store.py: drop_cached)
+        drop_cached(tool)
     source.unlink(missing_ok=True)
     if result.returncode != 0:
         raise LayerBuildError(f"pip failed with code {result.returncode}: {what_went_wrong(result.stdout)}")
@@ -167,6 +169,12 @@ def compile_layer(layer: Path, python: str) -> None:
         return
     if result.returncode != 0:
         log.warning("the layer's bytecode was not compiled (runs compile what they import): %s", result.stderr[-2000:])
+
+
+def pip_package() -> list[str]:
+    """The directory of the pip that builds run (the service's environment's: the first on its path)."""
+    found = [os.path.join(p, "pip") for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    return [path for path in found if os.path.isfile(os.path.join(path, "__init__.py"))][:1]
 
 
 def installed(layer: str) -> list[dict[str, str]]:
