@@ -87,10 +87,11 @@ def build(
     readable = [node, os.path.dirname(os.path.dirname(npm_cli)), *(str(f.parent) for f in files)]
     readable += local_sources(files[0])
     readable += [spec.removeprefix("file:") for spec in (requested or {}).values() if spec.startswith("file:/")]
-    readable += isolation.configured_paths([node, npm_cli, "config", "list"])
+    configuration = isolation.listing([node, npm_cli, "config", "list"])
+    readable += isolation.configured_paths(configuration)
     env = {k: v for k, v in os.environ.items() if k.startswith("npm_config_") or k.lower().endswith("_proxy")}
     env.update({"HOME": str(scratch), "LANG": "C.UTF-8", "PATH": os.path.dirname(node)})
-    configured = isolation.configured_urls([node, npm_cli, "config", "list"], REGISTRY_KEYS)
+    configured = isolation.configured_urls(configuration, REGISTRY_KEYS)
     registry = env.get("npm_config_registry") or DEFAULT_REGISTRY
     reaches = isolation.reached([registry, *configured, *isolation.proxies(env)])
     result = isolation.run(argv, str(scratch), readable, env, build_uid, on_output, reaches=reaches)

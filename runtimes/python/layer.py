@@ -119,12 +119,13 @@ def build(
     if find_links:
         argv += ["--no-index", "--find-links", find_links]
         readable.append(find_links)
-    readable += isolation.configured_paths([sys.executable, "-m", "pip", "config", "list"])
+    configuration = isolation.listing([sys.executable, "-m", "pip", "config", "list"])
+    readable += isolation.configured_paths(configuration)
     env = {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")}
     env.update({"HOME": str(scratch), "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1"})
     dynload = next((p for p in sys.path if p.endswith("lib-dynload")), "")
     # the index (or mirror) and where its files are, the extra indexes, the proxies: the build's only way out
-    configured = isolation.configured_urls([sys.executable, "-m", "pip", "config", "list"], INDEX_KEYS)
+    configured = isolation.configured_urls(configuration, INDEX_KEYS)
     index = mirror_url or env.get("PIP_INDEX_URL", "") or DEFAULT_INDEX
     indexes = [index, FILES_HOST, env.get("PIP_EXTRA_INDEX_URL", "")]
     reaches = isolation.reached([*indexes, *configured, *isolation.proxies(env)])
