@@ -558,3 +558,25 @@ def test_a_python_build_lists_pips_configuration_once(monkeypatch, tmp_path):
         monkeypatch, lambda: python_layer.build(requirements, work, BUILD_UID, find_links=str(tmp_path))
     )
     assert len(listed) == 1  # `pip config list` is a pip start (some 0.2 s) inside the operator's start
+
+
+def test_a_nodejs_builds_listing_reads_the_operators_npmrc_and_leaves_nothing_in_home(monkeypatch, tmp_path):
+    from runtimes.nodejs import layer as node_layer
+
+    node = shutil.which("node")
+    if not node:
+        pytest.skip("needs node")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".npmrc").write_text("registry=http://registry.example.invalid:4873/\n")
+    monkeypatch.setenv("HOME", str(home))
+    package = tmp_path / "package.json"
+    package.write_text('{"name": "x", "version": "1.0.0", "dependencies": {}}\n')
+    work = tmp_path / "work"
+    work.mkdir()
+    listed, reached = listings_during_a_build(
+        monkeypatch, lambda: node_layer.build([package], work, os.path.realpath(node), BUILD_UID)
+    )
+    assert len(listed) == 1
+    assert "http://registry.example.invalid:4873" in reached[0]  # the operator's ~/.npmrc was read
+    assert [p.name for p in home.rglob("*")] == [".npmrc"]  # no ~/.npm/_logs, no update notifier's state

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -87,7 +88,7 @@ def build(
     readable = [node, os.path.dirname(os.path.dirname(npm_cli)), *(str(f.parent) for f in files)]
     readable += local_sources(files[0])
     readable += [spec.removeprefix("file:") for spec in (requested or {}).values() if spec.startswith("file:/")]
-    configuration = isolation.listing([node, npm_cli, "config", "list"])
+    configuration = configuration_listing(node, npm_cli)
     readable += isolation.configured_paths(configuration)
     env = {k: v for k, v in os.environ.items() if k.startswith("npm_config_") or k.lower().endswith("_proxy")}
     env.update({"HOME": str(scratch), "LANG": "C.UTF-8", "PATH": os.path.dirname(node)})
@@ -104,6 +105,19 @@ def build(
         raise LayerBuildError(f"npm failed with code {result.returncode}: {what_went_wrong(result.stdout)}")
     (scratch / "node_modules").mkdir(exist_ok=True)
     shutil.rmtree(scratch / ".npm", ignore_errors=True)  # npm's cache and logs (HOME is scratch): not for runs
+
+
+def configuration_listing(node: str, npm_cli: str) -> list[str]:
+    """`npm config list` as the service (its HOME: the operator's ~/.npmrc is read), leaving nothing behind: npm
+    would write its debug log and the update notifier's state under ~/.npm at every build. Its cache is a
+    directory of its own, gone before the lines are read (so not a path the build is given), no log file is
+    kept, no update is looked for."""
+    cache = tempfile.mkdtemp(prefix="sandlot-npm-listing-")
+    quiet = {"npm_config_cache": cache, "npm_config_logs_max": "0", "npm_config_update_notifier": "false"}
+    try:
+        return isolation.listing([node, npm_cli, "config", "list"], env={**os.environ, **quiet})
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def merged_package(package: Path, requested: dict[str, str]) -> dict:
