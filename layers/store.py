@@ -120,6 +120,17 @@ class LayerStore:
                 return max(candidates, key=_mtime)
         return None
 
+    def seed(self, requested: Requested = None) -> Path | None:
+        """The layer the image carries that a build of another key may start from (the newest finished one of
+        its store: its distributions count as installed, runtimes/python/seeding.py); None without one."""
+        if self.baked is None or not self.baked.is_dir():
+            return None
+        key = self.key(requested)
+        layers = [p for p in self.baked.iterdir() if _finished(p.name) and p.is_dir()]
+        if any(p.name.startswith(key + "-") for p in layers):
+            return None  # the image's own key: served as it is (existing), or rebuilt as it was built
+        return max(layers, key=_mtime, default=None)
+
     def ensure(self) -> str:
         """A layer for the current sources: an existing one, or a new build. Collects unused ones."""
         while True:

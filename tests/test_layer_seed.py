@@ -3,6 +3,8 @@ from the layer the image carries (an operator's addition installs only what that
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -10,6 +12,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -126,3 +129,150 @@ def test_a_build_leaves_no_page_cache_of_its_layer_or_of_pip(place):
     assert cached_bytes(built) == 0  # written, flushed, dropped: a container is not charged for it at rest
     (pip,) = python_layer.pip_package()
     assert cached_bytes(Path(pip)) == 0  # pip's own files, which the build read
+
+
+# ---- seeding: an operator's addition starts from the layer the image carries ------------------------------------
+
+
+def wheel(house: Path, name: str, version: str, modules: dict[str, str], requires: tuple[str, ...] = ()) -> Path:
+    """A pure-Python wheel with its requirements, written by hand (no index, no build backend)."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    path = house / f"{dist}-py3-none-any.whl"
+    files = dict(modules)
+    files[f"{dist}.dist-info/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires
+    )
+    files[f"{dist}.dist-info/WHEEL"] = (
+        "Wheel-Version: 1.0\nGenerator: sandlot-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    record = []
+    for file, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{file},sha256={digest},{len(text.encode())}")
+    files[f"{dist}.dist-info/RECORD"] = "\n".join([*record, f"{dist}.dist-info/RECORD,,"]) + "\n"
+    with zipfile.ZipFile(path, "w") as archive:
+        for file, text in files.items():
+            archive.writestr(file, text)
+    return path
+
+
+ALPHA, BETA, GAMMA, OMEGA = "sandlot-seed-alpha", "sandlot-seed-beta", "sandlot-seed-gamma", "sandlot-seed-omega"
+
+
+def alpha(house: Path, origin: str) -> None:
+    wheel(house, ALPHA, "1.0", {"seed_alpha.py": f"ORIGIN = {origin!r}\n"}, (f"{BETA}>=1",))
+
+
+def beta(house: Path, version: str, origin: str) -> None:
+    wheel(house, BETA, version, {"seed_beta/__init__.py": f"VERSION = {version!r}\nORIGIN = {origin!r}\n"})
+
+
+@pytest.fixture
+def image_layer(place):
+    """The layer an image carries: alpha (which needs beta) and omega, built as the image's build builds it."""
+    house = place / "image-wheels"
+    house.mkdir()
+    alpha(house, "image")
+    beta(house, "1.0", "image")
+    wheel(house, OMEGA, "1.0", {"seed_omega.py": "X = 1\n"})
+    requirements = place / "image-requirements.txt"
+    requirements.write_text(f"{ALPHA}\n{OMEGA}\n")
+    layer = place / "image" / "python" / "0123456789abcdef-1"
+    layer.mkdir(parents=True)
+    readable(place)
+    python_layer.build(requirements, layer, BUILD_UID, find_links=str(house))
+    python_layer.compile_layer(layer, sys.executable)
+    readable(place)
+    return layer
+
+
+def seeded_build(place: Path, lines: str, house: Path, seed: Path | None) -> tuple[Path, str]:
+    requirements = place / "requirements.txt"
+    requirements.write_text(lines)
+    scratch = place / "built"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    readable(place)
+    output: list[bytes] = []
+    python_layer.build(requirements, scratch, BUILD_UID, find_links=str(house), seed=seed, on_output=output.append)
+    return scratch, b"".join(output).decode()
+
+
+def holds(layer: Path) -> dict[str, str]:
+    return {item["name"]: item["version"] for item in python_layer.installed(str(layer))}
+
+
+def module(layer: Path, name: str) -> str:
+    path = layer / f"{name}.py"
+    return (path if path.exists() else layer / name / "__init__.py").read_text()
+
+
+@needs_root
+def test_an_addition_installs_only_what_the_image_layer_lacks(place, image_layer):
+    house = place / "index"  # the index has the addition only: alpha and beta must come from the image's layer
+    house.mkdir()
+    wheel(house, GAMMA, "1.0", {"seed_gamma.py": "G = 1\n"}, (f"{BETA}>=1",))
+    layer, output = seeded_build(place, f"{ALPHA}\n{GAMMA}\n", house, image_layer)
+    assert holds(layer) == {ALPHA: "1.0", BETA: "1.0", GAMMA: "1.0"}  # not omega: the file does not ask for it
+    assert "ORIGIN = 'image'" in module(layer, "seed_alpha")
+    assert not (layer / "seed_omega.py").exists()
+    assert not (layer / ".sandlot-prefix").exists()
+    assert "Successfully installed sandlot-seed-gamma-1.0" in output
+
+
+@needs_root
+def test_a_pin_the_image_version_does_not_satisfy_gets_the_pin_and_no_copy_of_the_image_version(place, image_layer):
+    house = place / "index"
+    house.mkdir()
+    beta(house, "2.0", "index")
+    layer, _ = seeded_build(place, f"{ALPHA}\n{BETA}==2.0\n", house, image_layer)
+    assert holds(layer) == {ALPHA: "1.0", BETA: "2.0"}
+    assert [p.name for p in layer.glob("sandlot_seed_beta-*.dist-info")] == ["sandlot_seed_beta-2.0.dist-info"]
+    assert "VERSION = '2.0'" in module(layer, "seed_beta")
+    assert "ORIGIN = 'image'" in module(layer, "seed_alpha")
+
+
+@needs_root
+def test_the_services_own_packages_never_count_as_installed(place, image_layer):
+    import anyio  # the service's own dependency, in its environment
+
+    assert anyio
+    house = place / "index"
+    house.mkdir()
+    wheel(house, "anyio", "0.0.1", {"anyio_stand_in.py": "A = 1\n"})
+    layer, _ = seeded_build(place, f"{ALPHA}\nanyio\n", house, image_layer)
+    assert holds(layer).get("anyio") == "0.0.1"
+
+
+@needs_root
+@pytest.mark.parametrize("line", ["{wheel}", f"{GAMMA} @ file://{{wheel}}", "--pre"])
+def test_a_line_that_is_not_a_plain_requirement_builds_as_before(place, image_layer, line):
+    house = place / "index"  # everything, alpha too: an unseeded build installs its own
+    house.mkdir()
+    alpha(house, "index")
+    beta(house, "1.0", "index")
+    gamma = wheel(house, GAMMA, "1.0", {"seed_gamma.py": "G = 1\n"}, (f"{BETA}>=1",))
+    layer, _ = seeded_build(place, f"{ALPHA}\n{line.format(wheel=gamma)}\n", house, image_layer)
+    assert "ORIGIN = 'index'" in module(layer, "seed_alpha")
+
+
+def test_what_may_not_be_seeded():
+    plain = "requests>=2  # a comment\nhttpx[http2]==0.27; python_version >= '3.8'\n\n# only a comment\n"
+    assert python_layer.unseedable(plain, [], {}) == ""
+    for text in ("-r other.txt\n", "x @ https://example.com/x.whl\n", "./local.whl\n", "-e .\n", "a \\\n"):
+        assert python_layer.unseedable(text, [], {}), text
+    assert python_layer.unseedable(plain, ["global.target='/x'"], {})
+    assert python_layer.unseedable(plain, [], {"PIP_IGNORE_INSTALLED": "1"})
+    assert python_layer.unseedable(plain, ["global.find-links='/opt/wheels'"], {"PIP_INDEX_URL": "x"}) == ""
+
+
+def test_a_store_seeds_a_build_of_another_key_with_the_image_layer(place):
+    sources = place / "requirements.txt"
+    sources.write_text("requests\n")
+    baked = place / "image" / "python"
+    LayerStore(baked, lambda: [sources], lambda scratch, *_: None).ensure()
+    (image,) = baked.iterdir()
+    store = LayerStore(place / "data", lambda: [sources], lambda scratch, *_: None, baked=baked)
+    assert store.seed() is None  # the image's own key: served as it is
+    assert store.seed(["six"]) == image
+    assert LayerStore(place / "data", lambda: [sources], lambda scratch, *_: None).seed(["six"]) is None

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from layers import isolation
 from layers.store import LayerBuildError, drop_cached, what_went_wrong
 from runtimes.languages import PYTHON
+from runtimes.python import seeding
 
 if TYPE_CHECKING:
     from layers.manager import Layer
@@ -61,6 +62,7 @@ def managed_layer(settings, data_dir: Path) -> Layer:
             settings.SANDLOT_PIP_FIND_LINKS,
             requested=wanted,
             on_output=output,
+            seed=store.seed(wanted),
         ),
         salt=python,
         requested=requested.render,
@@ -91,25 +93,38 @@ def build(
     find_links: str = "",
     requested: list[str] | None = None,
     on_output: Callable[[bytes], None] | None = None,
+    seed: Path | None = None,
 ) -> None:
     """pip install --target scratch, as an unprivileged user (see layers.isolation): the base requirements and
-    the requested lines (already validated: layers/specs.py)."""
+    the requested lines (already validated: layers/specs.py). seed: the layer the image carries, whose
+    distributions count as installed (runtimes/python/seeding.py) where every line is a plain named requirement
+    and nothing configured makes that doubtful (unseedable); else, and without one, the build is as always."""
     # the build's own copy, written by the service: the build's uid may not be able to read the operator's file
     # (a file only root can read, or a directory closed to others, where there is no tree to bind it into)
     source = scratch / MERGED
-    source.write_text(copied(requirements) + "".join(f"{line}\n" for line in requested or ()))
+    text = copied(requirements) + "".join(f"{line}\n" for line in requested or ())
+    source.write_text(text)
+    configuration = isolation.listing([sys.executable, "-m", "pip", "config", "list"])
+    env = {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")}
+    pip = [os.path.join(sys.prefix, "bin", "python"), "-m", "pip"]
+    target = ["--target", str(scratch)]
+    tools = pip_package()
+    why = "no pip package found" if not tools else unseedable(text, configuration, env) if seed else ""
+    if seed and not why:  # the image's layer taken as installed (runtimes/python/seeding.py)
+        log.info("the Python layer's build starts from the image's layer %s: pip installs only what it lacks", seed)
+        pip = [pip[0], "-S", "-c", SEEDING, str(seed), str(scratch), os.path.dirname(tools[0]), str(source)]
+        target = ["--prefix", str(scratch / seeding.PREFIX), "--no-warn-script-location"]
+    elif seed:
+        log.info("the Python layer's build does not start from the image's layer: %s", why)
     argv = [
-        os.path.join(sys.prefix, "bin", "python"),
-        "-m",
-        "pip",
+        *pip,
         "install",
         "--no-cache-dir",
         "--no-compile",
         "--disable-pip-version-check",
         "--progress-bar",
         "off",
-        "--target",
-        str(scratch),
+        *target,
         "-r",
         str(source),
     ]
@@ -119,9 +134,9 @@ def build(
     if find_links:
         argv += ["--no-index", "--find-links", find_links]
         readable.append(find_links)
-    configuration = isolation.listing([sys.executable, "-m", "pip", "config", "list"])
+    if seed and not why:
+        readable.append(str(seed))
     readable += isolation.configured_paths(configuration)
-    env = {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")}
     env.update({"HOME": str(scratch), "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1"})
     dynload = next((p for p in sys.path if p.endswith("lib-dynload")), "")
     # the index (or mirror) and where its files are, the extra indexes, the proxies: the build's only way out
@@ -130,8 +145,8 @@ def build(
     indexes = [index, FILES_HOST, env.get("PIP_EXTRA_INDEX_URL", "")]
     reaches = isolation.reached([*indexes, *configured, *isolation.proxies(env)])
     result = isolation.run(argv, str(scratch), [*readable, dynload], env, build_uid, on_output, reaches=reaches)
-    for tool in pip_package():  # pip's own files, read for the first time (layers/store.py: drop_cached)
-        drop_cached(tool)
+    for tool in [*tools, *([str(seed)] if seed and not why else [])]:  # pip's own files, read for the first
+        drop_cached(tool)  # time, and the image's layer, which the seeded build copied (layers/store.py)
     source.unlink(missing_ok=True)
     if result.returncode != 0:
         raise LayerBuildError(f"pip failed with code {result.returncode}: {what_went_wrong(result.stdout)}")
@@ -154,6 +169,41 @@ for directory, dirs, files in os.walk(sys.argv[1]):
             mode = py_compile.PycInvalidationMode.UNCHECKED_HASH
             py_compile.compile(path, invalidation_mode=mode, doraise=False, quiet=2)
 """
+
+
+SEEDING = Path(seeding.__file__).read_text()  # run by the build's interpreter with -c, inside its jail
+# pip options that change what counts as installed, or where an install goes: with one configured, no seeding
+DOUBTFUL = {"target", "prefix", "root", "user", "home", "ignore-installed", "no-deps", "upgrade", "force-reinstall"}
+DOUBTFUL |= {"require-hashes", "editable", "src", "upgrade-strategy", "no-build-isolation"}
+
+
+def unseedable(text: str, configuration: list[str], env: dict[str, str]) -> str:
+    """Why a build of these requirements (the build's own copy's text) may not start from the image's layer
+    ("" if it may): a line that is not a plain named requirement (an option, an include, a URL, a path, an
+    editable, a continued line), or pip configured (its configuration listing's lines, PIP_ variables) with an
+    option that changes what counts as installed."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("-") or line.endswith("\\"):
+            return f"the line {line!r} is not a plain named requirement"
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement:
+            return f"the line {line!r} is not a plain named requirement"
+        if requirement.url:
+            return f"the line {line!r} names a URL"
+    for line in configuration:
+        name, _, _value = line.partition("=")
+        if name.strip().rsplit(".", 1)[-1] in DOUBTFUL:
+            return f"pip's configuration sets {name.strip()}"
+    for name in env:
+        if name.startswith("PIP_") and name[4:].lower().replace("_", "-") in DOUBTFUL:
+            return f"{name} is set"
+    return ""
 
 
 def compile_layer(layer: Path, python: str) -> None:
