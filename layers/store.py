@@ -42,6 +42,7 @@ from runtimes.linux.dirlock import TRASH, lock_shared, remove_if_unlocked
 
 log = logging.getLogger("sandlot.layers")
 
+SETTLE_SECONDS = 10.0  # a new layer's page cache is dropped this long after it is in place (drop_cached)
 STALE_BUILD_SECONDS = 3600.0  # a build directory untouched this long, and unlocked, was left by a dead build
 IMAGE_LAYERS = "/opt/sandlot/image-layers"  # the service image's layers, one store per language folder (Dockerfile)
 
@@ -189,9 +190,9 @@ class LayerStore:
                 if self._finish is not None:
                     self._finish(scratch)
                 os.rename(scratch, target)  # the same directory: our lock stays on it
-                self.settling = threading.Thread(
-                    target=drop_cached, args=(target,), kwargs={"written": True}, name="layer-cache", daemon=True
-                )
+                # once the runtime's start has read it (a tree's copy, a zygote's imports) from the cache
+                self.settling = threading.Timer(SETTLE_SECONDS, drop_cached, (target,), {"written": True})
+                self.settling.daemon = True
                 self.settling.start()
             except BaseException:
                 os.close(held)

@@ -20,6 +20,7 @@ import pytest
 from conftest import needs_root
 from test_layers import BUILD_UID, make_wheel, readable
 
+from layers import store as store_module
 from layers.store import LayerStore
 from runtimes.python import layer as python_layer
 
@@ -86,7 +87,14 @@ def test_compiling_skips_what_a_symlink_names_and_a_pycache_that_is_not_a_direct
     elsewhere.mkdir()
     (layer / "__pycache__").symlink_to(elsewhere)  # nor may bytecode be written through a link
     (layer / "top.py").write_text("Y = 2\n")
+    (layer / "pkg" / "stale.py").write_text("S = 1\n")
     python_layer.compile_layer(layer, sys.executable)
+    compiled = Path(importlib.util.cache_from_source(str(layer / "pkg" / "mod.py")))
+    kept = compiled.stat().st_mtime_ns
+    (layer / "pkg" / "stale.py").write_text("S = 2\n")  # its bytecode no longer matches: compiled again
+    python_layer.compile_layer(layer, sys.executable)
+    assert valid_unchecked_pyc(layer / "pkg" / "stale.py")
+    assert compiled.stat().st_mtime_ns == kept  # valid bytecode of the same source (a seeded copy's) is kept
     assert valid_unchecked_pyc(layer / "pkg" / "mod.py")
     assert valid_unchecked_pyc(layer / "top.py")
     assert not (layer / "__pycache__").is_symlink()
@@ -116,7 +124,8 @@ def cached_bytes(root: Path) -> int:
 
 @needs_root
 @pytest.mark.skipif(not shutil.which("fincore"), reason="needs fincore (util-linux) to read the page cache")
-def test_a_build_leaves_no_page_cache_of_its_layer_or_of_pip(place):
+def test_a_build_leaves_no_page_cache_of_its_layer_or_of_pip(place, monkeypatch):
+    monkeypatch.setattr(store_module, "SETTLE_SECONDS", 0.0)  # not after the runtime's start: now
     wheels = place / "wheels"
     wheels.mkdir()
     make_wheel(wheels, "sandlot-cached", "1.0", {"sandlot_cached/__init__.py": "VALUE = 'x' * 100000\n" * 4})

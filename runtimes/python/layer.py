@@ -156,8 +156,9 @@ def build(
 # never one a symlink names (the build made the tree: a link to a file only root may read must not become
 # bytecode others can), never through a __pycache__ that is not a directory of its own (removed first)
 COMPILE = r"""
-import os, py_compile, stat, sys
+import importlib.util, os, py_compile, stat, sys
 os.umask(0o022)
+MODE, FLAGS = py_compile.PycInvalidationMode.UNCHECKED_HASH, (0b01).to_bytes(4, "little")
 for directory, dirs, files in os.walk(sys.argv[1]):
     cache = os.path.join(directory, "__pycache__")
     if os.path.lexists(cache) and (os.path.islink(cache) or not os.path.isdir(cache)):
@@ -165,9 +166,19 @@ for directory, dirs, files in os.walk(sys.argv[1]):
     dirs[:] = [name for name in dirs if name != "__pycache__"]
     for name in files:
         path = os.path.join(directory, name)
-        if name.endswith(".py") and stat.S_ISREG(os.lstat(path).st_mode):
-            mode = py_compile.PycInvalidationMode.UNCHECKED_HASH
-            py_compile.compile(path, invalidation_mode=mode, doraise=False, quiet=2)
+        if not name.endswith(".py") or not stat.S_ISREG(os.lstat(path).st_mode):
+            continue
+        cached = importlib.util.cache_from_source(path)
+        try:  # compiled already, from this very source (the image's layer's, a seeded build's copy): kept
+            with open(cached, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as pyc:
+                head = pyc.read(16)
+            with open(path, "rb") as py:
+                source = importlib.util.source_hash(py.read())
+            if head == importlib.util.MAGIC_NUMBER + FLAGS + source:
+                continue
+        except OSError:
+            pass
+        py_compile.compile(path, invalidation_mode=MODE, doraise=False, quiet=2)
 """
 
 
