@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import stat
@@ -17,7 +18,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import unprivileged
 from conftest import needs_root
+from service import DOCKER_DEFAULT, standin
+from test_build_isolation import LANDLOCK_ABI, RESTRICTED_POD
 from test_layers import BUILD_UID, make_wheel, readable
 
 from layers import store as store_module
@@ -285,3 +289,51 @@ def test_a_store_seeds_a_build_of_another_key_with_the_image_layer(place):
     assert store.seed() is None  # the image's own key: served as it is
     assert store.seed(["six"]) == image
     assert LayerStore(place / "data", lambda: [sources], lambda scratch, *_: None).seed(["six"]) is None
+
+
+SEEDED_BUILD = """
+import json, logging, sys
+from pathlib import Path
+logging.basicConfig(level=logging.INFO)
+from runtimes.python import layer as python_layer
+requirements, work, house, seed, uid = sys.argv[1:6]
+python_layer.build(Path(requirements), Path(work), int(uid), find_links=house, seed=Path(seed))
+print(json.dumps({item["name"]: item["version"] for item in python_layer.installed(work)}))
+"""
+
+
+@needs_root
+@pytest.mark.parametrize("mode", ["full", "userns", "chroot", "landlock"])
+def test_a_seeded_build_reads_the_image_layer_in_every_jail(mode, place, image_layer):
+    """The build stays in its jail (layers/isolation.py), which may read the image's layer: with a tree of its
+    own (as root, or in a user namespace), as the build's uid on the container's files (chroot), or in a
+    Landlock domain as the service's uid (a restricted pod)."""
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    if mode == "landlock" and LANDLOCK_ABI < 4:
+        pytest.skip("needs Landlock ABI 4")
+    owner = unprivileged.NOBODY if mode in ("userns", "landlock") else 0
+    house = place / "index"
+    house.mkdir()
+    wheel(house, GAMMA, "1.0", {"seed_gamma.py": "G = 1\n"}, (f"{BETA}>=1",))
+    requirements = place / "requirements.txt"
+    requirements.write_text(f"{ALPHA}\n{GAMMA}\n")
+    work = place / "work.build"
+    work.mkdir()
+    readable(place)
+    os.chown(work, owner, owner)
+    launcher = standin(DOCKER_DEFAULT) if mode == "chroot" else RESTRICTED_POD if mode == "landlock" else []
+    identity = {"user": owner, "group": owner, "extra_groups": []} if owner and mode != "landlock" else {}
+    result = subprocess.run(
+        [*launcher, unprivileged.venv_python(), "-c", SEEDED_BUILD]
+        + [str(requirements), str(work), str(house), str(image_layer), str(BUILD_UID)],
+        env={**os.environ, "PYTHONPATH": unprivileged.source(), "HOME": str(place / "no-home")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd="/",
+        **identity,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.splitlines()[-1]) == {ALPHA: "1.0", BETA: "1.0", GAMMA: "1.0"}
+    assert "starts from the image's layer" in result.stderr
