@@ -25,7 +25,7 @@ from test_build_isolation import LANDLOCK_ABI, RESTRICTED_POD
 from test_layers import BUILD_UID, make_wheel, readable
 
 from layers import store as store_module
-from layers.store import LayerStore
+from layers.store import LayerBuildError, LayerStore
 from runtimes.python import layer as python_layer
 
 
@@ -207,7 +207,10 @@ def seeded_build(place: Path, lines: str, house: Path, seed: Path | None) -> tup
     scratch.mkdir()
     readable(place)
     output: list[bytes] = []
-    python_layer.build(requirements, scratch, BUILD_UID, find_links=str(house), seed=seed, on_output=output.append)
+    seeded = python_layer.build(
+        requirements, scratch, BUILD_UID, find_links=str(house), seed=seed, on_output=output.append
+    )
+    python_layer.finish(scratch, sys.executable, seeded)  # as the store does once the build is in (copy-in)
     return scratch, b"".join(output).decode()
 
 
@@ -297,7 +300,8 @@ from pathlib import Path
 logging.basicConfig(level=logging.INFO)
 from runtimes.python import layer as python_layer
 requirements, work, house, seed, uid = sys.argv[1:6]
-python_layer.build(Path(requirements), Path(work), int(uid), find_links=house, seed=Path(seed))
+seeded = python_layer.build(Path(requirements), Path(work), int(uid), find_links=house, seed=Path(seed))
+python_layer.finish(Path(work), sys.executable, seeded)
 print(json.dumps({item["name"]: item["version"] for item in python_layer.installed(work)}))
 """
 
@@ -337,3 +341,35 @@ def test_a_seeded_build_reads_the_image_layer_in_every_jail(mode, place, image_l
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.splitlines()[-1]) == {ALPHA: "1.0", BETA: "1.0", GAMMA: "1.0"}
     assert "starts from the image's layer" in result.stderr
+
+
+@needs_root
+def test_a_services_store_seeds_its_build_and_finishes_the_layer(place, image_layer, monkeypatch):
+    monkeypatch.setattr(store_module, "IMAGE_LAYERS", str(place / "image"))  # the image's layers, as in the image
+    house = place / "index"
+    house.mkdir()
+    wheel(house, GAMMA, "1.0", {"seed_gamma.py": "G = 1\n"}, (f"{BETA}>=1",))
+    requirements = place / "requirements.txt"
+    requirements.write_text(f"{ALPHA}\n{GAMMA}\n")
+    readable(place)
+    layer = python_layer.managed_layer(service_settings(requirements, house), place / "data")
+    built = Path(layer.store.ensure())
+    assert built.parent == place / "data" / "layers" / "python"
+    assert holds(built) == {ALPHA: "1.0", BETA: "1.0", GAMMA: "1.0"}
+    for source in (built / "seed_alpha.py", built / "seed_gamma.py", built / "seed_beta" / "__init__.py"):
+        assert valid_unchecked_pyc(source)
+        assert os.stat(source).st_uid == 0
+    assert not (built / ".sandlot-seeded").exists() and not (built / ".sandlot-requirements.txt").exists()
+
+
+@pytest.mark.parametrize("listed", ["../../etc\n", "/root/.ssh.dist-info\n", "missing-1.0.dist-info\n", ".x.dist-info"])
+def test_what_a_seeded_build_lists_is_only_the_image_layers_distributions(image_layer_like, listed):
+    with pytest.raises(LayerBuildError):
+        python_layer.kept_of(image_layer_like, listed)
+    assert python_layer.kept_of(image_layer_like, "present-1.0.dist-info\n") == ("present-1.0.dist-info",)
+
+
+@pytest.fixture
+def image_layer_like(place):
+    (place / "present-1.0.dist-info").mkdir()
+    return place

@@ -10,8 +10,10 @@ may not be allowed to read the operator's own file.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -51,24 +53,27 @@ def managed_layer(settings, data_dir: Path) -> Layer:
     python = os.path.realpath(settings.PYTHON_PATH)
     requirements = lambda: requirements_file(settings.SANDLOT_PYTHON_REQUIREMENTS)  # noqa: E731
     requested = RequestedPackages(PYTHON.wire_name, data_dir / "packages" / f"{PYTHON.wire_name}.json")
+    seeded: dict[str, Seeded | None] = {}  # what the last build kept of the image's layer, for its finish
     store = LayerStore(
         data_dir / "layers" / PYTHON.folder,
         sources=lambda: [requirements()],
-        build=lambda scratch, wanted, output: build(
-            requirements(),
-            scratch,
-            settings.build_uid,
-            settings.PIP_MIRROR_URL,
-            settings.SANDLOT_PIP_FIND_LINKS,
-            requested=wanted,
-            on_output=output,
-            seed=store.seed(wanted),
+        build=lambda scratch, wanted, output: seeded.update(
+            last=build(
+                requirements(),
+                scratch,
+                settings.build_uid,
+                settings.PIP_MIRROR_URL,
+                settings.SANDLOT_PIP_FIND_LINKS,
+                requested=wanted,
+                on_output=output,
+                seed=store.seed(wanted),
+            )
         ),
         salt=python,
         requested=requested.render,
         baked=image_layers(PYTHON.folder),  # the defaults the service image carries (Dockerfile)
         build_uid=lambda: settings.build_uid,
-        finish=lambda layer: compile_layer(layer, python),
+        finish=lambda layer: finish(layer, python, seeded.pop("last", None)),
     )
     return Layer(
         store,
@@ -94,11 +99,12 @@ def build(
     requested: list[str] | None = None,
     on_output: Callable[[bytes], None] | None = None,
     seed: Path | None = None,
-) -> None:
+) -> Seeded | None:
     """pip install --target scratch, as an unprivileged user (see layers.isolation): the base requirements and
     the requested lines (already validated: layers/specs.py). seed: the layer the image carries, whose
     distributions count as installed (runtimes/python/seeding.py) where every line is a plain named requirement
-    and nothing configured makes that doubtful (unseedable); else, and without one, the build is as always."""
+    and nothing configured makes that doubtful (unseedable); else, and without one, the build is as always. A
+    seeded build returns what of the seed the layer keeps: finish copies it in (copy_seed)."""
     # the build's own copy, written by the service: the build's uid may not be able to read the operator's file
     # (a file only root can read, or a directory closed to others, where there is no tree to bind it into)
     source = scratch / MERGED
@@ -113,7 +119,7 @@ def build(
     if seed and not why:  # the image's layer taken as installed (runtimes/python/seeding.py)
         log.info("the Python layer's build starts from the image's layer %s: pip installs only what it lacks", seed)
         pip = [pip[0], "-S", "-c", SEEDING, str(seed), str(scratch), os.path.dirname(tools[0]), str(source)]
-        target = ["--prefix", str(scratch / seeding.PREFIX), "--no-warn-script-location"]
+        target = ["--prefix", str(scratch / seeding.PREFIX), "--no-warn-script-location", "--no-warn-conflicts"]
     elif seed:
         log.info("the Python layer's build does not start from the image's layer: %s", why)
     argv = [
@@ -145,11 +151,69 @@ def build(
     indexes = [index, FILES_HOST, env.get("PIP_EXTRA_INDEX_URL", "")]
     reaches = isolation.reached([*indexes, *configured, *isolation.proxies(env)])
     result = isolation.run(argv, str(scratch), [*readable, dynload], env, build_uid, on_output, reaches=reaches)
-    for tool in [*tools, *([str(seed)] if seed and not why else [])]:  # pip's own files, read for the first
-        drop_cached(tool)  # time, and the image's layer, which the seeded build copied (layers/store.py)
+    for tool in tools:  # pip's own files, read for the first time (layers/store.py: drop_cached)
+        drop_cached(tool)
     source.unlink(missing_ok=True)
+    kept = scratch / seeding.KEPT
+    listed = kept.read_text() if kept.is_file() and not kept.is_symlink() else None
+    kept.unlink(missing_ok=True)
     if result.returncode != 0:
         raise LayerBuildError(f"pip failed with code {result.returncode}: {what_went_wrong(result.stdout)}")
+    if not seed or why:
+        return None
+    if listed is None:
+        raise LayerBuildError("the seeded build did not say what it keeps of the image's layer")
+    return Seeded(seed, kept_of(seed, listed))
+
+
+@dataclasses.dataclass(frozen=True)
+class Seeded:
+    """What a seeded build keeps of the image's layer: its .dist-info directories' names."""
+
+    seed: Path
+    kept: tuple[str, ...]
+
+
+def kept_of(seed: Path, listed: str) -> tuple[str, ...]:
+    """The seed's distributions the build listed: only names of .dist-info directories the seed has (the list is
+    the build's, written by code from the package index)."""
+    names = []
+    for name in listed.splitlines():
+        if not name.endswith(".dist-info") or "/" in name or name.startswith("."):
+            raise LayerBuildError(f"the seeded build kept {name!r} of the image's layer: not a distribution")
+        if not (seed / name).is_dir():
+            raise LayerBuildError(f"the seeded build kept {name!r}, which the image's layer does not have")
+        names.append(name)
+    return tuple(names)
+
+
+def copy_seed(seeded: Seeded, layer: Path) -> None:
+    """The seed's distributions a seeded build keeps, copied from the image's layer into the new one (their files
+    and bytecode, their scripts in bin/), beside what pip installed (which wins: nothing of it is overwritten);
+    none of the others. The service copies them (from the image, not from the build), before the layer is
+    compiled and in place."""
+    seed = os.path.realpath(seeded.seed)
+    wanted: set[str] = set()
+    for name in seeded.kept:
+        wanted |= seeding.files_of(os.path.join(seed, name), seed)
+    for path in sorted(wanted):
+        if not os.path.isfile(path) or os.path.islink(path) or not path.startswith(seed + os.sep):
+            continue
+        copy = os.path.join(layer, os.path.relpath(path, seed))
+        if os.path.lexists(copy):
+            continue
+        os.makedirs(os.path.dirname(copy), mode=0o755, exist_ok=True)
+        shutil.copy2(path, copy)
+    for name in seeded.kept:  # a .dist-info directory's own files (RECORD names some, not all: INSTALLER...)
+        shutil.copytree(os.path.join(seed, name), os.path.join(layer, name), dirs_exist_ok=True)
+    drop_cached(seed)  # the image's layer's pages this read (layers/store.py)
+
+
+def finish(layer: Path, python: str, seeded: Seeded | None) -> None:
+    """What the service does to a built layer before it is in place: the seed's part copied in, then compiled."""
+    if seeded is not None:
+        copy_seed(seeded, layer)
+    compile_layer(layer, python)
 
 
 # run by the runs' interpreter (its bytecode is theirs), as the service: every regular .py file under the layer,

@@ -2,13 +2,15 @@
 as `python -S -c <this file> SEED TARGET PIP_SITE REQUIREMENTS pip-arguments...`.
 
 `pip install --target` takes nothing as installed. dify-sandbox's image has its default packages preinstalled,
-and an operator's dependencies file installs only what they do not satisfy; so here: the image's layer (SEED)
-is copied into the new layer (TARGET), pip runs with TARGET as the only place distributions are installed (not
-the service's own environment: its pydantic or anyio never count) and installs the rest into a prefix of its own
-(`--prefix`: installed distributions count), which is then moved into TARGET as `--target` would have. A
-distribution pip replaces (a pin the image's version does not satisfy) is uninstalled from TARGET by pip, and
-any copy it left is removed. Last, every distribution no requirement reaches is removed: the layer holds what a
-fresh build would, by name, with the image's versions where they satisfy.
+and an operator's dependencies file installs only what they do not satisfy; so here pip runs with the image's
+layer (SEED, read-only) as the only place distributions are installed (not the service's own environment: its
+pydantic or anyio never count), and installs the rest into a prefix of its own (`--prefix`: installed
+distributions count), which is then moved into TARGET as `--target` would lay it out. pip uninstalls nothing
+(the seed is the image's): a distribution it replaces (a pin the seed's version does not satisfy) is simply not
+among those kept. Last, it writes KEPT into TARGET: the seed's distributions (their .dist-info names) that the
+requirements reach and pip did not replace. The service copies those from the image's layer into the new layer
+(runtimes/python/layer.py: copy_seed), which then holds what a fresh build would, by name, with the image's
+versions where they satisfy.
 
 Only the standard library and pip's own vendored packaging are imported: the service's environment is not on
 the build's path.
@@ -24,27 +26,39 @@ import sys
 import sysconfig
 
 PREFIX = ".sandlot-prefix"  # pip's own install prefix, inside TARGET; gone before the build ends
+KEPT = ".sandlot-seeded"  # the seed's .dist-info names to copy in, one a line; read and removed by the service
 
 
 def main(argv: list[str]) -> int:
     seed, target, pip_site, requirements, *pip_args = argv
-    shutil.copytree(seed, target, symlinks=True, dirs_exist_ok=True)
     sys.path.insert(0, pip_site)
     from pip._internal.cli.main import main as pip
 
+    try:
+        from pip._internal.req.req_install import InstallRequirement
+    except ImportError:  # another pip: replacing one of the seed's fails (read-only), and says so
+        pass
+    else:
+
+        def left_out(self, auto_confirm: bool = False, verbose: bool = False) -> None:
+            print(f"{self.name}: the image's copy is left out of the new layer")
+
+        InstallRequirement.uninstall = left_out  # the seed is read-only: what pip replaces there is not kept
     # pip is imported (its modules are found through its package from now on): the only installed
-    # distributions are the seed's, now in target; the rest of the path is the standard library
-    sys.path[:] = [target, *standard_library(sys.path)]
+    # distributions are the seed's; the rest of the path is the standard library
+    sys.path[:] = [seed, *standard_library(sys.path)]
     code = pip(pip_args)
     if code != 0:
         return code
-    seeded = set(distributions(target))
     installed = move_in(os.path.join(target, PREFIX), target)
-    keep = reached(requirements, target)
-    for name, dists in distributions(target).items():  # the seed's that nothing asks for: not in a fresh build
-        if name in seeded - installed - keep:
-            for dist in dists:
-                remove(dist, target)
+    seeded = distributions(seed)
+    dists = {name: paths[-1] for name, paths in seeded.items()}
+    dists.update({name: paths[-1] for name, paths in distributions(target).items()})  # pip's own over the seed's
+    keep = reached(requirements, dists)
+    with open(os.path.join(target, KEPT), "w") as kept:
+        for name in sorted(keep - installed):
+            for dist in seeded.get(name, []):
+                kept.write(os.path.basename(dist) + "\n")
     return 0
 
 
@@ -66,10 +80,6 @@ def move_in(prefix: str, target: str) -> set[str]:
                 dirnames.remove(name)
     installs = [(site, entry) for site in sites for entry in os.listdir(site)]
     names = {dist_name(entry) for _site, entry in installs if entry.endswith(".dist-info")}
-    existing = distributions(target)
-    for name in names:  # replaced (a pin the seed's version does not satisfy): any copy pip left goes first
-        for dist in existing.get(name, []):
-            remove(dist, target)
     for site, entry in installs:
         merge(os.path.join(site, entry), os.path.join(target, entry))
     for entry in os.listdir(prefix):
@@ -118,13 +128,12 @@ def metadata(dist: str) -> tuple[str, list[str]]:
     return str(message.get("Name", "")), [str(r) for r in message.get_all("Requires-Dist") or []]
 
 
-def reached(requirements: str, target: str) -> set[str]:
-    """The canonical names of the distributions in target that the requirements file's lines (plain named
-    requirements only: the service checked) reach, through their dependencies, extras and markers."""
+def reached(requirements: str, dists: dict[str, str]) -> set[str]:
+    """The canonical names of the distributions (name -> .dist-info) that the requirements file's lines (plain
+    named requirements only: the service checked) reach, through their dependencies, extras and markers."""
     from pip._vendor.packaging.requirements import Requirement
     from pip._vendor.packaging.utils import canonicalize_name
 
-    dists = {name: paths[-1] for name, paths in distributions(target).items()}
     pending: list[tuple[str, frozenset[str]]] = []
     with open(requirements) as f:
         for raw in f:
@@ -156,35 +165,26 @@ def extras_of(requirement) -> frozenset[str]:
     return frozenset({*requirement.extras, *(canonicalize_name(extra) for extra in requirement.extras)})
 
 
-def remove(dist: str, target: str) -> None:
-    """A distribution's files in target (its RECORD's: a script's entry, `../../bin/x` as --target writes it,
-    is target/bin/x), their bytecode, its .dist-info, and the directories that leaves empty."""
-    root = os.path.realpath(target)
-    files = []
+def files_of(dist: str, root: str) -> set[str]:
+    """The paths under root of a distribution's files (its RECORD's: a script's entry, `../../bin/x` as --target
+    writes it, is root/bin/x), their bytecode, and its .dist-info."""
+    root = os.path.realpath(root)
+    files = {os.path.join(root, os.path.basename(dist))}
     try:
         with open(os.path.join(dist, "RECORD"), newline="") as f:
-            files = [row[0] for row in csv.reader(f) if row]
+            entries = [row[0] for row in csv.reader(f) if row]
     except (OSError, csv.Error):
-        pass
-    parents = set()
-    for entry in files:
+        entries = []
+    for entry in entries:
         path = os.path.normpath(os.path.join(root, entry))
         if not path.startswith(root + os.sep):
             if os.path.basename(os.path.dirname(path)) != "bin":
                 continue
             path = os.path.join(root, "bin", os.path.basename(path))
-        for doomed in (path, importlib.util.cache_from_source(path) if path.endswith(".py") else ""):
-            if doomed and os.path.lexists(doomed) and not os.path.isdir(doomed):
-                os.unlink(doomed)
-                parents.add(os.path.dirname(doomed))
-    shutil.rmtree(dist, ignore_errors=True)
-    for directory in sorted(parents, key=len, reverse=True):  # deepest first
-        while directory.startswith(root + os.sep):
-            try:
-                os.rmdir(directory)
-            except OSError:
-                break
-            directory = os.path.dirname(directory)
+        files.add(path)
+        if path.endswith(".py"):
+            files.add(importlib.util.cache_from_source(path))
+    return files
 
 
 if __name__ == "__main__":
