@@ -70,18 +70,20 @@ log = logging.getLogger("sandlot.layers")
 BUILD_FILES = ("/etc/pip.conf", "/etc/xdg/pip", "/etc/npmrc", "/usr/etc/npmrc", "/etc/ssl/certs", "/usr/lib/ssl")
 
 
-def _listing(command: list[str]) -> list[str]:
-    """The lines of a tool's configuration listing (`pip config list`, `npm config list`); none if it fails."""
+def listing(command: list[str], env: dict[str, str] | None = None) -> list[str]:
+    """The lines of a tool's configuration listing (`pip config list`, `npm config list`); none if it fails.
+    Run once a build (a tool's start is some 0.2 s): configured_paths and configured_urls read its lines."""
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=60).stdout.splitlines()
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, env=env).stdout.splitlines()
     except (OSError, subprocess.TimeoutExpired):
         return []
 
 
-def configured_paths(command: list[str]) -> list[str]:
-    """Absolute paths a tool's configuration names (find-links, local indexes, constraints, cafile)."""
+def configured_paths(lines: list[str]) -> list[str]:
+    """Absolute paths a tool's configuration (its listing's lines) names (find-links, local indexes,
+    constraints, cafile)."""
     found = []
-    for line in _listing(command):
+    for line in lines:
         if line.lstrip().startswith((";", "#")):
             continue  # npm's comments (`; cwd = /`, `; HOME = /root`) describe the caller, not the configuration
         _, _, value = line.partition("=")
@@ -146,10 +148,10 @@ def reached(urls: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def configured_urls(command: list[str], keys: tuple[str, ...]) -> list[str]:
-    """The values of keys (`index-url`, `registry`, ...) in a tool's configuration listing."""
+def configured_urls(lines: list[str], keys: tuple[str, ...]) -> list[str]:
+    """The values of keys (`index-url`, `registry`, ...) in a tool's configuration listing (its lines)."""
     found = []
-    for line in _listing(command):
+    for line in lines:
         name, _, value = line.partition("=")
         if value and name.strip().rsplit(".", 1)[-1] in keys:
             found += shlex.split(value.strip(), posix=True)

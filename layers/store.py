@@ -25,6 +25,7 @@ no instance uses or builds it any more (runtimes/linux/dirlock.py).
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
@@ -41,6 +42,7 @@ from runtimes.linux.dirlock import TRASH, lock_shared, remove_if_unlocked
 
 log = logging.getLogger("sandlot.layers")
 
+SETTLE_SECONDS = 10.0  # a new layer's page cache is dropped this long after it is in place (drop_cached)
 STALE_BUILD_SECONDS = 3600.0  # a build directory untouched this long, and unlocked, was left by a dead build
 IMAGE_LAYERS = "/opt/sandlot/image-layers"  # the service image's layers, one store per language folder (Dockerfile)
 
@@ -76,11 +78,14 @@ class LayerStore:
         requested: Callable[[], Requested] = lambda: None,
         baked: Path | None = None,
         build_uid: Callable[[], int | None] = lambda: None,
+        finish: Callable[[Path], None] | None = None,
     ):
         """sources(): the files the layer is built from; requested(): the packages asked for on top of them (the
         ones the serving layer has); build(scratch, requested, on_output): fills scratch or raises
         LayerBuildError. baked: a read-only store of layers built with the image, used as they are when their
-        key is the current one. build_uid(): the uid the build runs as when the service is root (staging, above)."""
+        key is the current one. build_uid(): the uid the build runs as when the service is root (staging, above).
+        finish(layer): what the service itself does to a built layer, once it is root's and read-only to others
+        and before it is renamed into place (Python's: its bytecode, which runs cannot write)."""
         self.root = root
         self.baked = baked
         self._build_uid = build_uid
@@ -88,6 +93,8 @@ class LayerStore:
         self._build = build
         self._salt = salt
         self._requested = requested
+        self._finish = finish
+        self.settling: threading.Thread | None = None  # the last build's page cache, being dropped
         self._lock = threading.Lock()  # builds run in threads; one at a time
         self._held: dict[str, int] = {}  # layer path -> directory fd holding our shared lock
         self.current = ""
@@ -113,6 +120,17 @@ class LayerStore:
             if candidates:
                 return max(candidates, key=_mtime)
         return None
+
+    def seed(self, requested: Requested = None) -> Path | None:
+        """The layer the image carries that a build of another key may start from (the newest finished one of
+        its store: its distributions count as installed, runtimes/python/seeding.py); None without one."""
+        if self.baked is None or not self.baked.is_dir():
+            return None
+        key = self.key(requested)
+        layers = [p for p in self.baked.iterdir() if _finished(p.name) and p.is_dir()]
+        if any(p.name.startswith(key + "-") for p in layers):
+            return None  # the image's own key: served as it is (existing), or rebuilt as it was built
+        return max(layers, key=_mtime, default=None)
 
     def ensure(self) -> str:
         """A layer for the current sources: an existing one, or a new build. Collects unused ones."""
@@ -169,7 +187,13 @@ class LayerStore:
                     make_readable(staging)
                     shutil.copytree(staging, scratch, symlinks=True, dirs_exist_ok=True)
                     os.chmod(scratch, 0o755)
+                if self._finish is not None:
+                    self._finish(scratch)
                 os.rename(scratch, target)  # the same directory: our lock stays on it
+                # once the runtime's start has read it (a tree's copy, a zygote's imports) from the cache
+                self.settling = threading.Timer(SETTLE_SECONDS, drop_cached, (target,), {"written": True})
+                self.settling.daemon = True
+                self.settling.start()
             except BaseException:
                 os.close(held)
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -204,6 +228,50 @@ class LayerStore:
         # another instance may run on it: whoever retires it last removes it
         if remove_if_unlocked(path):
             log.info("removed unused layer %s", path)
+
+
+def drop_cached(root: str | Path, written: bool = False) -> int:
+    """Drop the page cache's copy of the files under root (posix_fadvise DONTNEED: only clean pages no process
+    maps go, so a file in use keeps its pages, and what is read later is read again from the disk); how many
+    files were told. written: the files were just written (a new layer): their filesystem is flushed first
+    (syncfs, one call; else each file's fsync), as dirty pages would stay.
+
+    A layer build leaves the cache it fills charged to the service's cgroup: what it wrote (the layer, read by
+    runs' zygotes once, if at all, then held by no process) and what its tool read for the first time (pip's
+    or npm's own files). In a container with a memory limit that is memory the service is charged at rest; on
+    a plain host it is cache given back."""
+    root = str(root)
+    each = written and not _syncfs(root)
+    told = 0
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            try:
+                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                continue  # a symlink, or gone since
+            try:
+                if each:
+                    os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                told += 1
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    return told
+
+
+def _syncfs(path: str) -> bool:
+    """syncfs(2) on path's filesystem (Python's os has none); whether it was done."""
+    try:
+        syncfs = ctypes.CDLL(None, use_errno=True).syncfs
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (OSError, AttributeError):
+        return False
+    try:
+        return syncfs(fd) == 0
+    finally:
+        os.close(fd)
 
 
 def _finished(name: str) -> bool:

@@ -286,7 +286,8 @@ def test_configured_paths_are_the_configuration_not_npms_comments(tmp_path):
         "; node bin location = /usr/bin/node\n; npm local prefix = /\n; cwd = /\n; HOME = /root\n"
         "# a comment = /etc\n"
     )
-    assert isolation.configured_paths(["cat", str(listing)]) == ["/etc/ssl/certs/ca-certificates.crt"]
+    lines = isolation.listing(["cat", str(listing)])
+    assert isolation.configured_paths(lines) == ["/etc/ssl/certs/ca-certificates.crt"]
 
 
 def test_a_builds_plan_is_parsed_once_and_what_it_cannot_follow_is_refused():
@@ -523,3 +524,59 @@ def test_dify_sandbox_requirements_location_is_honoured(tmp_path, wheelhouse, da
         assert svc.run("import sandlot_probe\nprint(sandlot_probe.VALUE)")["data"]["stdout"] == "probe-ok\n"
     finally:
         svc.stop()
+
+
+def listings_during_a_build(monkeypatch, build) -> tuple[list[list[str]], list[tuple[str, ...]]]:
+    """The configuration listings a build ran, and what it would have let its build reach (the build itself
+    is not run)."""
+    listed, reached = [], []
+    run = subprocess.run
+
+    def counting(argv, *args, **kwargs):
+        if "config" in argv:
+            listed.append(list(argv))
+        return run(argv, *args, **kwargs)
+
+    def not_run(argv, workdir, readable, env, uid, on_output=None, reaches=()):
+        reached.append(reaches)
+        return subprocess.CompletedProcess(argv, 0, b"", b"")
+
+    monkeypatch.setattr(subprocess, "run", counting)
+    monkeypatch.setattr(isolation, "run", not_run)
+    build()
+    return listed, reached
+
+
+def test_a_python_build_lists_pips_configuration_once(monkeypatch, tmp_path):
+    from runtimes.python import layer as python_layer
+
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("requests\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    listed, _ = listings_during_a_build(
+        monkeypatch, lambda: python_layer.build(requirements, work, BUILD_UID, find_links=str(tmp_path))
+    )
+    assert len(listed) == 1  # `pip config list` is a pip start (some 0.2 s) inside the operator's start
+
+
+def test_a_nodejs_builds_listing_reads_the_operators_npmrc_and_leaves_nothing_in_home(monkeypatch, tmp_path):
+    from runtimes.nodejs import layer as node_layer
+
+    node = shutil.which("node")
+    if not node:
+        pytest.skip("needs node")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".npmrc").write_text("registry=http://registry.example.invalid:4873/\n")
+    monkeypatch.setenv("HOME", str(home))
+    package = tmp_path / "package.json"
+    package.write_text('{"name": "x", "version": "1.0.0", "dependencies": {}}\n')
+    work = tmp_path / "work"
+    work.mkdir()
+    listed, reached = listings_during_a_build(
+        monkeypatch, lambda: node_layer.build([package], work, os.path.realpath(node), BUILD_UID)
+    )
+    assert len(listed) == 1
+    assert "http://registry.example.invalid:4873" in reached[0]  # the operator's ~/.npmrc was read
+    assert [p.name for p in home.rglob("*")] == [".npmrc"]  # no ~/.npm/_logs, no update notifier's state

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from layers import isolation
-from layers.store import LayerBuildError, what_went_wrong
+from layers.store import LayerBuildError, drop_cached, what_went_wrong
 from runtimes.languages import NODEJS
 from runtimes.linux import rootfs
 
@@ -87,10 +88,11 @@ def build(
     readable = [node, os.path.dirname(os.path.dirname(npm_cli)), *(str(f.parent) for f in files)]
     readable += local_sources(files[0])
     readable += [spec.removeprefix("file:") for spec in (requested or {}).values() if spec.startswith("file:/")]
-    readable += isolation.configured_paths([node, npm_cli, "config", "list"])
+    configuration = configuration_listing(node, npm_cli)
+    readable += isolation.configured_paths(configuration)
     env = {k: v for k, v in os.environ.items() if k.startswith("npm_config_") or k.lower().endswith("_proxy")}
     env.update({"HOME": str(scratch), "LANG": "C.UTF-8", "PATH": os.path.dirname(node)})
-    configured = isolation.configured_urls([node, npm_cli, "config", "list"], REGISTRY_KEYS)
+    configured = isolation.configured_urls(configuration, REGISTRY_KEYS)
     registry = env.get("npm_config_registry") or DEFAULT_REGISTRY
     reaches = isolation.reached([registry, *configured, *isolation.proxies(env)])
     result = isolation.run(argv, str(scratch), readable, env, build_uid, on_output, reaches=reaches)
@@ -98,10 +100,24 @@ def build(
     # overlayfs runs exec the tree's copy of node (jail/trees/tree_store.py), so those pages, charged to the container,
     # would only be read again by the next build; elsewhere the ready children map what runs use of it, which stays
     rootfs.forget_cached_pages(node)
+    drop_cached(os.path.dirname(os.path.dirname(npm_cli)))  # npm's own files, as node's (layers/store.py)
     if result.returncode != 0:
         raise LayerBuildError(f"npm failed with code {result.returncode}: {what_went_wrong(result.stdout)}")
     (scratch / "node_modules").mkdir(exist_ok=True)
     shutil.rmtree(scratch / ".npm", ignore_errors=True)  # npm's cache and logs (HOME is scratch): not for runs
+
+
+def configuration_listing(node: str, npm_cli: str) -> list[str]:
+    """`npm config list` as the service (its HOME: the operator's ~/.npmrc is read), leaving nothing behind: npm
+    would write its debug log and the update notifier's state under ~/.npm at every build. Its cache is a
+    directory of its own, gone before the lines are read (so not a path the build is given), no log file is
+    kept, no update is looked for."""
+    cache = tempfile.mkdtemp(prefix="sandlot-npm-listing-")
+    quiet = {"npm_config_cache": cache, "npm_config_logs_max": "0", "npm_config_update_notifier": "false"}
+    try:
+        return isolation.listing([node, npm_cli, "config", "list"], env={**os.environ, **quiet})
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def merged_package(package: Path, requested: dict[str, str]) -> dict:

@@ -10,7 +10,11 @@ may not be allowed to read the operator's own file.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
+import shutil
+import subprocess
 import sys
 import sysconfig
 from collections.abc import Callable
@@ -18,11 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from layers import isolation
-from layers.store import LayerBuildError, what_went_wrong
+from layers.store import LayerBuildError, drop_cached, what_went_wrong
 from runtimes.languages import PYTHON
+from runtimes.python import seeding
 
 if TYPE_CHECKING:
     from layers.manager import Layer
+
+log = logging.getLogger("sandlot.layers")
 
 DEFAULT_REQUIREMENTS = PYTHON.default_base_file()  # layers/python/requirements.txt
 DIFY_REQUIREMENTS = Path("dependencies/python-requirements.txt")  # dify-sandbox's location
@@ -46,22 +53,27 @@ def managed_layer(settings, data_dir: Path) -> Layer:
     python = os.path.realpath(settings.PYTHON_PATH)
     requirements = lambda: requirements_file(settings.SANDLOT_PYTHON_REQUIREMENTS)  # noqa: E731
     requested = RequestedPackages(PYTHON.wire_name, data_dir / "packages" / f"{PYTHON.wire_name}.json")
+    seeded: dict[str, Seeded | None] = {}  # what the last build kept of the image's layer, for its finish
     store = LayerStore(
         data_dir / "layers" / PYTHON.folder,
         sources=lambda: [requirements()],
-        build=lambda scratch, wanted, output: build(
-            requirements(),
-            scratch,
-            settings.build_uid,
-            settings.PIP_MIRROR_URL,
-            settings.SANDLOT_PIP_FIND_LINKS,
-            requested=wanted,
-            on_output=output,
+        build=lambda scratch, wanted, output: seeded.update(
+            last=build(
+                requirements(),
+                scratch,
+                settings.build_uid,
+                settings.PIP_MIRROR_URL,
+                settings.SANDLOT_PIP_FIND_LINKS,
+                requested=wanted,
+                on_output=output,
+                seed=store.seed(wanted),
+            )
         ),
         salt=python,
         requested=requested.render,
         baked=image_layers(PYTHON.folder),  # the defaults the service image carries (Dockerfile)
         build_uid=lambda: settings.build_uid,
+        finish=lambda layer: finish(layer, python, seeded.pop("last", None)),
     )
     return Layer(
         store,
@@ -86,25 +98,39 @@ def build(
     find_links: str = "",
     requested: list[str] | None = None,
     on_output: Callable[[bytes], None] | None = None,
-) -> None:
+    seed: Path | None = None,
+) -> Seeded | None:
     """pip install --target scratch, as an unprivileged user (see layers.isolation): the base requirements and
-    the requested lines (already validated: layers/specs.py)."""
+    the requested lines (already validated: layers/specs.py). seed: the layer the image carries, whose
+    distributions count as installed (runtimes/python/seeding.py) where every line is a plain named requirement
+    and nothing configured makes that doubtful (unseedable); else, and without one, the build is as always. A
+    seeded build returns what of the seed the layer keeps: finish copies it in (copy_seed)."""
     # the build's own copy, written by the service: the build's uid may not be able to read the operator's file
     # (a file only root can read, or a directory closed to others, where there is no tree to bind it into)
     source = scratch / MERGED
-    source.write_text(copied(requirements) + "".join(f"{line}\n" for line in requested or ()))
+    text = copied(requirements) + "".join(f"{line}\n" for line in requested or ())
+    source.write_text(text)
+    configuration = isolation.listing([sys.executable, "-m", "pip", "config", "list"])
+    env = {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")}
+    pip = [os.path.join(sys.prefix, "bin", "python"), "-m", "pip"]
+    target = ["--target", str(scratch)]
+    tools = pip_package()
+    why = "no pip package found" if not tools else unseedable(text, configuration, env) if seed else ""
+    if seed and not why:  # the image's layer taken as installed (runtimes/python/seeding.py)
+        log.info("the Python layer's build starts from the image's layer %s: pip installs only what it lacks", seed)
+        pip = [pip[0], "-S", "-c", SEEDING, str(seed), str(scratch), os.path.dirname(tools[0]), str(source)]
+        target = ["--prefix", str(scratch / seeding.PREFIX), "--no-warn-script-location", "--no-warn-conflicts"]
+    elif seed:
+        log.info("the Python layer's build does not start from the image's layer: %s", why)
     argv = [
-        os.path.join(sys.prefix, "bin", "python"),
-        "-m",
-        "pip",
+        *pip,
         "install",
         "--no-cache-dir",
         "--no-compile",
         "--disable-pip-version-check",
         "--progress-bar",
         "off",
-        "--target",
-        str(scratch),
+        *target,
         "-r",
         str(source),
     ]
@@ -114,19 +140,167 @@ def build(
     if find_links:
         argv += ["--no-index", "--find-links", find_links]
         readable.append(find_links)
-    readable += isolation.configured_paths([sys.executable, "-m", "pip", "config", "list"])
-    env = {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")}
+    if seed and not why:
+        readable.append(str(seed))
+    readable += isolation.configured_paths(configuration)
     env.update({"HOME": str(scratch), "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1"})
     dynload = next((p for p in sys.path if p.endswith("lib-dynload")), "")
     # the index (or mirror) and where its files are, the extra indexes, the proxies: the build's only way out
-    configured = isolation.configured_urls([sys.executable, "-m", "pip", "config", "list"], INDEX_KEYS)
+    configured = isolation.configured_urls(configuration, INDEX_KEYS)
     index = mirror_url or env.get("PIP_INDEX_URL", "") or DEFAULT_INDEX
     indexes = [index, FILES_HOST, env.get("PIP_EXTRA_INDEX_URL", "")]
     reaches = isolation.reached([*indexes, *configured, *isolation.proxies(env)])
     result = isolation.run(argv, str(scratch), [*readable, dynload], env, build_uid, on_output, reaches=reaches)
+    for tool in tools:  # pip's own files, read for the first time (layers/store.py: drop_cached)
+        drop_cached(tool)
     source.unlink(missing_ok=True)
+    kept = scratch / seeding.KEPT
+    listed = kept.read_text() if kept.is_file() and not kept.is_symlink() else None
+    kept.unlink(missing_ok=True)
     if result.returncode != 0:
         raise LayerBuildError(f"pip failed with code {result.returncode}: {what_went_wrong(result.stdout)}")
+    if not seed or why:
+        return None
+    if listed is None:
+        raise LayerBuildError("the seeded build did not say what it keeps of the image's layer")
+    return Seeded(seed, kept_of(seed, listed))
+
+
+@dataclasses.dataclass(frozen=True)
+class Seeded:
+    """What a seeded build keeps of the image's layer: its .dist-info directories' names."""
+
+    seed: Path
+    kept: tuple[str, ...]
+
+
+def kept_of(seed: Path, listed: str) -> tuple[str, ...]:
+    """The seed's distributions the build listed: only names of .dist-info directories the seed has (the list is
+    the build's, written by code from the package index)."""
+    names = []
+    for name in listed.splitlines():
+        if not name.endswith(".dist-info") or "/" in name or name.startswith("."):
+            raise LayerBuildError(f"the seeded build kept {name!r} of the image's layer: not a distribution")
+        if not (seed / name).is_dir():
+            raise LayerBuildError(f"the seeded build kept {name!r}, which the image's layer does not have")
+        names.append(name)
+    return tuple(names)
+
+
+def copy_seed(seeded: Seeded, layer: Path) -> None:
+    """The seed's distributions a seeded build keeps, copied from the image's layer into the new one (their files
+    and bytecode, their scripts in bin/), beside what pip installed (which wins: nothing of it is overwritten);
+    none of the others. The service copies them (from the image, not from the build), before the layer is
+    compiled and in place."""
+    seed = os.path.realpath(seeded.seed)
+    wanted: set[str] = set()
+    for name in seeded.kept:
+        wanted |= seeding.files_of(os.path.join(seed, name), seed)
+    for path in sorted(wanted):
+        if not os.path.isfile(path) or os.path.islink(path) or not path.startswith(seed + os.sep):
+            continue
+        copy = os.path.join(layer, os.path.relpath(path, seed))
+        if os.path.lexists(copy):
+            continue
+        os.makedirs(os.path.dirname(copy), mode=0o755, exist_ok=True)
+        shutil.copy2(path, copy)
+    for name in seeded.kept:  # a .dist-info directory's own files (RECORD names some, not all: INSTALLER...)
+        shutil.copytree(os.path.join(seed, name), os.path.join(layer, name), dirs_exist_ok=True)
+    drop_cached(seed)  # the image's layer's pages this read (layers/store.py)
+
+
+def finish(layer: Path, python: str, seeded: Seeded | None) -> None:
+    """What the service does to a built layer before it is in place: the seed's part copied in, then compiled."""
+    if seeded is not None:
+        copy_seed(seeded, layer)
+    compile_layer(layer, python)
+
+
+# run by the runs' interpreter (its bytecode is theirs), as the service: every regular .py file under the layer,
+# never one a symlink names (the build made the tree: a link to a file only root may read must not become
+# bytecode others can), never through a __pycache__ that is not a directory of its own (removed first)
+COMPILE = r"""
+import importlib.util, os, py_compile, stat, sys
+os.umask(0o022)
+MODE, FLAGS = py_compile.PycInvalidationMode.UNCHECKED_HASH, (0b01).to_bytes(4, "little")
+for directory, dirs, files in os.walk(sys.argv[1]):
+    cache = os.path.join(directory, "__pycache__")
+    if os.path.lexists(cache) and (os.path.islink(cache) or not os.path.isdir(cache)):
+        os.unlink(cache)
+    dirs[:] = [name for name in dirs if name != "__pycache__"]
+    for name in files:
+        path = os.path.join(directory, name)
+        if not name.endswith(".py") or not stat.S_ISREG(os.lstat(path).st_mode):
+            continue
+        cached = importlib.util.cache_from_source(path)
+        try:  # compiled already, from this very source (the image's layer's, a seeded build's copy): kept
+            with open(cached, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as pyc:
+                head = pyc.read(16)
+            with open(path, "rb") as py:
+                source = importlib.util.source_hash(py.read())
+            if head == importlib.util.MAGIC_NUMBER + FLAGS + source:
+                continue
+        except OSError:
+            pass
+        py_compile.compile(path, invalidation_mode=MODE, doraise=False, quiet=2)
+"""
+
+
+SEEDING = Path(seeding.__file__).read_text()  # run by the build's interpreter with -c, inside its jail
+# pip options that change what counts as installed, or where an install goes: with one configured, no seeding
+DOUBTFUL = {"target", "prefix", "root", "user", "home", "ignore-installed", "no-deps", "upgrade", "force-reinstall"}
+DOUBTFUL |= {"require-hashes", "editable", "src", "upgrade-strategy", "no-build-isolation"}
+
+
+def unseedable(text: str, configuration: list[str], env: dict[str, str]) -> str:
+    """Why a build of these requirements (the build's own copy's text) may not start from the image's layer
+    ("" if it may): a line that is not a plain named requirement (an option, an include, a URL, a path, an
+    editable, a continued line), or pip configured (its configuration listing's lines, PIP_ variables) with an
+    option that changes what counts as installed."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("-") or line.endswith("\\"):
+            return f"the line {line!r} is not a plain named requirement"
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement:
+            return f"the line {line!r} is not a plain named requirement"
+        if requirement.url:
+            return f"the line {line!r} names a URL"
+    for line in configuration:
+        name, _, _value = line.partition("=")
+        if name.strip().rsplit(".", 1)[-1] in DOUBTFUL:
+            return f"pip's configuration sets {name.strip()}"
+    for name in env:
+        if name.startswith("PIP_") and name[4:].lower().replace("_", "-") in DOUBTFUL:
+            return f"{name} is set"
+    return ""
+
+
+def compile_layer(layer: Path, python: str) -> None:
+    """The layer's bytecode, as the image's layers have it (Dockerfile: compileall --invalidation-mode
+    unchecked-hash): runs read the layer read-only, and a zygote would otherwise compile every module it imports
+    from source at each start. A layer is never written again, so the sources are not checked (unchecked-hash).
+    Where it fails, runs compile as before: the log says so."""
+    try:
+        result = subprocess.run(
+            [python, "-I", "-S", "-c", COMPILE, str(layer)], capture_output=True, text=True, timeout=600
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("the layer's bytecode was not compiled (runs compile what they import): %s", exc)
+        return
+    if result.returncode != 0:
+        log.warning("the layer's bytecode was not compiled (runs compile what they import): %s", result.stderr[-2000:])
+
+
+def pip_package() -> list[str]:
+    """The directory of the pip that builds run (the service's environment's: the first on its path)."""
+    found = [os.path.join(p, "pip") for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    return [path for path in found if os.path.isfile(os.path.join(path, "__init__.py"))][:1]
 
 
 def installed(layer: str) -> list[dict[str, str]]:

@@ -1,0 +1,375 @@
+"""A Python layer as runs read it: compiled before it is in place, its build's page cache dropped, and seeded
+from the layer the image carries (an operator's addition installs only what that layer does not hold)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import unprivileged
+from conftest import needs_root
+from service import DOCKER_DEFAULT, standin
+from test_build_isolation import LANDLOCK_ABI, RESTRICTED_POD
+from test_layers import BUILD_UID, make_wheel, readable
+
+from layers import store as store_module
+from layers.store import LayerBuildError, LayerStore
+from runtimes.python import layer as python_layer
+
+
+@pytest.fixture
+def place():
+    """Somewhere a build's uid reaches by the real path (not pytest's root-only /tmp/pytest-of-root)."""
+    path = Path(tempfile.mkdtemp(prefix="sandlot-seed-", dir="/var/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def service_settings(requirements: Path, wheels: Path) -> SimpleNamespace:
+    return SimpleNamespace(
+        PYTHON_PATH=sys.executable,
+        SANDLOT_PYTHON_REQUIREMENTS=str(requirements),
+        PIP_MIRROR_URL="",
+        SANDLOT_PIP_FIND_LINKS=str(wheels),
+        build_uid=BUILD_UID,
+    )
+
+
+def valid_unchecked_pyc(source: Path) -> bool:
+    cached = Path(importlib.util.cache_from_source(str(source)))
+    if not cached.is_file():
+        return False
+    data = cached.read_bytes()
+    flags = int.from_bytes(data[4:8], "little")
+    return (
+        data[:4] == importlib.util.MAGIC_NUMBER
+        and flags == 0b01  # hash-based, not checked against the source: runs never write the layer
+        and data[8:16] == importlib.util.source_hash(source.read_bytes())
+    )
+
+
+@needs_root
+def test_a_built_layer_is_compiled_before_it_is_in_place(place):
+    wheels = place / "wheels"
+    wheels.mkdir()
+    make_wheel(wheels, "sandlot-compiled", "1.0", {"sandlot_compiled/__init__.py": "VALUE = 1\n"})
+    requirements = place / "requirements.txt"
+    requirements.write_text("sandlot-compiled\n")
+    readable(place)
+    layer = python_layer.managed_layer(service_settings(requirements, wheels), place / "data")
+    built = Path(layer.store.ensure())
+    source = built / "sandlot_compiled" / "__init__.py"
+    assert valid_unchecked_pyc(source)  # a zygote imports it without compiling (its tree is read-only)
+    cache = source.parent / "__pycache__"
+    for path in (cache, *cache.iterdir()):
+        info = os.lstat(path)
+        assert info.st_uid == 0 and not info.st_mode & 0o022  # root's, like the rest of the layer
+
+
+def test_compiling_skips_what_a_symlink_names_and_a_pycache_that_is_not_a_directory(place):
+    layer = place / "layer"
+    (layer / "pkg").mkdir(parents=True)
+    (layer / "pkg" / "mod.py").write_text("X = 1\n")
+    secret = place / "secret.py"
+    secret.write_text("SECRET = 'only root reads this'\n")
+    secret.chmod(0o600)
+    (layer / "pkg" / "linked.py").symlink_to(secret)  # a build may leave links to files only root may read
+    elsewhere = place / "elsewhere"
+    elsewhere.mkdir()
+    (layer / "__pycache__").symlink_to(elsewhere)  # nor may bytecode be written through a link
+    (layer / "top.py").write_text("Y = 2\n")
+    (layer / "pkg" / "stale.py").write_text("S = 1\n")
+    python_layer.compile_layer(layer, sys.executable)
+    compiled = Path(importlib.util.cache_from_source(str(layer / "pkg" / "mod.py")))
+    kept = compiled.stat().st_mtime_ns
+    (layer / "pkg" / "stale.py").write_text("S = 2\n")  # its bytecode no longer matches: compiled again
+    python_layer.compile_layer(layer, sys.executable)
+    assert valid_unchecked_pyc(layer / "pkg" / "stale.py")
+    assert compiled.stat().st_mtime_ns == kept  # valid bytecode of the same source (a seeded copy's) is kept
+    assert valid_unchecked_pyc(layer / "pkg" / "mod.py")
+    assert valid_unchecked_pyc(layer / "top.py")
+    assert not (layer / "__pycache__").is_symlink()
+    assert not list(elsewhere.iterdir())
+    assert not Path(importlib.util.cache_from_source(str(layer / "pkg" / "linked.py"))).exists()
+
+
+def test_a_store_finishes_a_build_before_renaming_it_into_place(place):
+    seen = []
+
+    def build(scratch: Path, *_: object) -> None:
+        (scratch / "m.py").write_text("Z = 3\n")
+
+    def finish(scratch: Path) -> None:
+        seen.append((scratch.name.endswith(".build"), stat.S_IMODE(os.stat(scratch / "m.py").st_mode)))
+
+    LayerStore(place / "store", lambda: [], build, finish=finish).ensure()
+    assert seen == [(True, 0o644)]  # in the scratch directory, already read-only to others
+
+
+def cached_bytes(root: Path) -> int:
+    """What the page cache holds of the regular files under root (fincore, util-linux)."""
+    files = [str(p) for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
+    result = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", *files], capture_output=True)
+    return sum(int(line) for line in result.stdout.split())
+
+
+@needs_root
+@pytest.mark.skipif(not shutil.which("fincore"), reason="needs fincore (util-linux) to read the page cache")
+def test_a_build_leaves_no_page_cache_of_its_layer_or_of_pip(place, monkeypatch):
+    monkeypatch.setattr(store_module, "SETTLE_SECONDS", 0.0)  # not after the runtime's start: now
+    wheels = place / "wheels"
+    wheels.mkdir()
+    make_wheel(wheels, "sandlot-cached", "1.0", {"sandlot_cached/__init__.py": "VALUE = 'x' * 100000\n" * 4})
+    requirements = place / "requirements.txt"
+    requirements.write_text("sandlot-cached\n")
+    readable(place)
+    layer = python_layer.managed_layer(service_settings(requirements, wheels), place / "data")
+    built = Path(layer.store.ensure())
+    layer.store.settling.join(30)
+    assert cached_bytes(built) == 0  # written, flushed, dropped: a container is not charged for it at rest
+    (pip,) = python_layer.pip_package()
+    assert cached_bytes(Path(pip)) == 0  # pip's own files, which the build read
+
+
+# ---- seeding: an operator's addition starts from the layer the image carries ------------------------------------
+
+
+def wheel(house: Path, name: str, version: str, modules: dict[str, str], requires: tuple[str, ...] = ()) -> Path:
+    """A pure-Python wheel with its requirements, written by hand (no index, no build backend)."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    path = house / f"{dist}-py3-none-any.whl"
+    files = dict(modules)
+    files[f"{dist}.dist-info/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires
+    )
+    files[f"{dist}.dist-info/WHEEL"] = (
+        "Wheel-Version: 1.0\nGenerator: sandlot-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    record = []
+    for file, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{file},sha256={digest},{len(text.encode())}")
+    files[f"{dist}.dist-info/RECORD"] = "\n".join([*record, f"{dist}.dist-info/RECORD,,"]) + "\n"
+    with zipfile.ZipFile(path, "w") as archive:
+        for file, text in files.items():
+            archive.writestr(file, text)
+    return path
+
+
+ALPHA, BETA, GAMMA, OMEGA = "sandlot-seed-alpha", "sandlot-seed-beta", "sandlot-seed-gamma", "sandlot-seed-omega"
+
+
+def alpha(house: Path, origin: str) -> None:
+    wheel(house, ALPHA, "1.0", {"seed_alpha.py": f"ORIGIN = {origin!r}\n"}, (f"{BETA}>=1",))
+
+
+def beta(house: Path, version: str, origin: str) -> None:
+    wheel(house, BETA, version, {"seed_beta/__init__.py": f"VERSION = {version!r}\nORIGIN = {origin!r}\n"})
+
+
+@pytest.fixture
+def image_layer(place):
+    """The layer an image carries: alpha (which needs beta) and omega, built as the image's build builds it."""
+    house = place / "image-wheels"
+    house.mkdir()
+    alpha(house, "image")
+    beta(house, "1.0", "image")
+    wheel(house, OMEGA, "1.0", {"seed_omega.py": "X = 1\n"})
+    requirements = place / "image-requirements.txt"
+    requirements.write_text(f"{ALPHA}\n{OMEGA}\n")
+    layer = place / "image" / "python" / "0123456789abcdef-1"
+    layer.mkdir(parents=True)
+    readable(place)
+    python_layer.build(requirements, layer, BUILD_UID, find_links=str(house))
+    python_layer.compile_layer(layer, sys.executable)
+    readable(place)
+    return layer
+
+
+def seeded_build(place: Path, lines: str, house: Path, seed: Path | None) -> tuple[Path, str]:
+    requirements = place / "requirements.txt"
+    requirements.write_text(lines)
+    scratch = place / "built"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    readable(place)
+    output: list[bytes] = []
+    seeded = python_layer.build(
+        requirements, scratch, BUILD_UID, find_links=str(house), seed=seed, on_output=output.append
+    )
+    python_layer.finish(scratch, sys.executable, seeded)  # as the store does once the build is in (copy-in)
+    return scratch, b"".join(output).decode()
+
+
+def holds(layer: Path) -> dict[str, str]:
+    return {item["name"]: item["version"] for item in python_layer.installed(str(layer))}
+
+
+def module(layer: Path, name: str) -> str:
+    path = layer / f"{name}.py"
+    return (path if path.exists() else layer / name / "__init__.py").read_text()
+
+
+@needs_root
+def test_an_addition_installs_only_what_the_image_layer_lacks(place, image_layer):
+    house = place / "index"  # the index has the addition only: alpha and beta must come from the image's layer
+    house.mkdir()
+    wheel(house, GAMMA, "1.0", {"seed_gamma.py": "G = 1\n"}, (f"{BETA}>=1",))
+    layer, output = seeded_build(place, f"{ALPHA}\n{GAMMA}\n", house, image_layer)
+    assert holds(layer) == {ALPHA: "1.0", BETA: "1.0", GAMMA: "1.0"}  # not omega: the file does not ask for it
+    assert "ORIGIN = 'image'" in module(layer, "seed_alpha")
+    assert not (layer / "seed_omega.py").exists()
+    assert not (layer / ".sandlot-prefix").exists()
+    assert "Successfully installed sandlot-seed-gamma-1.0" in output
+
+
+@needs_root
+def test_a_pin_the_image_version_does_not_satisfy_gets_the_pin_and_no_copy_of_the_image_version(place, image_layer):
+    house = place / "index"
+    house.mkdir()
+    beta(house, "2.0", "index")
+    layer, _ = seeded_build(place, f"{ALPHA}\n{BETA}==2.0\n", house, image_layer)
+    assert holds(layer) == {ALPHA: "1.0", BETA: "2.0"}
+    assert [p.name for p in layer.glob("sandlot_seed_beta-*.dist-info")] == ["sandlot_seed_beta-2.0.dist-info"]
+    assert "VERSION = '2.0'" in module(layer, "seed_beta")
+    assert "ORIGIN = 'image'" in module(layer, "seed_alpha")
+
+
+@needs_root
+def test_the_services_own_packages_never_count_as_installed(place, image_layer):
+    import anyio  # the service's own dependency, in its environment
+
+    assert anyio
+    house = place / "index"
+    house.mkdir()
+    wheel(house, "anyio", "0.0.1", {"anyio_stand_in.py": "A = 1\n"})
+    layer, _ = seeded_build(place, f"{ALPHA}\nanyio\n", house, image_layer)
+    assert holds(layer).get("anyio") == "0.0.1"
+
+
+@needs_root
+@pytest.mark.parametrize("line", ["{wheel}", f"{GAMMA} @ file://{{wheel}}", "--pre"])
+def test_a_line_that_is_not_a_plain_requirement_builds_as_before(place, image_layer, line):
+    house = place / "index"  # everything, alpha too: an unseeded build installs its own
+    house.mkdir()
+    alpha(house, "index")
+    beta(house, "1.0", "index")
+    gamma = wheel(house, GAMMA, "1.0", {"seed_gamma.py": "G = 1\n"}, (f"{BETA}>=1",))
+    layer, _ = seeded_build(place, f"{ALPHA}\n{line.format(wheel=gamma)}\n", house, image_layer)
+    assert "ORIGIN = 'index'" in module(layer, "seed_alpha")
+
+
+def test_what_may_not_be_seeded():
+    plain = "requests>=2  # a comment\nhttpx[http2]==0.27; python_version >= '3.8'\n\n# only a comment\n"
+    assert python_layer.unseedable(plain, [], {}) == ""
+    for text in ("-r other.txt\n", "x @ https://example.com/x.whl\n", "./local.whl\n", "-e .\n", "a \\\n"):
+        assert python_layer.unseedable(text, [], {}), text
+    assert python_layer.unseedable(plain, ["global.target='/x'"], {})
+    assert python_layer.unseedable(plain, [], {"PIP_IGNORE_INSTALLED": "1"})
+    assert python_layer.unseedable(plain, ["global.find-links='/opt/wheels'"], {"PIP_INDEX_URL": "x"}) == ""
+
+
+def test_a_store_seeds_a_build_of_another_key_with_the_image_layer(place):
+    sources = place / "requirements.txt"
+    sources.write_text("requests\n")
+    baked = place / "image" / "python"
+    LayerStore(baked, lambda: [sources], lambda scratch, *_: None).ensure()
+    (image,) = baked.iterdir()
+    store = LayerStore(place / "data", lambda: [sources], lambda scratch, *_: None, baked=baked)
+    assert store.seed() is None  # the image's own key: served as it is
+    assert store.seed(["six"]) == image
+    assert LayerStore(place / "data", lambda: [sources], lambda scratch, *_: None).seed(["six"]) is None
+
+
+SEEDED_BUILD = """
+import json, logging, sys
+from pathlib import Path
+logging.basicConfig(level=logging.INFO)
+from runtimes.python import layer as python_layer
+requirements, work, house, seed, uid = sys.argv[1:6]
+seeded = python_layer.build(Path(requirements), Path(work), int(uid), find_links=house, seed=Path(seed))
+python_layer.finish(Path(work), sys.executable, seeded)
+print(json.dumps({item["name"]: item["version"] for item in python_layer.installed(work)}))
+"""
+
+
+@needs_root
+@pytest.mark.parametrize("mode", ["full", "userns", "chroot", "landlock"])
+def test_a_seeded_build_reads_the_image_layer_in_every_jail(mode, place, image_layer):
+    """The build stays in its jail (layers/isolation.py), which may read the image's layer: with a tree of its
+    own (as root, or in a user namespace), as the build's uid on the container's files (chroot), or in a
+    Landlock domain as the service's uid (a restricted pod)."""
+    if unprivileged.unavailable():
+        pytest.skip(unprivileged.unavailable())
+    if mode == "landlock" and LANDLOCK_ABI < 4:
+        pytest.skip("needs Landlock ABI 4")
+    owner = unprivileged.NOBODY if mode in ("userns", "landlock") else 0
+    house = place / "index"
+    house.mkdir()
+    wheel(house, GAMMA, "1.0", {"seed_gamma.py": "G = 1\n"}, (f"{BETA}>=1",))
+    requirements = place / "requirements.txt"
+    requirements.write_text(f"{ALPHA}\n{GAMMA}\n")
+    work = place / "work.build"
+    work.mkdir()
+    readable(place)
+    os.chown(work, owner, owner)
+    launcher = standin(DOCKER_DEFAULT) if mode == "chroot" else RESTRICTED_POD if mode == "landlock" else []
+    identity = {"user": owner, "group": owner, "extra_groups": []} if owner and mode != "landlock" else {}
+    result = subprocess.run(
+        [*launcher, unprivileged.venv_python(), "-c", SEEDED_BUILD]
+        + [str(requirements), str(work), str(house), str(image_layer), str(BUILD_UID)],
+        env={**os.environ, "PYTHONPATH": unprivileged.source(), "HOME": str(place / "no-home")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd="/",
+        **identity,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.splitlines()[-1]) == {ALPHA: "1.0", BETA: "1.0", GAMMA: "1.0"}
+    assert "starts from the image's layer" in result.stderr
+
+
+@needs_root
+def test_a_services_store_seeds_its_build_and_finishes_the_layer(place, image_layer, monkeypatch):
+    monkeypatch.setattr(store_module, "IMAGE_LAYERS", str(place / "image"))  # the image's layers, as in the image
+    house = place / "index"
+    house.mkdir()
+    wheel(house, GAMMA, "1.0", {"seed_gamma.py": "G = 1\n"}, (f"{BETA}>=1",))
+    requirements = place / "requirements.txt"
+    requirements.write_text(f"{ALPHA}\n{GAMMA}\n")
+    readable(place)
+    layer = python_layer.managed_layer(service_settings(requirements, house), place / "data")
+    built = Path(layer.store.ensure())
+    assert built.parent == place / "data" / "layers" / "python"
+    assert holds(built) == {ALPHA: "1.0", BETA: "1.0", GAMMA: "1.0"}
+    for source in (built / "seed_alpha.py", built / "seed_gamma.py", built / "seed_beta" / "__init__.py"):
+        assert valid_unchecked_pyc(source)
+        assert os.stat(source).st_uid == 0
+    assert not (built / ".sandlot-seeded").exists() and not (built / ".sandlot-requirements.txt").exists()
+
+
+@pytest.mark.parametrize("listed", ["../../etc\n", "/root/.ssh.dist-info\n", "missing-1.0.dist-info\n", ".x.dist-info"])
+def test_what_a_seeded_build_lists_is_only_the_image_layers_distributions(image_layer_like, listed):
+    with pytest.raises(LayerBuildError):
+        python_layer.kept_of(image_layer_like, listed)
+    assert python_layer.kept_of(image_layer_like, "present-1.0.dist-info\n") == ("present-1.0.dist-info",)
+
+
+@pytest.fixture
+def image_layer_like(place):
+    (place / "present-1.0.dist-info").mkdir()
+    return place
