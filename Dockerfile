@@ -47,8 +47,11 @@ RUN install -d -m 0711 /opt/sandlot/image-data \
 # the chroot jail's trees for the interpreter and those layers, with their cells (runtimes/jail/trees/image_trees.py),
 # built now: hard links to the image's own files in this layer, so a container starts on them, copying nothing, and
 # its zygotes read the same pages as the service. The standard library's bytecode is compiled first (python's slim
-# images ship none: each zygote would compile what it imports at every start, its tree being read-only).
+# images ship none: each zygote would compile what it imports at every start, its tree being read-only). What the
+# trees' specs asked (the libraries ldd finds, the interpreter's paths) is kept in /opt/sandlot/image-cache
+# (runtimes/linux/rootfs.py: IMAGE_CACHE), which a container's new volume would otherwise ask again at its start.
 RUN python3 -m compileall -q -j 0 -x '/(tests?|idle_test)/' "$(python3 -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')" \
+    && install -d -m 0755 /opt/sandlot/image-cache \
     && install -d -m 0711 /opt/sandlot/image-data \
     && SANDLOT_CONFIG=/nonexistent SANDLOT_DATA_DIR=/opt/sandlot/image-data sandlot layers trees \
     && rm -rf /opt/sandlot/image-data

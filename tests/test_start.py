@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -287,3 +288,45 @@ def test_the_start_makes_its_objects_without_collections_and_serves_with_them_fr
     seen = json.loads(out.stdout.splitlines()[-1])
     assert seen["importing"] is False and seen["serving"] is True and seen["after"] is True
     assert seen["frozen"] > 10_000
+
+
+def test_a_container_finds_the_images_answers_for_the_tree_without_asking_again(tmp_path, monkeypatch):
+    """The libraries ldd finds and the interpreter's paths are asked while the image is built (its trees' specs)
+    and kept in the image (rootfs.IMAGE_CACHE) under a key its containers compute alike: a container's new volume
+    (its own cache empty) asks neither ldd nor the interpreter again; a file changed since is asked again."""
+    from runtimes.config import default_python
+    from runtimes.linux import rootfs
+    from runtimes.python import runtime
+
+    image = tmp_path / "image-cache"
+    image.mkdir()
+    monkeypatch.setattr(rootfs, "IMAGE_CACHE", str(image))
+    elf = tmp_path / "lib.so"
+    shutil.copy(os.path.realpath(sys.executable), elf)  # an ELF file of this test's own, whose time it may change
+    python = default_python()
+    runtime.interpreter_paths.cache_clear()
+    rootfs._ldd_memo.clear()
+    built = tmp_path / "build-volume"  # the image build's data dir, gone with the build
+    libraries = rootfs.shared_libraries([str(elf)], cache_dir=str(built))
+    paths = runtime.interpreter_paths(python, str(built))
+    assert libraries and {"ldd-cache.json", runtime.PATHS_CACHE} <= set(os.listdir(image))
+    runtime.interpreter_paths.cache_clear()
+    rootfs._ldd_memo.clear()
+    monkeypatch.setattr(rootfs, "image_cache_writable", lambda: False)  # read, not written, here
+
+    def nothing_started(*args, **kwargs):
+        raise AssertionError(f"a process was started: {args}")
+
+    monkeypatch.setattr(rootfs.subprocess, "run", nothing_started)
+    monkeypatch.setattr(runtime.subprocess, "run", nothing_started)
+    try:
+        volume = str(tmp_path / "new-volume")
+        assert rootfs.shared_libraries([str(elf)], cache_dir=volume) == libraries
+        assert runtime.interpreter_paths(python, volume) == paths
+        rootfs._ldd_memo.clear()
+        os.utime(elf, ns=(0, 0))  # another file at that path: not the image's answer
+        with pytest.raises(AssertionError, match="a process was started"):
+            rootfs.shared_libraries([str(elf)], cache_dir=volume)
+    finally:
+        runtime.interpreter_paths.cache_clear()
+        rootfs._ldd_memo.clear()

@@ -94,7 +94,8 @@ def shared_libraries(elf_files: list[str], cache_dir: str = "") -> list[str]:
     if not elf_files:
         return []
     key = _ldd_key(elf_files)
-    stored = _ldd_memo.get(key) or _ldd_cached(cache_dir, key)
+    depends = [*elf_files, LOADER_CACHE]
+    stored = _ldd_memo.get(key) or _ldd_cached(cache_dir, key) or _ldd_cached(IMAGE_CACHE, portable_key(depends))
     if stored is not None and all(os.path.exists(path) for path in stored):
         _ldd_memo[key] = stored
         return list(stored)
@@ -107,6 +108,8 @@ def shared_libraries(elf_files: list[str], cache_dir: str = "") -> list[str]:
     _ldd_memo[key] = found
     if cache_dir:
         _ldd_store(cache_dir, key, found)
+    if image_cache_writable():
+        _ldd_store(IMAGE_CACHE, portable_key(depends), found)
     return list(found)
 
 
@@ -114,8 +117,36 @@ _ldd_memo: dict[str, list[str]] = {}
 _LDD_CACHE = "ldd-cache.json"
 
 
+LOADER_CACHE = "/etc/ld.so.cache"  # rewritten when a library is installed
+# The service image's answers (the Dockerfile makes it before it builds the trees, whose specs ask): a container
+# finds them under portable_key, its own volume's cache (cache_dir) being new. Written where it exists and can be.
+IMAGE_CACHE = "/opt/sandlot/image-cache"
+
+
 def _ldd_key(elf_files: list[str]) -> str:
-    return file_key([*elf_files, "/etc/ld.so.cache"])
+    return file_key([*elf_files, LOADER_CACHE])
+
+
+def portable_key(paths: list[str]) -> str:
+    """A key of the files' contents as an image carries them (path, type and mode, owner, size, time): the same in
+    every container of the image, whose device and inode numbers (file_key's) differ from the image build's."""
+    identities = []
+    for path in paths:
+        try:
+            info = os.stat(path)
+        except OSError:
+            identities.append([path])
+            continue
+        identities.append([path, info.st_mode, info.st_uid, info.st_size, info.st_mtime_ns])
+    import hashlib
+
+    return "portable-" + hashlib.sha256(json.dumps(identities).encode()).hexdigest()
+
+
+def image_cache_writable() -> bool:
+    """Whether answers go into IMAGE_CACHE too: where it exists (an image of the service) and may be written (the
+    image's build; a container on it, whose later starts then find an operator's layer's answers there too)."""
+    return os.path.isdir(IMAGE_CACHE) and os.access(IMAGE_CACHE, os.W_OK)
 
 
 def _ldd_cached(cache_dir: str, key: str) -> list[str] | None:

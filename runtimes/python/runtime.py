@@ -36,10 +36,11 @@ def interpreter_paths(python: str, cache_dir: str = "") -> dict:
     its answer is kept there under the interpreter's identity (and that of a pyvenv.cfg beside it, which moves its
     prefix), so that a start does not wait for another interpreter's start (a zygote's tree needs it first)."""
     where = os.path.dirname(python)
-    key = rootfs.file_key(
-        [python, os.path.join(where, "pyvenv.cfg"), os.path.join(os.path.dirname(where), "pyvenv.cfg")]
+    depends = [python, os.path.join(where, "pyvenv.cfg"), os.path.join(os.path.dirname(where), "pyvenv.cfg")]
+    key = rootfs.file_key(depends)
+    known = rootfs.cached(cache_dir, PATHS_CACHE, key) or rootfs.cached(
+        rootfs.IMAGE_CACHE, PATHS_CACHE, rootfs.portable_key(depends)
     )
-    known = rootfs.cached(cache_dir, PATHS_CACHE, key)
     if (
         isinstance(known, dict)
         and set(known) == set(PATH_KEYS)
@@ -50,6 +51,8 @@ def interpreter_paths(python: str, cache_dir: str = "") -> dict:
     paths = _ask_interpreter(python)
     if cache_dir:
         rootfs.store(cache_dir, PATHS_CACHE, key, paths)
+    if rootfs.image_cache_writable():
+        rootfs.store(rootfs.IMAGE_CACHE, PATHS_CACHE, rootfs.portable_key(depends), paths)
     return paths
 
 
@@ -156,11 +159,16 @@ class PythonRuntime(JailedRuntime):
         spec = rootfs.TreeSpec()
         spec.add(python, paths["stdlib"], paths["platstdlib"])
         layer = self.config.python_layer if layer else ""
-        elf = [python, *rootfs.elf_files_under(paths["dynload"])]
+        # the interpreter's libraries, then those only the layer's ELF files load: asked apart, so that the first
+        # answer is the layer-less tree's too, and the image's (rootfs.IMAGE_CACHE) whatever the layer
+        libraries = rootfs.shared_libraries(
+            [python, *rootfs.elf_files_under(paths["dynload"])], cache_dir=self.config.data_dir
+        )
         if layer:
             spec.place(tree_files.LAYER_IN_TREE, layer)  # at a fixed path: the data dir's stays out of view
-            elf += rootfs.elf_files_under(layer)
-        spec.add(*rootfs.outside(rootfs.shared_libraries(elf, cache_dir=self.config.data_dir), layer))
+            own = rootfs.shared_libraries(rootfs.elf_files_under(layer), cache_dir=self.config.data_dir)
+            libraries += [path for path in own if path not in libraries]
+        spec.add(*rootfs.outside(libraries, layer))
         tree_files.run_system_files(spec, self.run_hostname(), self.run_nameservers())
         for site in {paths["purelib"], paths["platlib"]}:  # the interpreter's own packages stay out
             if os.path.isdir(site):
