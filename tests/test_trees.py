@@ -650,11 +650,23 @@ def _image_tree(place: str, slots: int = 2) -> tuple[dict, str, trees.TreeStore]
     return spec, image_dir, trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
 
 
-def _restarted(place: str, image_dir: str, monkeypatch, name: str = "trees") -> trees.TreeStore:
-    """The tree store of another instance (another process: nothing of the last one's image trees remembered)."""
+def _restarted(place: str, image_dir: str, monkeypatch, name: str = "trees", beside: bool = False) -> trees.TreeStore:
+    """The tree store of another instance (another process: nothing of the last one's image trees remembered). Not
+    beside: the last one is gone, and the locks its process held on its slots with it."""
+    if not beside:
+        _killed(image_trees._slot_locks)
     monkeypatch.setattr(image_trees, "_assigned", {})
     monkeypatch.setattr(image_trees, "_finished", {})
+    monkeypatch.setattr(image_trees, "_slot_locks", {})
     return trees.TreeStore(os.path.join(place, name), image_dir=image_dir)
+
+
+def _killed(slot_locks: dict[str, dict[str, int]]) -> None:
+    """What the end of an instance's process does to the locks it held on its slots."""
+    for locks in slot_locks.values():
+        for fd in locks.values():
+            os.close(fd)
+        locks.clear()
 
 
 @needs_root
@@ -813,22 +825,25 @@ def test_a_slot_changing_hands_changes_nothing_a_run_of_any_slot_can_see(place):
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="the slots a dead instance gave are adopted only by an instance that takes the image tree alone: while "
-    "another instance holds it they stay that dead instance's, and every new uid gets a cell of the container's own "
-    "(on overlayfs every file copied up): a slot needs a lock of its giver's, free once the giver is dead",
-)
 def test_the_slots_of_an_instance_killed_beside_another_go_to_the_other_ones_uids(place, monkeypatch):
+    """Each instance holds a lock on every slot it gave: the slots of one killed while another holds the tree go to
+    the other's uids (no cell of the container's own made, every file copied up on overlayfs), those of a live one
+    never."""
     spec, image_dir, first = _image_tree(place, slots=2)
     root = first.ensure(spec)
     for uid in (RUN_UID, RUN_UID + 1):
         trees.make_run_tmp(root, uid)
         trees.remove_run_tmp(root, uid)  # its runs are over
-    other = _restarted(place, image_dir, monkeypatch, "other")  # another instance beside it: other uids
+    first_locks = image_trees._slot_locks
+    other = _restarted(place, image_dir, monkeypatch, "other", beside=True)  # another instance beside it: other uids
     assert other.ensure(spec) == root
-    first.close()  # the first instance is killed; the other goes on
     try:
+        trees.make_run_tmp(root, RUN_UID + 99)  # every slot the live first instance's: a cell made, none taken
+        assert not os.path.islink(root + f"/cells/{RUN_UID + 99}")
+        assert {os.readlink(f"{root}/cells/{uid}") for uid in (RUN_UID, RUN_UID + 1)} == {"../slots/0", "../slots/1"}
+        trees.remove_run_tmp(root, RUN_UID + 99)
+        first.close()
+        _killed(first_locks)  # the first instance is killed; the other goes on
         trees.make_run_tmp(root, RUN_UID + 100)
         assert os.path.islink(root + f"/cells/{RUN_UID + 100}")  # a slot of the dead instance's, not a cell made now
     finally:
@@ -847,18 +862,21 @@ def test_a_slot_is_never_given_away_from_a_uid_of_another_live_instance(place, m
         trees.make_run_tmp(root, uid)
         trees.remove_run_tmp(root, uid)
     dead.close()
-    first_state = ({}, {})  # the instance that starts first takes the tree alone (its process's state)
+    _killed(image_trees._slot_locks)
+    first_state = ({}, {}, {})  # the instance that starts first takes the tree alone (its process's state)
     monkeypatch.setattr(image_trees, "_assigned", first_state[0])
     monkeypatch.setattr(image_trees, "_finished", first_state[1])
+    monkeypatch.setattr(image_trees, "_slot_locks", first_state[2])
     first = trees.TreeStore(os.path.join(place, "first"), image_dir=image_dir)
     assert first.ensure(spec) == root
-    second = _restarted(place, image_dir, monkeypatch, "second")  # given the block RUN_UID + 1 was in
+    second = _restarted(place, image_dir, monkeypatch, "second", beside=True)  # given the block RUN_UID + 1 was in
     assert second.ensure(spec) == root
     try:
         trees.make_run_tmp(root, RUN_UID + 1)  # its run, in the slot the dead instance gave that uid
         trees.remove_run_tmp(root, RUN_UID + 1)  # over: the next of that uid makes its /tmp there again
         monkeypatch.setattr(image_trees, "_assigned", first_state[0])
         monkeypatch.setattr(image_trees, "_finished", first_state[1])
+        monkeypatch.setattr(image_trees, "_slot_locks", first_state[2])
         for uid in (RUN_UID + 50, RUN_UID + 51):  # uids of the first instance's, until every slot is taken
             trees.make_run_tmp(root, uid)
             trees.remove_run_tmp(root, uid)
@@ -1060,7 +1078,7 @@ def test_an_instance_wanting_another_layer_than_the_live_holders_gets_a_tree_of_
     second_spec, _base = _layered(_layer(place, "second", "2"))
     store = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
     root = store.ensure(first_spec, base)
-    other = _restarted(place, image_dir, monkeypatch, "other")  # another instance beside it
+    other = _restarted(place, image_dir, monkeypatch, "other", beside=True)  # another instance beside it
     try:
         assert other.ensure(first_spec, base) == root  # the same layer: shared
         own = other.ensure(second_spec, base)

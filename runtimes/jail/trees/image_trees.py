@@ -18,8 +18,10 @@ materialized.make_cell) can be made from an image tree at start without copying 
 by slot, not by uid (`slots/<n>`: the uids of a block are known only in the container, from its user namespace's
 map): a uid's cell is a symlink `cells/<uid>` -> `../slots/<n>` to a slot no other uid has (assign_slot), the
 devices and generated files put in the slot then. A slot whose uid has no child in it (no /tmp: no process of that
-uid is left, see tree_store.retire_idle_cells) may be given to another uid when every slot is taken; beyond that a
-cell is made as in a tree of the container's own (tree_store.make_cells: slow, every file copied up once).
+uid is left, see tree_store.retire_idle_cells) may be given to another uid when every slot is taken: one of this
+instance's uids', or one an instance that is gone gave (each holds a lock on its slots while its process lives:
+assign_slot, adopt_slot); beyond that a cell is made as in a tree of the container's own (tree_store.make_cells:
+slow, every file copied up once).
 
 An operator's layer (dify-sandbox's dependencies file, the package routes) gives the tree spec another key: the image
 has no tree of it. The image carries each runtime's layer-less tree too (the tree without its layer, and without the
@@ -61,6 +63,10 @@ _finished: dict[str, dict[str, str]] = {}
 # the uids this process gave each image tree's slots to: only theirs are ever given to another uid (another
 # instance's uids are its own business: it may be making a run's /tmp in one at this very moment)
 _assigned: dict[str, set[int]] = {}
+# the slots this process gives, by tree: an exclusive flock on each slot's directory, held as long as a uid of this
+# process's has it. A slot named by a cell whose lock can be had was given by an instance that is gone: it may be
+# given again, whoever holds the tree beside (assign_slot); a live instance's never is
+_slot_locks: dict[str, dict[str, int]] = {}
 LINKING = ".link-"  # a cell's symlink while it is made, renamed to the uid's name once complete
 ADDED = ".added"  # beside an image tree (`<tree>.added`): what was added to it (additions), and which entries
 NO_ADDITIONS = "none"  # the additions key of a tree as the image built it
@@ -194,6 +200,7 @@ def take(path: str, spec: dict, device_nodes: bool, added: dict | None = None, u
                     removal.remove(f"{path}{SLOTS}/{slot}/tmp")  # a dead run's (its cell's name went above)
                     _prepare(path, f"{path}{SLOTS}/{slot}")
             _assigned[path] = set()
+            _release_slots(path)
             fcntl.flock(fd, fcntl.LOCK_SH)
         _finished[path] = dict(spec.get("generated", {}))
         _added[path] = wanted
@@ -371,9 +378,10 @@ def _write(path: str, text: str) -> None:
 
 
 def assign_slot(root: str, uid: int) -> bool:
-    """uid's cell in the image tree at root: a slot no other uid has (or one whose uid has no child in it), its
-    devices and generated files made as the tree's, and `cells/<uid>` naming it; False if every slot is in use.
-    The caller holds tree_store's cell locks (no cell made, no run's /tmp made meanwhile)."""
+    """uid's cell in the image tree at root: a slot no other uid has (or one whose uid has no child in it and is
+    this instance's, or was a gone instance's), its devices and generated files made as the tree's, and
+    `cells/<uid>` naming it; False if every slot is in use. The caller holds tree_store's cell locks (no cell made,
+    no run's /tmp made meanwhile)."""
     cells, slots = root + CELLS, root + SLOTS
     held = os.open(cells, _DIRECTORY)
     try:
@@ -382,12 +390,16 @@ def assign_slot(root: str, uid: int) -> bool:
         for name in os.listdir(cells):
             with contextlib.suppress(OSError):
                 taken[os.path.basename(os.readlink(os.path.join(cells, name)))] = name
-        free = sorted((n for n in os.listdir(slots) if n.isdigit() and n not in taken), key=int)
+        unnamed = sorted((n for n in os.listdir(slots) if n.isdigit() and n not in taken), key=int)
+        free = next(([n] for n in unnamed if _hold_slot(root, n)), [])  # no cell names it: nobody's, held now
         mine = _assigned.setdefault(root, set())
         if not free:
             for slot, name in sorted(taken.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else -1):
                 idle = not os.path.lexists(f"{slots}/{slot}/tmp")  # no child of its uid is in it
-                if idle and name.isdigit() and int(name) in mine and name != str(uid):
+                if not idle or not name.isdigit() or name == str(uid):
+                    continue
+                # this instance's own uid's, or a gone instance's (no live one holds its lock): never a live one's
+                if (int(name) in mine and slot in _slot_locks.get(root, {})) or _hold_slot(root, slot):
                     os.unlink(os.path.join(cells, name))  # its uid has no child in it: it makes its cell again
                     materialized.forget_devices(os.path.join(cells, name))
                     mine.discard(int(name))
@@ -403,12 +415,62 @@ def assign_slot(root: str, uid: int) -> bool:
             os.rename(link, os.path.join(cells, str(uid)))
         except OSError as exc:
             os.unlink(link)
+            _release_slot(root, slot)
             if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR):
                 raise
+            return True  # the uid has a cell already
         mine.add(uid)
         return True
     finally:
         os.close(held)
+
+
+def adopt_slot(root: str, uid: int) -> None:
+    """uid's cell in the image tree at root is a slot another instance gave (one that is gone: uids are one
+    instance's at a time): its lock is this instance's from now on, so that no other instance gives it away while
+    this one's runs use it. Nothing where the cell is this instance's already, or not a slot."""
+    cell = f"{root}{CELLS}/{uid}"
+    try:
+        slot = os.path.basename(os.readlink(cell))
+    except OSError:
+        return
+    if slot in _slot_locks.get(root, {}):
+        return
+    held = os.open(root + CELLS, _DIRECTORY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)  # not while another instance gives slots
+        with contextlib.suppress(OSError):
+            if os.path.basename(os.readlink(cell)) == slot and _hold_slot(root, slot):
+                _assigned.setdefault(root, set()).add(uid)
+    finally:
+        os.close(held)
+
+
+def _hold_slot(root: str, slot: str) -> bool:
+    """This instance's lock on a slot of the tree at root: True if it holds it now (or did), False if a live
+    instance does."""
+    locks = _slot_locks.setdefault(root, {})
+    if slot in locks:
+        return True
+    fd = os.open(f"{root}{SLOTS}/{slot}", _DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    locks[slot] = fd
+    return True
+
+
+def _release_slot(root: str, slot: str) -> None:
+    fd = _slot_locks.get(root, {}).pop(slot, None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _release_slots(root: str) -> None:
+    for slot in list(_slot_locks.get(root, {})):
+        _release_slot(root, slot)
 
 
 def _prepare(root: str, slot: str) -> None:

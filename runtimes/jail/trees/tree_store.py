@@ -346,8 +346,10 @@ def make_run_tmp(tree_root: str, uid: int) -> str:
     for _ in range(3):
         make_cells(tree_root, [uid])
         with _cells_lock:
+            if image_trees.is_image_tree(tree_root):
+                image_trees.adopt_slot(tree_root, uid)  # a slot a gone instance gave this uid: this one's now
             if not os.path.isdir(tree_root + tree_files.cell(uid)):
-                continue  # retired as idle between the two (retire_idle_cells): made again
+                continue  # retired as idle between the two (retire_idle_cells), or a slot given away: made again
             path = run_tmp(tree_root, uid)
             remove_run_tmp(tree_root, uid)
             materialized.renew_devices(tree_root + tree_files.cell(uid))
