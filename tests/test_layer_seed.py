@@ -3,8 +3,6 @@ from the layer the image carries (an operator's addition installs only what that
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import importlib.util
 import json
 import os
@@ -13,7 +11,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -147,26 +144,7 @@ def test_a_build_leaves_no_page_cache_of_its_layer_or_of_pip(place, monkeypatch)
 # ---- seeding: an operator's addition starts from the layer the image carries ------------------------------------
 
 
-def wheel(house: Path, name: str, version: str, modules: dict[str, str], requires: tuple[str, ...] = ()) -> Path:
-    """A pure-Python wheel with its requirements, written by hand (no index, no build backend)."""
-    dist = f"{name.replace('-', '_')}-{version}"
-    path = house / f"{dist}-py3-none-any.whl"
-    files = dict(modules)
-    files[f"{dist}.dist-info/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
-        f"Requires-Dist: {r}\n" for r in requires
-    )
-    files[f"{dist}.dist-info/WHEEL"] = (
-        "Wheel-Version: 1.0\nGenerator: sandlot-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    )
-    record = []
-    for file, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{file},sha256={digest},{len(text.encode())}")
-    files[f"{dist}.dist-info/RECORD"] = "\n".join([*record, f"{dist}.dist-info/RECORD,,"]) + "\n"
-    with zipfile.ZipFile(path, "w") as archive:
-        for file, text in files.items():
-            archive.writestr(file, text)
-    return path
+wheel = make_wheel  # (test_layers.py)
 
 
 ALPHA, BETA, GAMMA, OMEGA = "sandlot-seed-alpha", "sandlot-seed-beta", "sandlot-seed-gamma", "sandlot-seed-omega"

@@ -25,12 +25,16 @@ from runtimes.config import default_data_dir
 BUILD_UID = 1_499_999_999  # a layer build's uid (SANDLOT_UID_BASE - 1 by default)
 
 
-def make_wheel(wheelhouse: Path, name: str, version: str, modules: dict[str, str]) -> Path:
-    """A pure-Python wheel, written by hand: no index, no build backend."""
+def make_wheel(
+    wheelhouse: Path, name: str, version: str, modules: dict[str, str], requires: tuple[str, ...] = ()
+) -> Path:
+    """A pure-Python wheel with its requirements, written by hand: no index, no build backend."""
     dist = f"{name.replace('-', '_')}-{version}"
     path = wheelhouse / f"{dist}-py3-none-any.whl"
     files = dict(modules)
-    files[f"{dist}.dist-info/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    files[f"{dist}.dist-info/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires
+    )
     files[f"{dist}.dist-info/WHEEL"] = (
         "Wheel-Version: 1.0\nGenerator: sandlot-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     )

@@ -130,17 +130,7 @@ def _ldd_key(elf_files: list[str]) -> str:
 def portable_key(paths: list[str]) -> str:
     """A key of the files' contents as an image carries them (path, type and mode, owner, size, time): the same in
     every container of the image, whose device and inode numbers (file_key's) differ from the image build's."""
-    identities = []
-    for path in paths:
-        try:
-            info = os.stat(path)
-        except OSError:
-            identities.append([path])
-            continue
-        identities.append([path, info.st_mode, info.st_uid, info.st_size, info.st_mtime_ns])
-    import hashlib
-
-    return "portable-" + hashlib.sha256(json.dumps(identities).encode()).hexdigest()
+    return "portable-" + _key(paths, ("st_mode", "st_uid", "st_size", "st_mtime_ns"))
 
 
 def image_cache_writable() -> bool:
@@ -160,6 +150,10 @@ def _ldd_store(cache_dir: str, key: str, found: list[str]) -> None:
 
 def file_key(paths: list[str]) -> str:
     """A key made of each file's identity (device, inode, size, time; a missing one by its name alone)."""
+    return _key(paths, ("st_dev", "st_ino", "st_size", "st_mtime_ns"))
+
+
+def _key(paths: list[str], fields: tuple[str, ...]) -> str:
     identities = []
     for path in paths:
         try:
@@ -167,7 +161,7 @@ def file_key(paths: list[str]) -> str:
         except OSError:
             identities.append([path])
             continue
-        identities.append([path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns])
+        identities.append([path, *(getattr(info, name) for name in fields)])
     import hashlib  # here, not at the top: the zygotes import this module, and hashlib loads libcrypto
 
     return hashlib.sha256(json.dumps(identities).encode()).hexdigest()
