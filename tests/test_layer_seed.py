@@ -351,3 +351,31 @@ def test_what_a_seeded_build_lists_is_only_the_image_layers_distributions(image_
 def image_layer_like(place):
     (place / "present-1.0.dist-info").mkdir()
     return place
+
+
+def test_the_images_distributions_are_never_copied_through_a_link_the_build_left(tmp_path):
+    """The service copies what a seeded build keeps of the image's layer into the new layer, as root; the build
+    (code from the package index, as the build's uid) made that layer's entries: a symbolic link it left where a
+    kept distribution's files go (`seedpkg -> /somewhere`) fails the build, and nothing is written through it."""
+    seed = tmp_path / "image-layer"
+    (seed / "seedpkg").mkdir(parents=True)
+    (seed / "seedpkg" / "__init__.py").write_text("X = 1\n")
+    info = seed / "seedpkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: seedpkg\nVersion: 1.0\n")
+    (info / "RECORD").write_text(
+        "seedpkg/__init__.py,,\nseedpkg-1.0.dist-info/METADATA,,\nseedpkg-1.0.dist-info/RECORD,,\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for planted in ("seedpkg", "seedpkg-1.0.dist-info"):
+        layer = tmp_path / f"layer-{planted}"
+        layer.mkdir()
+        (layer / planted).symlink_to(elsewhere)
+        with pytest.raises(LayerBuildError, match="symbolic link"):
+            python_layer.copy_seed(python_layer.Seeded(seed, ("seedpkg-1.0.dist-info",)), layer)
+        assert os.listdir(elsewhere) == []
+    clean = tmp_path / "layer-clean"
+    clean.mkdir()
+    python_layer.copy_seed(python_layer.Seeded(seed, ("seedpkg-1.0.dist-info",)), clean)
+    assert (clean / "seedpkg" / "__init__.py").read_text() == "X = 1\n"

@@ -200,13 +200,31 @@ def copy_seed(seeded: Seeded, layer: Path) -> None:
         if not os.path.isfile(path) or os.path.islink(path) or not path.startswith(seed + os.sep):
             continue
         copy = os.path.join(layer, os.path.relpath(path, seed))
+        _no_link_on_the_way(layer, copy)
         if os.path.lexists(copy):
             continue
         os.makedirs(os.path.dirname(copy), mode=0o755, exist_ok=True)
         shutil.copy2(path, copy)
     for name in seeded.kept:  # a .dist-info directory's own files (RECORD names some, not all: INSTALLER...)
+        _no_link_on_the_way(layer, os.path.join(layer, name, "RECORD"))
         shutil.copytree(os.path.join(seed, name), os.path.join(layer, name), dirs_exist_ok=True)
     drop_cached(seed)  # the image's layer's pages this read (layers/store.py)
+
+
+def _no_link_on_the_way(layer: Path, path: str) -> None:
+    """Raise LayerBuildError if path, under layer, is reached through a symbolic link or lands on one: the service
+    copies the image's files in as root, and the build (code from the package index, as the build's uid) made the
+    layer's entries; a link it left (`urllib3 -> /etc`) must not take a root's write elsewhere."""
+    current = os.path.realpath(layer)
+    for part in os.path.relpath(path, layer).split(os.sep):
+        current = os.path.join(current, part)
+        if os.path.islink(current):
+            raise LayerBuildError(
+                f"the build left a symbolic link at {os.path.relpath(current, layer)}, where the image's layer's "
+                "distributions are copied: not followed"
+            )
+        if not os.path.exists(current):
+            return
 
 
 def finish(layer: Path, python: str, seeded: Seeded | None) -> None:
