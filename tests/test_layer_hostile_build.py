@@ -1,0 +1,117 @@
+"""What a hostile package (an sdist's setup.py, run as the build's uid) can leave in a new Python layer, and what
+the service (root) then does to it: make_readable, copy_seed (a seeded build's copy of the image's layer) and
+the compile step. Each expected failure is a weakness found on main, with the fix it needs."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import needs_root
+
+from layers.store import make_readable
+from runtimes.python import layer as python_layer
+
+
+@pytest.fixture
+def place():
+    """One filesystem for the layer and the file outside it (a hard link cannot cross filesystems)."""
+    path = Path(tempfile.mkdtemp(prefix="sandlot-hostile-", dir="/var/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def root_only(place: Path, text: str = "SECRET = 'root only'\n") -> Path:
+    """A file of root's outside the layer that nobody else may read (/etc/shadow, an operator's secrets)."""
+    outside = place / "outside"
+    outside.mkdir(mode=0o700)
+    secret = outside / "secret.py"
+    secret.write_text(text)
+    secret.chmod(0o600)
+    return secret
+
+
+@needs_root
+@pytest.mark.xfail(
+    strict=True,
+    reason="make_readable chmods (0644) and chowns whatever the build left in the layer, a hard link to a file "
+    "outside it too: where fs.protected_hardlinks is 0 and Landlock (REFER) does not hold the build, the build's "
+    "uid links a root-only file of the same filesystem into its layer and the service makes it world-readable",
+)
+def test_a_hard_link_the_build_left_is_not_made_readable(place):
+    secret = root_only(place)
+    layer = place / "layer"
+    (layer / "pkg").mkdir(parents=True)
+    # what the build's uid does in setup.py where the kernel lets anyone link anything: os.link(secret, ...)
+    os.link(secret, layer / "pkg" / "leak.py")
+
+    try:
+        make_readable(layer)
+    except Exception:
+        pass  # a refusal (the build fails, saying where) is the fix
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600, "root made a root-only file outside the layer readable"
+
+
+@needs_root
+@pytest.mark.xfail(
+    strict=True,
+    reason="copy_seed's copytree of a kept .dist-info writes (open 'wb', then copystat) into the files the build "
+    "left there; a hard link to a file outside the layer (fs.protected_hardlinks 0, no Landlock REFER) is "
+    "overwritten with the image's METADATA, as root",
+)
+def test_copy_seed_never_writes_through_a_hard_link_the_build_left(place):
+    victim = root_only(place, "the operator's file\n")
+    seed = place / "seed"
+    info = seed / "foo-1.0.dist-info"
+    info.mkdir(parents=True)
+    (seed / "foo").mkdir()
+    (seed / "foo" / "__init__.py").write_text("")
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: foo\nVersion: 1.0\n")
+    (info / "RECORD").write_text("foo/__init__.py,,\nfoo-1.0.dist-info/METADATA,,\nfoo-1.0.dist-info/RECORD,,\n")
+    layer = place / "layer"
+    (layer / "foo-1.0.dist-info").mkdir(parents=True)
+    os.link(victim, layer / "foo-1.0.dist-info" / "METADATA")  # the build's, as above
+
+    try:
+        python_layer.copy_seed(python_layer.Seeded(seed, ("foo-1.0.dist-info",)), layer)
+    except Exception:
+        pass  # a refusal is the fix
+    assert victim.read_text() == "the operator's file\n", "root wrote the image's METADATA into a file outside"
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="COMPILE opens each module's cached bytecode (O_NOFOLLOW, but blocking, and without checking it is a "
+    "regular file): a FIFO the build left at __pycache__/<module>.<tag>.pyc blocks the service's compile step "
+    "until its 600 s timeout (the operator's start or rebuild waits ten minutes, then the layer is uncompiled)",
+)
+def test_a_fifo_the_build_left_does_not_hang_the_compile_step(place):
+    layer = place / "layer"
+    layer.mkdir()
+    module = layer / "m.py"
+    module.write_text("X = 1\n")
+    cached = Path(importlib.util.cache_from_source(str(module)))
+    cached.parent.mkdir()
+    os.mkfifo(cached)  # setup.py: mknod is not refused to the build
+
+    # compile_layer's own command, with a timeout a test can wait for
+    try:
+        result = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", python_layer.COMPILE, str(layer)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the compile step hung on a FIFO the build left")
+    assert result.returncode == 0, result.stderr
+    assert cached.is_file() and not stat.S_ISFIFO(cached.lstat().st_mode)
