@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import needs_root
+from test_layers import BUILD_UID, readable
 
 from layers.store import make_readable
 from runtimes.python import layer as python_layer
@@ -145,3 +146,74 @@ def test_giving_a_slot_does_not_touch_what_other_slots_see_of_the_dev_stand_in(p
     now = os.stat(slots[0] / "dev" / "null")
     assert now.st_nlink == seen.st_nlink
     assert now.st_ctime_ns == seen.st_ctime_ns, "a run in slot 0 sees when slot 1 changed hands"
+
+
+# an sdist with an in-tree build backend (PEP 517: nothing to fetch): what it runs, as the build's uid, leaves a FIFO
+# where the compile step looks for a module's bytecode, in the new layer (the build's HOME)
+BACKEND = """
+import importlib.util, os, zipfile
+
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    layer = os.environ["HOME"]
+    with open(os.path.join(layer, "hostile_mod.py"), "w") as f:
+        f.write("X = 1\\n")
+    os.makedirs(os.path.join(layer, "__pycache__"), exist_ok=True)
+    os.mkfifo(importlib.util.cache_from_source(os.path.join(layer, "hostile_mod.py")))
+    info = "hostile-1.0.dist-info/"
+    name = "hostile-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as wheel:
+        wheel.writestr(info + "METADATA", "Metadata-Version: 2.1\\nName: hostile\\nVersion: 1.0\\n")
+        tags = "Wheel-Version: 1.0\\nGenerator: x\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
+        wheel.writestr(info + "WHEEL", tags)
+        wheel.writestr(info + "RECORD", f"{info}METADATA,,\\n{info}WHEEL,,\\n{info}RECORD,,\\n")
+    return name
+"""
+
+
+@needs_root
+@pytest.mark.xfail(
+    strict=True,
+    reason="a package's build backend (as the build's uid) leaves a FIFO at a module's __pycache__ entry; the "
+    "service's compile step blocks on it until compile_layer's timeout (600 s; 15 s here), and the layer is not "
+    "compiled",
+)
+def test_a_hostile_sdist_does_not_stall_the_finishing_of_its_layer(place, monkeypatch):
+    import tarfile
+    import time
+
+    source = place / "src" / "hostile-1.0"
+    source.mkdir(parents=True)
+    (source / "backend.py").write_text(BACKEND)
+    (source / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
+    )
+    (source / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: hostile\nVersion: 1.0\n")
+    house = place / "house"
+    house.mkdir()
+    with tarfile.open(house / "hostile-1.0.tar.gz", "w:gz") as sdist:
+        sdist.add(source, arcname="hostile-1.0")
+    requirements = place / "requirements.txt"
+    requirements.write_text("hostile\n")
+    layer = place / "layer"
+    layer.mkdir()
+    readable(place)
+    seeded = python_layer.build(requirements, layer, BUILD_UID, find_links=str(house))
+    assert stat.S_ISFIFO(os.lstat(importlib.util.cache_from_source(str(layer / "hostile_mod.py"))).st_mode)
+
+    real_run = subprocess.run
+
+    def capped(*args, **kwargs):  # compile_layer's 600 s, made one a test waits for
+        kwargs["timeout"] = min(kwargs.get("timeout") or 15, 15)
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(python_layer.subprocess, "run", capped)
+    started = time.monotonic()
+    python_layer.finish(layer, sys.executable, seeded)
+    assert time.monotonic() - started < 10, "the service's compile step waited on the build's FIFO"
+    cached = importlib.util.cache_from_source(str(layer / "hostile_mod.py"))
+    assert stat.S_ISREG(os.lstat(cached).st_mode), "the layer was left uncompiled"
