@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import needs_root
+from test_layer_seed import ALPHA, BETA, holds, image_layer, seeded_build  # noqa: F401 - image_layer: test_layer_seed's fixture
 from test_layers import BUILD_UID, readable
 
 from layers.store import make_readable
@@ -217,3 +218,19 @@ def test_a_hostile_sdist_does_not_stall_the_finishing_of_its_layer(place, monkey
     assert time.monotonic() - started < 10, "the service's compile step waited on the build's FIFO"
     cached = importlib.util.cache_from_source(str(layer / "hostile_mod.py"))
     assert stat.S_ISREG(os.lstat(cached).st_mode), "the layer was left uncompiled"
+
+
+@needs_root
+@pytest.mark.xfail(
+    strict=True,
+    reason="a comment ending with a backslash continues the line for pip (join_lines runs before comments are "
+    "removed), so pip never reads the next line; unseedable and seeding.reached read it as a requirement of its "
+    "own, and the seeded layer gets the image's copy of a distribution no fresh build would hold",
+)
+def test_a_seeded_layer_holds_what_pip_reads_of_the_requirements(place, request):
+    image = request.getfixturevalue("image_layer")  # test_layer_seed's: alpha (needs beta) and omega
+    house = place / "index"
+    house.mkdir()
+    lines = f"{ALPHA}  # the image's \\\nsandlot-seed-omega\n"
+    layer, _ = seeded_build(place, lines, house, image)
+    assert holds(layer) == {ALPHA: "1.0", BETA: "1.0"}  # pip reads one requirement: alpha (and beta, its own)
