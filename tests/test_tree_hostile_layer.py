@@ -1,0 +1,65 @@
+"""A Python layer's file names, as a hostile package (a plain wheel: no code runs at install) lays them out, and
+what the service then puts in the runs' tree. Each expected failure is a weakness found on main."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+
+from runtimes.config import RuntimeConfig
+from runtimes.jail.trees import image_trees
+from runtimes.linux import rootfs
+from runtimes.python.runtime import PythonRuntime
+
+
+@pytest.fixture
+def place():
+    path = tempfile.mkdtemp(prefix="sandlot-hostile-tree-", dir="/var/tmp")  # not under /tmp: runs replace it
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def hostile_layer(place: str, named: str) -> str:
+    """A layer whose package holds a file (".so" in its name: an ELF file to elf_files_under) at
+    `hostile/x <named> (0x.so`: ldd's header line for it then reads `.../hostile/x <named> (0x.so:`, which the
+    service's pattern for a library's line (`/path (0x...`) takes for the library `named`."""
+    layer = tempfile.mkdtemp(prefix="sandlot-layer-", dir=place)
+    directory, name = os.path.split(named)
+    inner = layer + "/hostile/x " + directory
+    os.makedirs(inner)
+    with open(os.path.join(inner, f"{name} (0x.so"), "w") as f:
+        f.write("not an ELF file\n")
+    with open(os.path.join(layer, "hostile", "_speedups.so"), "w") as f:  # a second file: ldd names each
+        f.write("not an ELF file either\n")
+    with open(os.path.join(layer, "hostile", "__init__.py"), "w") as f:
+        f.write("")
+    os.chmod(layer, 0o755)
+    return layer
+
+
+@pytest.mark.skipif(shutil.which("ldd") is None, reason="needs ldd")
+@pytest.mark.xfail(
+    strict=True,
+    reason="rootfs.shared_libraries reads every line of ldd's output with a pattern that also matches the "
+    "`<file>:` header ldd prints for each file it is given: a file name in the layer holding ` /any/path (0x` "
+    "makes the service bind (chroot mode: copy, as root) /any/path of the host into the runs' tree; an "
+    "operator's layer on the image's layer-less tree adds it there (image_trees.additions)",
+)
+def test_a_layer_file_name_never_puts_a_host_path_in_the_runs_tree(place):
+    secret = os.path.join(place, "operator", "config.yaml")  # a file of the host's runs must not read
+    os.makedirs(os.path.dirname(secret))
+    with open(secret, "w") as f:
+        f.write("api_key: the-service-key\n")
+    layer = hostile_layer(place, secret)
+
+    found = rootfs.shared_libraries(rootfs.elf_files_under(layer))
+    runtime = PythonRuntime(RuntimeConfig(python_layer=layer))
+    spec, base = runtime.tree().to_dict(), runtime.tree(layer=False).to_dict()
+    added = image_trees.additions(spec, base) or {"binds": []}
+    assert secret not in found, found
+    assert secret not in spec["binds"]
+    assert secret not in added["binds"]
