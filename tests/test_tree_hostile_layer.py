@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
+from conftest import needs_root
 
 from runtimes.config import RuntimeConfig
 from runtimes.jail.trees import image_trees
@@ -63,3 +65,50 @@ def test_a_layer_file_name_never_puts_a_host_path_in_the_runs_tree(place):
     assert secret not in found, found
     assert secret not in spec["binds"]
     assert secret not in added["binds"]
+
+
+READ = """
+try:
+    print(open({path!r}).read().strip())
+except OSError as exc:
+    print(type(exc).__name__)
+"""
+
+
+@needs_root
+@pytest.mark.skipif(shutil.which("ldd") is None, reason="needs ldd")
+@pytest.mark.xfail(
+    strict=True,
+    reason="end to end: a plain wheel whose file name holds ` <host path> (0x` makes an operator's layer added to "
+    "the image's layer-less tree copy that host file in: a run reads it",
+)
+def test_a_run_never_reads_a_host_file_a_wheel_named(place):
+    from test_image_trees_hostile import serving, stdout
+    from test_layers import make_wheel, readable
+
+    secret = os.path.join(place, "operator", "config.yaml")
+    os.makedirs(os.path.dirname(secret))
+    with open(secret, "w") as f:
+        f.write("api_key: the-service-key\n")
+    house = os.path.join(place, "wheels")
+    os.makedirs(house)
+    files = {"hostile/__init__.py": "", "hostile/_speedups.so": "x\n", f"hostile/x {secret} (0x.so": "x\n"}
+    make_wheel(Path(house), "sandlot-hostile", "1.0", files)
+    requirements = os.path.join(house, "requirements.txt")
+    with open(requirements, "w") as f:
+        f.write("sandlot-hostile\n")
+    readable(Path(place))
+    data, image = os.path.join(place, "data"), os.path.join(place, "image")
+    os.makedirs(data)
+    os.makedirs(image)
+    svc = serving(
+        data,
+        image,
+        SANDLOT_TEST_IMAGE_LAYERLESS="1",
+        SANDLOT_PYTHON_REQUIREMENTS=requirements,
+        SANDLOT_PIP_FIND_LINKS=house,
+    )
+    try:
+        assert stdout(svc, READ.format(path=secret)).strip() == "FileNotFoundError"
+    finally:
+        svc.stop()
