@@ -296,13 +296,21 @@ def reachable(path: Path, uid: int) -> bool:
 
 
 def make_readable(root: Path) -> None:
-    """Runs use other uids: world-readable, owned by root, nothing writable but by root."""
+    """Runs use other uids: world-readable, owned by root, nothing writable but by root. A file with another name
+    elsewhere (a hard link the build made, where fs.protected_hardlinks lets any uid link any file) fails the
+    build: its owner and mode would be changed for that other name too, and root would write through it."""
     for dirpath, _dirnames, filenames in os.walk(root):
         _settle(dirpath, 0o755)
         for name in filenames:
             path = os.path.join(dirpath, name)
-            if not os.path.islink(path):
-                _settle(path, 0o755 if os.stat(path).st_mode & 0o111 else 0o644)
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                continue
+            if info.st_nlink > 1:
+                raise LayerBuildError(
+                    f"the build left {os.path.relpath(path, root)} with {info.st_nlink} names (a hard link): refused"
+                )
+            _settle(path, 0o755 if info.st_mode & 0o111 else 0o644)
 
 
 def _settle(path: str, mode: int) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import needs_root
 from test_layer_seed import ALPHA, BETA, holds, image_layer, seeded_build  # noqa: F401 - image_layer: test_layer_seed's fixture
-from test_layers import BUILD_UID, readable
+from test_layers import BUILD_UID, make_wheel, readable
 
 from layers.store import make_readable
 from runtimes.python import layer as python_layer
@@ -42,12 +42,6 @@ def root_only(place: Path, text: str = "SECRET = 'root only'\n") -> Path:
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="make_readable chmods (0644) and chowns whatever the build left in the layer, a hard link to a file "
-    "outside it too: where fs.protected_hardlinks is 0 and Landlock (REFER) does not hold the build, the build's "
-    "uid links a root-only file of the same filesystem into its layer and the service makes it world-readable",
-)
 def test_a_hard_link_the_build_left_is_not_made_readable(place):
     secret = root_only(place)
     layer = place / "layer"
@@ -63,12 +57,6 @@ def test_a_hard_link_the_build_left_is_not_made_readable(place):
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="copy_seed's copytree of a kept .dist-info writes (open 'wb', then copystat) into the files the build "
-    "left there; a hard link to a file outside the layer (fs.protected_hardlinks 0, no Landlock REFER) is "
-    "overwritten with the image's METADATA, as root",
-)
 def test_copy_seed_never_writes_through_a_hard_link_the_build_left(place):
     victim = root_only(place, "the operator's file\n")
     seed = place / "seed"
@@ -90,12 +78,6 @@ def test_copy_seed_never_writes_through_a_hard_link_the_build_left(place):
     assert stat.S_IMODE(victim.stat().st_mode) == 0o600
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="COMPILE opens each module's cached bytecode (O_NOFOLLOW, but blocking, and without checking it is a "
-    "regular file): a FIFO the build left at __pycache__/<module>.<tag>.pyc blocks the service's compile step "
-    "until its 600 s timeout (the operator's start or rebuild waits ten minutes, then the layer is uncompiled)",
-)
 def test_a_fifo_the_build_left_does_not_hang_the_compile_step(place):
     layer = place / "layer"
     layer.mkdir()
@@ -119,12 +101,6 @@ def test_a_fifo_the_build_left_does_not_hang_the_compile_step(place):
     assert cached.is_file() and not stat.S_ISFIFO(cached.lstat().st_mode)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="image_trees._prepare unlinks and links again the /dev/null stand-in (a file every slot links) each "
-    "time a slot is given: its change time (and, meanwhile, its link count) moves in every other slot, so a run "
-    "learns when another uid got a slot; the generated files are skipped when linked already, the stand-in not",
-)
 def test_giving_a_slot_does_not_touch_what_other_slots_see_of_the_dev_stand_in(place):
     import time
 
@@ -177,12 +153,6 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="a package's build backend (as the build's uid) leaves a FIFO at a module's __pycache__ entry; the "
-    "service's compile step blocks on it until compile_layer's timeout (600 s; 15 s here), and the layer is not "
-    "compiled",
-)
 def test_a_hostile_sdist_does_not_stall_the_finishing_of_its_layer(place, monkeypatch):
     import tarfile
     import time
@@ -221,16 +191,12 @@ def test_a_hostile_sdist_does_not_stall_the_finishing_of_its_layer(place, monkey
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="a comment ending with a backslash continues the line for pip (join_lines runs before comments are "
-    "removed), so pip never reads the next line; unseedable and seeding.reached read it as a requirement of its "
-    "own, and the seeded layer gets the image's copy of a distribution no fresh build would hold",
-)
 def test_a_seeded_layer_holds_what_pip_reads_of_the_requirements(place, request):
     image = request.getfixturevalue("image_layer")  # test_layer_seed's: alpha (needs beta) and omega
     house = place / "index"
     house.mkdir()
+    make_wheel(house, ALPHA, "1.0", {"seed_alpha.py": "ORIGIN = 'index'\n"}, (f"{BETA}>=1",))
+    make_wheel(house, BETA, "1.0", {"seed_beta/__init__.py": "ORIGIN = 'index'\n"})
     lines = f"{ALPHA}  # the image's \\\nsandlot-seed-omega\n"
-    layer, _ = seeded_build(place, lines, house, image)
+    layer, _ = seeded_build(place, lines, house, image)  # a continued line: built as before, from the index
     assert holds(layer) == {ALPHA: "1.0", BETA: "1.0"}  # pip reads one requirement: alpha (and beta, its own)

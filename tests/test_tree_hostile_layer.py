@@ -44,13 +44,6 @@ def hostile_layer(place: str, named: str) -> str:
 
 
 @pytest.mark.skipif(shutil.which("ldd") is None, reason="needs ldd")
-@pytest.mark.xfail(
-    strict=True,
-    reason="rootfs.shared_libraries reads every line of ldd's output with a pattern that also matches the "
-    "`<file>:` header ldd prints for each file it is given: a file name in the layer holding ` /any/path (0x` "
-    "makes the service bind (chroot mode: copy, as root) /any/path of the host into the runs' tree; an "
-    "operator's layer on the image's layer-less tree adds it there (image_trees.additions)",
-)
 def test_a_layer_file_name_never_puts_a_host_path_in_the_runs_tree(place):
     secret = os.path.join(place, "operator", "config.yaml")  # a file of the host's runs must not read
     os.makedirs(os.path.dirname(secret))
@@ -77,11 +70,6 @@ except OSError as exc:
 
 @needs_root
 @pytest.mark.skipif(shutil.which("ldd") is None, reason="needs ldd")
-@pytest.mark.xfail(
-    strict=True,
-    reason="end to end: a plain wheel whose file name holds ` <host path> (0x` makes an operator's layer added to "
-    "the image's layer-less tree copy that host file in: a run reads it",
-)
 def test_a_run_never_reads_a_host_file_a_wheel_named(place):
     from test_image_trees_hostile import serving, stdout
     from test_layers import make_wheel, readable

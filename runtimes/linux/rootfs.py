@@ -17,6 +17,7 @@ import functools
 import json
 import os
 import re
+import stat
 import subprocess
 from dataclasses import asdict, dataclass, field
 
@@ -79,6 +80,10 @@ def under_tmp(path: str) -> bool:
 
 
 _LDD_PATH = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x")
+# a file ldd is given names no line of its own: its name holds nothing but these (ldd prints a `<name>:` header
+# line for each file; a name with a space, a newline or a tab could print what reads as a library's line)
+_PLAIN_PATH = re.compile(r"[\w.+@/-]+\Z", re.ASCII)
+ELF_MAGIC = b"\x7fELF"
 
 
 def shared_libraries(elf_files: list[str], cache_dir: str = "") -> list[str]:
@@ -102,6 +107,8 @@ def shared_libraries(elf_files: list[str], cache_dir: str = "") -> list[str]:
     out = subprocess.run(["ldd", *elf_files], capture_output=True, text=True, check=False).stdout
     found: list[str] = []
     for line in out.splitlines():
+        if not line.startswith("\t"):
+            continue  # a file's `<name>:` header, or ldd's own words: only a dependency's line is indented
         match = _LDD_PATH.search(line)
         if match and match.group(1) not in found:
             found.append(match.group(1))
@@ -201,10 +208,43 @@ def store(cache_dir: str, name: str, key: str, value: object) -> None:
 
 
 def elf_files_under(directory: str) -> list[str]:
+    """The shared objects under directory that ldd may be asked of: regular files whose path is plain
+    (_PLAIN_PATH) and whose content begins as an ELF file's. A layer's file names are its packages' (the package
+    index's): one named to print a line of its own in ldd's answer, or that is no ELF file, is left out."""
     result = []
     for dirpath, _dirs, files in os.walk(directory):
-        result.extend(os.path.join(dirpath, f) for f in files if ".so" in f)
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if ".so" in name and _PLAIN_PATH.match(path) and _is_elf(path):
+                result.append(path)
     return sorted(result)
+
+
+def _is_elf(path: str) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, 4) == ELF_MAGIC
+    finally:
+        os.close(fd)
+
+
+SYSTEM_LIBRARIES = ("/lib/", "/lib64/", "/usr/lib/", "/usr/lib64/", "/usr/local/lib/")
+
+
+def system_libraries(found: list[str], inside: str = "") -> list[str]:
+    """Of the libraries ldd found for files the package index wrote (a layer's), those that are the system's (a
+    regular file in its library directories) or the layer's own (inside): a library its ELF file names by an
+    absolute path elsewhere is not bound into the runs' tree."""
+    top = os.path.realpath(inside) + "/" if inside else ""
+    kept = []
+    for path in found:
+        real = os.path.realpath(path)
+        if os.path.isfile(real) and (real.startswith(SYSTEM_LIBRARIES) or (top and real.startswith(top))):
+            kept.append(path)
+    return kept
 
 
 # ---- zygote side -----------------------------------------------------------

@@ -206,8 +206,15 @@ def copy_seed(seeded: Seeded, layer: Path) -> None:
         os.makedirs(os.path.dirname(copy), mode=0o755, exist_ok=True)
         shutil.copy2(path, copy)
     for name in seeded.kept:  # a .dist-info directory's own files (RECORD names some, not all: INSTALLER...)
-        _no_link_on_the_way(layer, os.path.join(layer, name, "RECORD"))
-        shutil.copytree(os.path.join(seed, name), os.path.join(layer, name), dirs_exist_ok=True)
+        for directory, _dirs, files in os.walk(os.path.join(seed, name)):
+            for file in files:
+                path = os.path.join(directory, file)
+                copy = os.path.join(layer, os.path.relpath(path, seed))
+                _no_link_on_the_way(layer, copy)
+                if os.path.islink(path) or os.path.lexists(copy):
+                    continue  # the build's (what pip installed wins), never written over: it may be a hard link
+                os.makedirs(os.path.dirname(copy), mode=0o755, exist_ok=True)
+                shutil.copy2(path, copy)
     drop_cached(seed)  # the image's layer's pages this read (layers/store.py)
 
 
@@ -238,29 +245,56 @@ def finish(layer: Path, python: str, seeded: Seeded | None) -> None:
 # never one a symlink names (the build made the tree: a link to a file only root may read must not become
 # bytecode others can), never through a __pycache__ that is not a directory of its own (removed first)
 COMPILE = r"""
-import importlib.util, os, py_compile, stat, sys
+import importlib.util, os, py_compile, shutil, stat, sys
 os.umask(0o022)
 MODE, FLAGS = py_compile.PycInvalidationMode.UNCHECKED_HASH, (0b01).to_bytes(4, "little")
+LARGEST = 8 << 20  # a source larger than this is left to be compiled at import (a build's file, read whole here)
+
+
+def regular(path, flags=os.O_RDONLY):  # a descriptor of path if it is a regular file (never a link's, never a FIFO)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
 for directory, dirs, files in os.walk(sys.argv[1]):
     cache = os.path.join(directory, "__pycache__")
     if os.path.lexists(cache) and (os.path.islink(cache) or not os.path.isdir(cache)):
         os.unlink(cache)
+    elif os.path.isdir(cache):  # what the build left there that is no regular file (a FIFO, a directory): gone
+        for entry in os.scandir(cache):
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                elif not entry.is_file(follow_symlinks=False):
+                    os.unlink(entry.path)
+            except OSError:
+                pass
     dirs[:] = [name for name in dirs if name != "__pycache__"]
     for name in files:
         path = os.path.join(directory, name)
-        if not name.endswith(".py") or not stat.S_ISREG(os.lstat(path).st_mode):
-            continue
-        cached = importlib.util.cache_from_source(path)
-        try:  # compiled already, from this very source (the image's layer's, a seeded build's copy): kept
-            with open(cached, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as pyc:
-                head = pyc.read(16)
-            with open(path, "rb") as py:
-                source = importlib.util.source_hash(py.read())
-            if head == importlib.util.MAGIC_NUMBER + FLAGS + source:
+        try:
+            info = os.lstat(path)
+            if not name.endswith(".py") or not stat.S_ISREG(info.st_mode) or info.st_size > LARGEST:
                 continue
-        except OSError:
-            pass
-        py_compile.compile(path, invalidation_mode=MODE, doraise=False, quiet=2)
+            cached = importlib.util.cache_from_source(path)
+            fd, source_fd = regular(cached), regular(path)
+            if fd is not None and source_fd is not None:  # compiled already, from this very source: kept
+                with open(fd, "rb") as pyc, open(source_fd, "rb") as py:
+                    fd = source_fd = None
+                    if pyc.read(16) == importlib.util.MAGIC_NUMBER + FLAGS + importlib.util.source_hash(py.read()):
+                        continue
+            for left in (fd, source_fd):
+                if left is not None:
+                    os.close(left)
+            py_compile.compile(path, invalidation_mode=MODE, doraise=False, quiet=2)
+        except (OSError, ValueError, MemoryError, RecursionError):
+            continue  # this file is imported from its source, as before; the others are compiled
 """
 
 
@@ -278,6 +312,8 @@ def unseedable(text: str, configuration: list[str], env: dict[str, str]) -> str:
     from packaging.requirements import InvalidRequirement, Requirement
 
     for raw in text.splitlines():
+        if raw.rstrip().endswith("\\"):  # pip joins the next line to it before it drops a comment: never seeded
+            return f"the line {raw.strip()!r} is continued"
         line = raw.split(" #", 1)[0].strip()
         if not line or line.startswith("#"):
             continue

@@ -166,7 +166,9 @@ class PythonRuntime(JailedRuntime):
         )
         if layer:
             spec.place(tree_files.LAYER_IN_TREE, layer)  # at a fixed path: the data dir's stays out of view
-            own = rootfs.shared_libraries(rootfs.elf_files_under(layer), cache_dir=self.config.data_dir)
+            own = rootfs.system_libraries(
+                rootfs.shared_libraries(rootfs.elf_files_under(layer), cache_dir=self.config.data_dir), layer
+            )
             libraries += [path for path in own if path not in libraries]
         spec.add(*rootfs.outside(libraries, layer))
         tree_files.run_system_files(spec, self.run_hostname(), self.run_nameservers())

@@ -476,11 +476,18 @@ def _release_slots(root: str) -> None:
 def _prepare(root: str, slot: str) -> None:
     """A slot as a cell of the tree at root: its devices and generated files made again, as the tree's."""
     devices = slot + "/dev"
+    models = {name: os.lstat(os.path.join(root, "dev", name)) for name in os.listdir(root + "/dev")}
+    kept = set()
     for name in os.listdir(devices):
+        model, info = models.get(name), os.lstat(os.path.join(devices, name))
+        if model is not None and not stat.S_ISCHR(model.st_mode) and info.st_ino == model.st_ino:
+            kept.add(name)  # the stand-in, linked already: linked again, its change time would tell every run
+            continue  # when a slot changed hands (a run cannot write or touch it: nothing of one run's is in it)
         os.unlink(os.path.join(devices, name))
-    for name in os.listdir(root + "/dev"):
-        model = os.lstat(os.path.join(root, "dev", name))
+    for name, model in models.items():
         target = os.path.join(devices, name)
+        if name in kept:
+            continue
         if stat.S_ISCHR(model.st_mode):
             os.mknod(target, stat.S_IFCHR | 0o666, model.st_rdev)
             os.chmod(target, 0o666)
