@@ -25,7 +25,6 @@ no instance uses or builds it any more (runtimes/linux/dirlock.py).
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import logging
@@ -262,16 +261,14 @@ def drop_cached(root: str | Path, written: bool = False) -> int:
 
 
 def _syncfs(path: str) -> bool:
-    """syncfs(2) on path's filesystem (Python's os has none); whether it was done."""
+    """syncfs(2) on path's filesystem (runtimes/linux/syscalls.py; Python's os has none); whether it was done."""
+    from runtimes.linux import syscalls  # (ctypes: not at import, which the API's Lambda function does)
+
     try:
-        syncfs = ctypes.CDLL(None, use_errno=True).syncfs
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        syscalls.syncfs(path)
     except (OSError, AttributeError):
         return False
-    try:
-        return syncfs(fd) == 0
-    finally:
-        os.close(fd)
+    return True
 
 
 def _finished(name: str) -> bool:
