@@ -1047,13 +1047,15 @@ def test_a_restarted_container_reuses_the_same_layer_and_replaces_another(place,
     assert restarted.ensure(second_spec, base) == root
     try:
         assert os.listdir(root + tree_files.LAYER_IN_TREE) == ["second"]
-        for slot in os.listdir(root + "/slots"):
-            assert os.listdir(f"{root}/slots/{slot}{tree_files.LAYER_IN_TREE}") == ["second"], slot
+        for slot in os.listdir(root + "/slots"):  # the first layer gone from every slot; the second comes as given
+            assert not os.path.lexists(f"{root}/slots/{slot}{tree_files.LAYER_IN_TREE}"), slot
         assert not os.path.lexists(root + tree_files.cell(RUN_UID + 3))  # the cell beyond the slots: made again
         for uid in (RUN_UID + 10, RUN_UID + 11, RUN_UID + 12):
             trees.make_run_tmp(root, uid)
             assert _imports(root, uid, "second") == ["['/tmp']", "2"]
             assert _imports(root, uid, "first")[-1].startswith("FAILED ModuleNotFoundError")
+        for slot in os.listdir(root + "/slots"):
+            assert os.listdir(f"{root}/slots/{slot}{tree_files.LAYER_IN_TREE}") == ["second"], slot
     finally:
         restarted.release(root)
         restarted.close()
@@ -1102,14 +1104,14 @@ def test_what_a_container_killed_while_adding_a_layer_left_goes_at_the_next_take
     spec, _base = _layered(_layer(place, "probe", "1"))
     store = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
 
-    def killed(source: str, target: str) -> None:
-        raise KeyboardInterrupt  # the container dies with the layer in the tree, not yet in every slot
+    def killed(scratch: str, tree: str) -> list[str]:
+        raise KeyboardInterrupt  # the container dies with the layer copied beside the tree, not yet moved in
 
-    monkeypatch.setattr(image_trees, "_link_into", killed)
+    monkeypatch.setattr(image_trees, "_new_entries", killed)
     with pytest.raises(KeyboardInterrupt):
         store.ensure(spec, base)
     root = image_trees.find(base, image_dir)
-    assert os.path.isdir(root + tree_files.LAYER_IN_TREE)
+    assert not os.path.lexists(root + tree_files.LAYER_IN_TREE)
     monkeypatch.undo()
     restarted = _restarted(place, image_dir, monkeypatch)
     assert restarted.ensure(base, base) == root  # no layer now: what the dead one added goes
@@ -1122,7 +1124,50 @@ def test_what_a_container_killed_while_adding_a_layer_left_goes_at_the_next_take
 
 
 @needs_root
-@pytest.mark.parametrize("entries", [["/../outside"], ["/slots"], ["relative"], ["/usr/./lib"], "not a list"])
+def test_a_slot_gets_the_added_layer_when_first_given_and_a_fill_killed_halfway_is_done_again(place, monkeypatch):
+    """A start links the added layer into the slots its first runs need, not all of them; a slot whose fill a killed
+    instance left halfway is emptied of it and filled again when it is next given, and runs in it see all of it."""
+    image_dir, base = _layerless_image(place, slots=3)
+    spec, _base = _layered(_layer(place, "probe", "1"))
+    store = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
+    root = store.ensure(spec, base)
+    layer_file = tree_files.LAYER_IN_TREE + "/probe/__init__.py"
+    slots = [f"{root}/slots/{n}" for n in range(3)]
+    assert not any(os.path.lexists(slot + tree_files.LAYER_IN_TREE) for slot in slots)  # none linked at the take
+    trees.make_run_tmp(root, RUN_UID)
+    assert os.readlink(root + tree_files.cell(RUN_UID)) == "../slots/0"
+    assert os.lstat(slots[0] + layer_file).st_ino == os.lstat(root + layer_file).st_ino
+    assert not any(os.path.lexists(slot + tree_files.LAYER_IN_TREE) for slot in slots[1:])  # only the slot given
+
+    def killed(source: int, target: int, skipped: tuple = ()) -> None:
+        raise KeyboardInterrupt  # the instance dies with the slot half filled: the layer's directory, empty
+
+    monkeypatch.setattr(image_trees.materialized, "clone", killed)
+    with pytest.raises(KeyboardInterrupt):
+        trees.make_run_tmp(root, RUN_UID + 1)
+    store.close()  # killed
+    monkeypatch.undo()
+    [entry] = image_trees._read_added(root)["entries"]  # the top-most directory the layer-less tree lacks
+    assert os.path.isdir(slots[1] + entry) and not os.path.lexists(slots[1] + layer_file)
+
+    again = _restarted(place, image_dir, monkeypatch)
+    assert again.ensure(spec, base) == root
+    try:
+        for uid in (RUN_UID + 5, RUN_UID + 6):
+            trees.make_run_tmp(root, uid)
+            assert _imports(root, uid, "probe") == ["['/tmp']", "1"]
+        given = {os.readlink(root + tree_files.cell(uid)) for uid in (RUN_UID + 5, RUN_UID + 6)}
+        assert given == {"../slots/0", "../slots/1"}
+        assert os.lstat(slots[1] + layer_file).st_ino == os.lstat(root + layer_file).st_ino
+    finally:
+        again.release(root)
+        again.close()
+
+
+@needs_root
+@pytest.mark.parametrize(
+    "entries", [["/../outside"], ["/slots"], ["relative"], ["/usr/./lib"], "not a list", {"slots": ["../0"]}]
+)
 def test_a_record_of_additions_naming_anything_but_a_path_in_the_tree_is_refused_and_nothing_removed(place, entries):
     image_dir, base = _layerless_image(place, slots=1)
     spec, _base = _layered(_layer(place, "probe", "1"))
@@ -1130,7 +1175,8 @@ def test_a_record_of_additions_naming_anything_but_a_path_in_the_tree_is_refused
     outside = os.path.join(image_dir, "outside")
     os.mkdir(outside)
     with open(root + image_trees.ADDED, "w") as f:
-        json.dump({"key": "added-other", "entries": entries}, f)
+        record = entries if isinstance(entries, dict) else {"entries": entries}
+        json.dump({"key": "added-other", "entries": ["/opt/other"], **record}, f)
     store = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
     own = store.ensure(spec, base)
     try:

@@ -27,12 +27,13 @@ An operator's layer (dify-sandbox's dependencies file, the package routes) gives
 has no tree of it. The image carries each runtime's layer-less tree too (the tree without its layer, and without the
 libraries only the layer's ELF files load), and a spec that differs from it only by additions (additions(): binds
 and placed entries the layer-less spec lacks) is served from it, what it adds materialized into it when a container
-takes it alone (take: copies, as tree_store makes them on overlayfs, a few MB against the interpreter's 160) and
-hard-linked into every slot (the copies are the container's own files already: a link copies nothing). What was
-added is recorded beside the tree (`<tree>.added`), not in it (cells clone the tree's root, and runs would see it):
-a restarted container with the same additions finds them there; other additions replace them (the old ones removed
-from the tree and every slot), only when no live instance holds the tree; one that holds it with other additions
-keeps them, and a second instance that wants others builds a tree of its own.
+takes it alone (take: copies, as tree_store makes them on overlayfs, a few MB against the interpreter's 160), and
+hard-linked into a slot when the slot is first given (assign_slot: the copies are the container's own files
+already, a link copies nothing; a start gives the few slots its first runs need, not all 16). What was added is
+recorded beside the tree (`<tree>.added`), not in it (cells clone the tree's root, and runs would see it), with the
+slots that hold all of it: a restarted container with the same additions finds them there; other additions replace
+them (the old ones removed from the tree and every slot), only when no live instance holds the tree; one that holds
+it with other additions keeps them, and a second instance that wants others builds a tree of its own.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ _assigned: dict[str, set[int]] = {}
 # given again, whoever holds the tree beside (assign_slot); a live instance's never is
 _slot_locks: dict[str, dict[str, int]] = {}
 LINKING = ".link-"  # a cell's symlink while it is made, renamed to the uid's name once complete
-ADDED = ".added"  # beside an image tree (`<tree>.added`): what was added to it (additions), and which entries
+ADDED = ".added"  # beside an image tree (`<tree>.added`): what was added to it (additions), which entries, and the
+# slots that hold them all
 NO_ADDITIONS = "none"  # the additions key of a tree as the image built it
 # the additions each image tree this process took holds (their key): a later zygote wanting others is not served it
 _added: dict[str, str] = {}
@@ -232,13 +234,14 @@ def finish(path: str, spec: dict, device_nodes: bool) -> None:
 
 
 def _add(path: str, added: dict | None, wanted: str, uncache: bool) -> None:
-    """Make the image tree at path, and every slot of it, hold what added adds (the additions key wanted) and no
-    earlier additions. Called under the exclusive take only: no live instance uses the tree or a slot.
+    """Make the image tree at path hold what added adds (the additions key wanted) and no earlier additions, and
+    no slot of it any earlier additions (each gets these when it is first given: _fill). Called under the exclusive
+    take only: no live instance uses the tree or a slot.
 
     What is added is materialized beside the tree (its directory's filesystem: a rename moves it in), then each
-    top-most entry the tree lacks is moved into it and hard-linked into every slot (directories made again, as in a
-    cell). The record beside the tree names those entries before any is moved in, its key set only once all are in
-    place: a container killed halfway leaves a record whose key matches nothing, and the next take removes them."""
+    top-most entry the tree lacks is moved into it. The record beside the tree names those entries before any is
+    moved in, its key set only once all are in place: a container killed halfway leaves a record whose key matches
+    nothing, and the next take removes them, from the tree and from every slot."""
     record = _read_added(path)
     image_dir, name = os.path.split(path)
     for left in os.listdir(image_dir):  # what an instance killed while adding left beside the tree
@@ -268,21 +271,19 @@ def _add(path: str, added: dict | None, wanted: str, uncache: bool) -> None:
         _write_added(path, "", entries)
         for entry in entries:
             os.rename(scratch + entry, path + entry)
-            for slot in slots:
-                _link_into(path + entry, slot + entry)
         _write_added(path, wanted, entries)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     log.info(
-        "tree %s: the image's layer-less tree, %d entries added (%d files linked, %d copied, %d bytes) and linked "
-        "into %d slots in %.2f s",
+        "tree %s: the image's layer-less tree, %d entries added (%d files linked, %d copied, %d bytes) in %.2f s; "
+        "each of its %d slots gets them when it is first given",
         path,
         len(entries),
         done.linked,
         done.copied,
         done.copied_bytes,
-        len(slots),
         time.monotonic() - started,
+        len(slots),
     )
 
 
@@ -311,6 +312,24 @@ def _new_entries(scratch: str, tree: str) -> list[str]:
     return sorted(found)
 
 
+def _fill(root: str, slot: str) -> bool:
+    """The tree's additions hard-linked into one of its slots, about to be given (assign_slot, under the cells'
+    lock: one instance at a time), unless the record says the slot holds them all already; what a fill killed
+    halfway left goes first. False where the record is not the additions this instance took (the slot is not
+    given: a cell of the container's own clones the tree instead)."""
+    record = _read_added(root)
+    if record["key"] != _added.get(root, NO_ADDITIONS):
+        return False
+    if slot in record["slots"] or not record["entries"]:
+        return True
+    target = f"{root}{SLOTS}/{slot}"
+    for entry in record["entries"]:
+        removal.remove(target + entry)
+        _link_into(root + entry, target + entry)
+    _write_added(root, record["key"], record["entries"], [*record["slots"], slot])
+    return True
+
+
 def _link_into(source: str, target: str) -> None:
     """An added entry of the tree into a slot: a directory made again (root's, its mode), its files hard links."""
     info = os.lstat(source)
@@ -328,27 +347,33 @@ def _link_into(source: str, target: str) -> None:
 
 
 def _read_added(path: str) -> dict:
-    """The record beside the image tree at path: the key of what was added, and its entries (none as built)."""
+    """The record beside the image tree at path: the key of what was added, its entries (none as built), and the
+    slots that hold them all."""
     try:
         with open(path + ADDED) as file:
             record = json.load(file)
+        if not isinstance(record["entries"], list) or not isinstance(record.get("slots", []), list):
+            raise TypeError("entries, slots: lists")
         entries = [str(entry) for entry in record["entries"]]
         for entry in entries:  # each removed with its slots' copies when replaced: a path inside the tree, no more
             parts = entry.split("/")
             if parts[0] != "" or len(parts) < 2 or {"", ".", ".."} & set(parts[1:]) or parts[1] in _NOT_ADDED:
                 raise ValueError(entry)
-        return {"key": str(record["key"]), "entries": entries}
+        slots = [str(slot) for slot in record.get("slots", [])]
+        if not all(slot.isdigit() for slot in slots):
+            raise ValueError(slots)
+        return {"key": str(record["key"]), "entries": entries, "slots": slots}
     except FileNotFoundError:
-        return {"key": NO_ADDITIONS, "entries": []}
+        return {"key": NO_ADDITIONS, "entries": [], "slots": []}
     except (OSError, ValueError, KeyError, TypeError):  # unreadable: its entries unknown, the tree not trusted
         raise OSError(errno.EINVAL, f"{path}{ADDED} cannot be read: the image's tree is not used") from None
 
 
-def _write_added(path: str, key: str, entries: list[str]) -> None:
+def _write_added(path: str, key: str, entries: list[str], slots: list[str] | None = None) -> None:
     scratch = f"{path}{ADDED}.{time.time_ns()}"
     fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with open(fd, "w") as file:
-        json.dump({"key": key, "entries": entries}, file)
+        json.dump({"key": key, "entries": entries, "slots": slots or []}, file)
         file.flush()
         os.fsync(file.fileno())
     os.rename(scratch, path + ADDED)
@@ -409,6 +434,9 @@ def assign_slot(root: str, uid: int) -> bool:
             return False
         slot = free[0]
         _prepare(root, f"{slots}/{slot}")
+        if not _fill(root, slot):
+            _release_slot(root, slot)
+            return False
         link = os.path.join(cells, f"{LINKING}{uid}-{time.time_ns()}")
         os.symlink(f"..{SLOTS}/{slot}", link)
         try:
