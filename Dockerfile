@@ -36,8 +36,11 @@ ENV PATH=/opt/sandlot/venv/bin:$PATH \
 # the default dependency layers (layers/python, layers/nodejs), built now as the Lambda images' are, into a
 # read-only store the service serves them from (layers/store.py: IMAGE_LAYERS): a new volume needs no package
 # index for the defaults; an operator's additions still build into the volume. The build's uid must pass through
-# its data dir (0711); the bytecode is compiled once here (runs read the layer read-only).
-RUN install -d -m 0711 /opt/sandlot/image-data \
+# its data dir (0711); the bytecode is compiled once here (runs read the layer read-only). pip's configuration
+# listing is kept in /opt/sandlot/image-cache (runtimes/python/layer.py: pip_configuration): a container's build of
+# an operator's additions then starts at once.
+RUN install -d -m 0755 /opt/sandlot/image-cache \
+    && install -d -m 0711 /opt/sandlot/image-data \
     && SANDLOT_CONFIG=/nonexistent SANDLOT_DATA_DIR=/opt/sandlot/image-data sandlot layers build >/dev/null \
     && mv /opt/sandlot/image-data/layers /opt/sandlot/image-layers \
     && rm -rf /opt/sandlot/image-data \

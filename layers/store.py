@@ -42,6 +42,7 @@ from runtimes.linux.dirlock import TRASH, lock_shared, remove_if_unlocked
 log = logging.getLogger("sandlot.layers")
 
 SETTLE_SECONDS = 10.0  # a new layer's page cache is dropped this long after it is in place (drop_cached)
+ASIDE = ".build-aside"  # beside a layer being built: the service's own directory for it (LayerStore's build)
 STALE_BUILD_SECONDS = 3600.0  # a build directory untouched this long, and unlocked, was left by a dead build
 IMAGE_LAYERS = "/opt/sandlot/image-layers"  # the service image's layers, one store per language folder (Dockerfile)
 
@@ -72,7 +73,7 @@ class LayerStore:
         self,
         root: Path,
         sources: Callable[[], list[Path]],
-        build: Callable[[Path, Requested, Output], None],
+        build: Callable[[Path, Requested, Output, Path], None],
         salt: str = "",
         requested: Callable[[], Requested] = lambda: None,
         baked: Path | None = None,
@@ -80,9 +81,12 @@ class LayerStore:
         finish: Callable[[Path], None] | None = None,
     ):
         """sources(): the files the layer is built from; requested(): the packages asked for on top of them (the
-        ones the serving layer has); build(scratch, requested, on_output): fills scratch or raises
-        LayerBuildError. baked: a read-only store of layers built with the image, used as they are when their
-        key is the current one. build_uid(): the uid the build runs as when the service is root (staging, above).
+        ones the serving layer has); build(scratch, requested, on_output, aside): fills scratch or raises
+        LayerBuildError; aside is a directory of the service's own (root's, 0700) on the layer's filesystem, for
+        what the service itself prepares beside the build (a seeded build's copy of the image's layer, moved into
+        the layer at finish), removed once the layer is in place or the build failed. baked: a read-only store of
+        layers built with the image, used as they are when their key is the current one. build_uid(): the uid the
+        build runs as when the service is root (staging, above).
         finish(layer): what the service itself does to a built layer, once it is root's and read-only to others
         and before it is renamed into place (Python's: its bytecode, which runs cannot write)."""
         self.root = root
@@ -176,13 +180,15 @@ class LayerStore:
             shutil.rmtree(scratch, ignore_errors=True)
             scratch.mkdir(mode=0o755)
             held = lock_shared(scratch)  # no other instance's collect() removes it, built or not
+            aside = target.with_name(target.name + ASIDE)  # a build's name: young, no instance's collect() takes it
+            aside.mkdir(mode=0o700)
             staging = self._staging()
             try:
                 if staging is None:
-                    self._build(scratch, requested, on_output)
+                    self._build(scratch, requested, on_output, aside)
                     make_readable(scratch)
                 else:  # built where the build's uid can reach, then copied in by the service
-                    self._build(staging, requested, on_output)
+                    self._build(staging, requested, on_output, aside)
                     make_readable(staging)
                     shutil.copytree(staging, scratch, symlinks=True, dirs_exist_ok=True)
                     os.chmod(scratch, 0o755)
@@ -198,6 +204,7 @@ class LayerStore:
                 shutil.rmtree(scratch, ignore_errors=True)
                 raise
             finally:
+                shutil.rmtree(aside, ignore_errors=True)
                 if staging is not None:
                     shutil.rmtree(staging, ignore_errors=True)
             self._held[str(target)] = held

@@ -379,3 +379,65 @@ def test_the_images_distributions_are_never_copied_through_a_link_the_build_left
     clean.mkdir()
     python_layer.copy_seed(python_layer.Seeded(seed, ("seedpkg-1.0.dist-info",)), clean)
     assert (clean / "seedpkg" / "__init__.py").read_text() == "X = 1\n"
+
+
+def test_a_seeded_builds_copy_of_the_image_layer_made_while_pip_ran_is_moved_in_and_nothing_else(tmp_path):
+    """The service copies the image's layer aside while pip runs (its own directory: the build never reaches it);
+    finish then moves the kept distributions' files from there, the same bytes, modes and times a copy would give,
+    and none of the others. A build's symbolic link on the way still fails it, and nothing is moved through it."""
+    seed = tmp_path / "image-layer"
+    for name, value in (("kept", "1"), ("dropped", "2")):
+        (seed / name).mkdir(parents=True)
+        (seed / name / "__init__.py").write_text(f"X = {value}\n")
+        info = seed / f"{name}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        (info / "RECORD").write_text(f"{name}/__init__.py,,\n{name}-1.0.dist-info/METADATA,,\n")
+    os.utime(seed / "kept" / "__init__.py", ns=(1, 1_000_000_000))
+    aside = tmp_path / "aside"
+    aside.mkdir(mode=0o700)
+    copied = python_layer._CopyAhead(seed, aside).join()
+    assert copied == aside
+    early = os.stat(aside / "kept" / "__init__.py")
+    layer = tmp_path / "layer"
+    layer.mkdir()
+    python_layer.copy_seed(python_layer.Seeded(seed, ("kept-1.0.dist-info",), copied), layer)
+    placed = os.stat(layer / "kept" / "__init__.py")
+    assert placed.st_ino == early.st_ino  # moved, not copied again
+    assert (placed.st_mtime_ns, placed.st_mode) == (1_000_000_000, os.stat(seed / "kept" / "__init__.py").st_mode)
+    assert (layer / "kept" / "__init__.py").read_text() == "X = 1\n"
+    assert sorted(os.listdir(layer)) == ["kept", "kept-1.0.dist-info"]
+    assert not (aside / "kept" / "__init__.py").exists() and (aside / "dropped" / "__init__.py").exists()
+
+    planted = tmp_path / "layer-planted"
+    planted.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (planted / "dropped").symlink_to(elsewhere)
+    with pytest.raises(LayerBuildError, match="symbolic link"):
+        python_layer.copy_seed(python_layer.Seeded(seed, ("dropped-1.0.dist-info",), copied), planted)
+    assert os.listdir(elsewhere) == [] and (aside / "dropped" / "__init__.py").exists()
+
+
+def test_a_stores_aside_directory_is_its_own_for_the_build_and_gone_after(place):
+    """The directory a store gives a build beside its layer (for what the service prepares meanwhile) is root's
+    own, 0700, on the layer's filesystem, and is gone once the layer is in place, or once the build failed."""
+    seen = []
+
+    def build(scratch: Path, _requested, _output, aside: Path) -> None:
+        info = os.stat(aside)
+        seen.append((aside, stat.S_IMODE(info.st_mode), info.st_uid, info.st_dev == os.stat(scratch).st_dev))
+        (aside / "left.txt").write_text("x")
+        (scratch / "module.py").write_text("VALUE = 1\n")
+        if len(seen) == 2:
+            raise LayerBuildError("the second build fails")
+
+    store = LayerStore(place / "store", lambda: [], build)
+    layer = store.ensure()
+    aside, mode, uid, same = seen[0]
+    assert (mode, uid, same) == (0o700, os.geteuid(), True) and aside.parent == Path(layer).parent
+    assert not aside.exists()
+    with pytest.raises(LayerBuildError):
+        store.rebuild()
+    assert not seen[1][0].exists()
+    assert sorted(p.name for p in (place / "store").iterdir()) == [os.path.basename(layer)]

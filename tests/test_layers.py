@@ -551,17 +551,40 @@ def listings_during_a_build(monkeypatch, build) -> tuple[list[list[str]], list[t
     return listed, reached
 
 
-def test_a_python_build_lists_pips_configuration_once(monkeypatch, tmp_path):
+def test_a_python_build_asks_pips_configuration_once_and_a_later_start_finds_it_kept(monkeypatch, tmp_path):
+    """pip's configuration is asked once (`pip config list`, and `pip config debug` for the files it read: two pips
+    side by side, some 0.2 s inside the operator's start), then kept in the data dir and in the image's cache: a
+    later build (a restart, a new volume of the image) asks no pip, until a file pip reads changes."""
+    from runtimes.linux import rootfs
     from runtimes.python import layer as python_layer
 
+    image_cache = tmp_path / "image-cache"
+    image_cache.mkdir()
+    monkeypatch.setattr(rootfs, "IMAGE_CACHE", str(image_cache))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))  # a place pip reads, and this test may write
+    monkeypatch.delenv("PIP_CONFIG_FILE", raising=False)
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("requests\n")
-    work = tmp_path / "work"
-    work.mkdir()
-    listed, _ = listings_during_a_build(
-        monkeypatch, lambda: python_layer.build(requirements, work, BUILD_UID, find_links=str(tmp_path))
-    )
-    assert len(listed) == 1  # `pip config list` is a pip start (some 0.2 s) inside the operator's start
+
+    def build(data: str) -> tuple[list[list[str]], list[tuple[str, ...]]]:
+        work = tmp_path / f"work-{len(os.listdir(tmp_path))}"
+        work.mkdir()
+        return listings_during_a_build(
+            monkeypatch,
+            lambda: python_layer.build(requirements, work, BUILD_UID, find_links=str(tmp_path), cache_dir=data),
+        )
+
+    first, _ = build(str(tmp_path / "data-1"))
+    assert sorted(argv[-1] for argv in first) == ["debug", "list"]
+    again, _ = build(str(tmp_path / "data-1"))  # a restart: the data dir's
+    assert again == []
+    other, _ = build(str(tmp_path / "data-2"))  # a new volume: the image's
+    assert other == []
+    (tmp_path / "xdg" / "pip").mkdir(parents=True)
+    (tmp_path / "xdg" / "pip" / "pip.conf").write_text("[global]\nextra-index-url = http://index.example.invalid:9/\n")
+    changed, reached = build(str(tmp_path / "data-2"))  # a file pip reads came: asked again, and heeded
+    assert sorted(argv[-1] for argv in changed) == ["debug", "list"]
+    assert "http://index.example.invalid:9" in reached[0]
 
 
 def test_a_nodejs_builds_listing_reads_the_operators_npmrc_and_leaves_nothing_in_home(monkeypatch, tmp_path):

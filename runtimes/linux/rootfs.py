@@ -19,6 +19,7 @@ import os
 import re
 import stat
 import subprocess
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from runtimes.linux import syscalls
@@ -98,12 +99,16 @@ def shared_libraries(elf_files: list[str], cache_dir: str = "") -> list[str]:
     """
     if not elf_files:
         return []
-    key = _ldd_key(elf_files)
     depends = [*elf_files, LOADER_CACHE]
-    stored = _ldd_memo.get(key) or _ldd_cached(cache_dir, key) or _ldd_cached(IMAGE_CACHE, portable_key(depends))
-    if stored is not None and all(os.path.exists(path) for path in stored):
+    key = file_key(depends)
+    stored = _ldd_memo.get(key)
+    if stored is None or not _libraries_there(stored):
+        stored = remembered(_LDD_CACHE, depends, lambda: _ldd(elf_files), _libraries_there, cache_dir)
         _ldd_memo[key] = stored
-        return list(stored)
+    return list(stored)
+
+
+def _ldd(elf_files: list[str]) -> list[str]:
     out = subprocess.run(["ldd", *elf_files], capture_output=True, text=True, check=False).stdout
     found: list[str] = []
     for line in out.splitlines():
@@ -112,12 +117,11 @@ def shared_libraries(elf_files: list[str], cache_dir: str = "") -> list[str]:
         match = _LDD_PATH.search(line)
         if match and match.group(1) not in found:
             found.append(match.group(1))
-    _ldd_memo[key] = found
-    if cache_dir:
-        _ldd_store(cache_dir, key, found)
-    if image_cache_writable():
-        _ldd_store(IMAGE_CACHE, portable_key(depends), found)
-    return list(found)
+    return found
+
+
+def _libraries_there(found: object) -> bool:
+    return isinstance(found, list) and all(isinstance(p, str) and os.path.exists(p) for p in found)
 
 
 _ldd_memo: dict[str, list[str]] = {}
@@ -128,10 +132,6 @@ LOADER_CACHE = "/etc/ld.so.cache"  # rewritten when a library is installed
 # The service image's answers (the Dockerfile makes it before it builds the trees, whose specs ask): a container
 # finds them under portable_key, its own volume's cache (cache_dir) being new. Written where it exists and can be.
 IMAGE_CACHE = "/opt/sandlot/image-cache"
-
-
-def _ldd_key(elf_files: list[str]) -> str:
-    return file_key([*elf_files, LOADER_CACHE])
 
 
 def portable_key(paths: list[str]) -> str:
@@ -146,13 +146,31 @@ def image_cache_writable() -> bool:
     return os.path.isdir(IMAGE_CACHE) and os.access(IMAGE_CACHE, os.W_OK)
 
 
-def _ldd_cached(cache_dir: str, key: str) -> list[str] | None:
-    found = cached(cache_dir, _LDD_CACHE, key)
-    return found if isinstance(found, list) and all(isinstance(p, str) for p in found) else None
-
-
-def _ldd_store(cache_dir: str, key: str, found: list[str]) -> None:
-    store(cache_dir, _LDD_CACHE, key, found)
+def remembered(
+    name: str,
+    depends: list[str],
+    compute: Callable[[], object],
+    valid: Callable[[object], bool],
+    cache_dir: str = "",
+    salt: str = "",
+) -> object:
+    """compute()'s answer, which depends on the files depends names (and on salt), asked once: kept in cache_dir
+    (the data dir's: under the files' identities, file_key) and in the image's (IMAGE_CACHE: under what the image
+    carries of them, portable_key), in the file name there. The first valid one found gives it; else compute's,
+    kept in both where it is valid (IMAGE_CACHE where it may be written: image_cache_writable)."""
+    salted = lambda key: key if not salt else _digest(salt + "\0" + key)  # noqa: E731
+    places = [(cache_dir, salted(file_key(depends)))] if cache_dir else []
+    places.append((IMAGE_CACHE, salted(portable_key(depends))))
+    for directory, key in places:
+        known = cached(directory, name, key)
+        if known is not None and valid(known):
+            return known
+    value = compute()
+    if valid(value):
+        for directory, key in places:
+            if directory != IMAGE_CACHE or image_cache_writable():
+                store(directory, name, key, value)
+    return value
 
 
 def file_key(paths: list[str]) -> str:
@@ -169,9 +187,13 @@ def _key(paths: list[str], fields: tuple[str, ...]) -> str:
             identities.append([path])
             continue
         identities.append([path, *(getattr(info, name) for name in fields)])
+    return _digest(json.dumps(identities))
+
+
+def _digest(text: str) -> str:
     import hashlib  # here, not at the top: the zygotes import this module, and hashlib loads libcrypto
 
-    return hashlib.sha256(json.dumps(identities).encode()).hexdigest()
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def cached(cache_dir: str, name: str, key: str) -> object:

@@ -50,7 +50,7 @@ def managed_layer(settings, data_dir: Path) -> Layer | None:
     store = LayerStore(
         data_dir / "layers" / NODEJS.folder,
         sources=packages,
-        build=lambda scratch, wanted, output: build(
+        build=lambda scratch, wanted, output, _aside: build(
             packages(), scratch, node, settings.build_uid, requested=wanted, on_output=output
         ),
         salt=node,

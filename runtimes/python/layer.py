@@ -11,12 +11,15 @@ may not be allowed to read the operator's own file.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING
 from layers import isolation
 from layers.store import LayerBuildError, drop_cached, what_went_wrong
 from runtimes.languages import PYTHON
+from runtimes.linux import rootfs
 from runtimes.python import seeding
 
 if TYPE_CHECKING:
@@ -57,7 +61,7 @@ def managed_layer(settings, data_dir: Path) -> Layer:
     store = LayerStore(
         data_dir / "layers" / PYTHON.folder,
         sources=lambda: [requirements()],
-        build=lambda scratch, wanted, output: seeded.update(
+        build=lambda scratch, wanted, output, aside: seeded.update(
             last=build(
                 requirements(),
                 scratch,
@@ -67,6 +71,8 @@ def managed_layer(settings, data_dir: Path) -> Layer:
                 requested=wanted,
                 on_output=output,
                 seed=store.seed(wanted),
+                aside=aside,
+                cache_dir=str(data_dir),
             )
         ),
         salt=python,
@@ -99,22 +105,30 @@ def build(
     requested: list[str] | None = None,
     on_output: Callable[[bytes], None] | None = None,
     seed: Path | None = None,
+    aside: Path | None = None,
+    cache_dir: str = "",
 ) -> Seeded | None:
     """pip install --target scratch, as an unprivileged user (see layers.isolation): the base requirements and
     the requested lines (already validated: layers/specs.py). seed: the layer the image carries, whose
     distributions count as installed (runtimes/python/seeding.py) where every line is a plain named requirement
     and nothing configured makes that doubtful (unseedable); else, and without one, the build is as always. A
-    seeded build returns what of the seed the layer keeps: finish copies it in (copy_seed)."""
+    seeded build returns what of the seed the layer keeps: finish copies it in (copy_seed). aside: the service's
+    own directory on the layer's filesystem (LayerStore's build), where the seed is copied while pip runs: finish
+    then moves what is kept instead of copying it. cache_dir: where pip's configuration listing is kept
+    (pip_configuration)."""
     # the build's own copy, written by the service: the build's uid may not be able to read the operator's file
     # (a file only root can read, or a directory closed to others, where there is no tree to bind it into)
     source = scratch / MERGED
     text = copied(requirements) + "".join(f"{line}\n" for line in requested or ())
     source.write_text(text)
-    configuration = isolation.listing([sys.executable, "-m", "pip", "config", "list"])
+    tools = pip_package()
+    # the image's layer copied aside (the service's own directory) while pip's configuration is read and pip runs:
+    # finish moves what the build keeps (dropped, unused, if the build is not seeded after all)
+    ahead = _CopyAhead(seed, aside) if seed and tools and aside is not None else None
+    configuration = pip_configuration(tools, cache_dir)
     env = {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")}
     pip = [os.path.join(sys.prefix, "bin", "python"), "-m", "pip"]
     target = ["--target", str(scratch)]
-    tools = pip_package()
     why = "no pip package found" if not tools else unseedable(text, configuration, env) if seed else ""
     if seed and not why:  # the image's layer taken as installed (runtimes/python/seeding.py)
         log.info("the Python layer's build starts from the image's layer %s: pip installs only what it lacks", seed)
@@ -150,7 +164,10 @@ def build(
     index = mirror_url or env.get("PIP_INDEX_URL", "") or DEFAULT_INDEX
     indexes = [index, FILES_HOST, env.get("PIP_EXTRA_INDEX_URL", "")]
     reaches = isolation.reached([*indexes, *configured, *isolation.proxies(env)])
-    result = isolation.run(argv, str(scratch), [*readable, dynload], env, build_uid, on_output, reaches=reaches)
+    try:
+        result = isolation.run(argv, str(scratch), [*readable, dynload], env, build_uid, on_output, reaches=reaches)
+    finally:
+        copied_ahead = ahead.join() if ahead is not None else None
     for tool in tools:  # pip's own files, read for the first time (layers/store.py: drop_cached)
         drop_cached(tool)
     source.unlink(missing_ok=True)
@@ -163,15 +180,48 @@ def build(
         return None
     if listed is None:
         raise LayerBuildError("the seeded build did not say what it keeps of the image's layer")
-    return Seeded(seed, kept_of(seed, listed))
+    return Seeded(seed, kept_of(seed, listed), copied_ahead)
 
 
 @dataclasses.dataclass(frozen=True)
 class Seeded:
-    """What a seeded build keeps of the image's layer: its .dist-info directories' names."""
+    """What a seeded build keeps of the image's layer: its .dist-info directories' names; copied: where the
+    service copied the whole layer while pip ran (_CopyAhead), None if it did not."""
 
     seed: Path
     kept: tuple[str, ...]
+    copied: Path | None = None
+
+
+class _CopyAhead:
+    """The seed's regular files copied into aside (root's, 0700: no build reaches it) in a thread, while pip runs:
+    the copy (a few hundred files) overlaps the build instead of following it, and copy_seed then moves what is
+    kept (a rename on the layer's filesystem). join(): aside once the copy is whole, None if it failed."""
+
+    def __init__(self, seed: Path, aside: Path):
+        self.seed, self.aside, self.error = os.path.realpath(seed), aside, None
+        self.thread = threading.Thread(target=self._copy, name="seed-copy", daemon=True)
+        self.thread.start()
+
+    def _copy(self) -> None:
+        try:
+            for directory, _dirs, files in os.walk(self.seed):
+                for name in files:
+                    path = os.path.join(directory, name)
+                    if os.path.islink(path) or not os.path.isfile(path):
+                        continue
+                    copy = os.path.join(self.aside, os.path.relpath(path, self.seed))
+                    os.makedirs(os.path.dirname(copy), mode=0o700, exist_ok=True)
+                    shutil.copy2(path, copy)
+        except OSError as exc:
+            self.error = exc
+
+    def join(self) -> Path | None:
+        self.thread.join()
+        if self.error is not None:
+            log.warning("the image's layer could not be copied beside the build (it is copied after): %s", self.error)
+            return None
+        return self.aside
 
 
 def kept_of(seed: Path, listed: str) -> tuple[str, ...]:
@@ -191,7 +241,7 @@ def copy_seed(seeded: Seeded, layer: Path) -> None:
     """The seed's distributions a seeded build keeps, copied from the image's layer into the new one (their files
     and bytecode, their scripts in bin/), beside what pip installed (which wins: nothing of it is overwritten);
     none of the others. The service copies them (from the image, not from the build), before the layer is
-    compiled and in place."""
+    compiled and in place: moved from its copy made while pip ran (Seeded.copied), where there is one."""
     seed = os.path.realpath(seeded.seed)
     wanted: set[str] = set()
     for name in seeded.kept:
@@ -204,7 +254,7 @@ def copy_seed(seeded: Seeded, layer: Path) -> None:
         if os.path.lexists(copy):
             continue
         os.makedirs(os.path.dirname(copy), mode=0o755, exist_ok=True)
-        shutil.copy2(path, copy)
+        _place(path, copy, seed, seeded.copied)
     for name in seeded.kept:  # a .dist-info directory's own files (RECORD names some, not all: INSTALLER...)
         for directory, _dirs, files in os.walk(os.path.join(seed, name)):
             for file in files:
@@ -214,8 +264,20 @@ def copy_seed(seeded: Seeded, layer: Path) -> None:
                 if os.path.islink(path) or os.path.lexists(copy):
                     continue  # the build's (what pip installed wins), never written over: it may be a hard link
                 os.makedirs(os.path.dirname(copy), mode=0o755, exist_ok=True)
-                shutil.copy2(path, copy)
+                _place(path, copy, seed, seeded.copied)
     drop_cached(seed)  # the image's layer's pages this read (layers/store.py)
+
+
+def _place(path: str, copy: str, seed: str, copied: Path | None) -> None:
+    """The seed's file at path into the new layer at copy: its copy made while pip ran moved there (the same
+    filesystem: a rename), or copied now."""
+    if copied is not None:
+        try:
+            os.rename(os.path.join(copied, os.path.relpath(path, seed)), copy)
+            return
+        except OSError:
+            pass  # not copied ahead (a file the walk did not see), or another filesystem
+    shutil.copy2(path, copy)
 
 
 def _no_link_on_the_way(layer: Path, path: str) -> None:
@@ -349,6 +411,53 @@ def compile_layer(layer: Path, python: str) -> None:
         return
     if result.returncode != 0:
         log.warning("the layer's bytecode was not compiled (runs compile what they import): %s", result.stderr[-2000:])
+
+
+CONFIGURATION_CACHE = "pip-configuration.json"
+# `pip config debug`'s line for each file pip reads its configuration from: `  /etc/pip.conf, exists: False`
+_CONFIGURATION_FILE = re.compile(r"^  (/.*), exists: (?:True|False)$")
+
+
+def pip_configuration(tools: list[str], cache_dir: str = "") -> list[str]:
+    """pip's configuration listing (`pip config list`'s lines: unseedable, configured_paths and configured_urls read
+    them), asked of the pip that builds run (tools: its package) once, and kept (rootfs.remembered: in cache_dir, and
+    in the image's cache, which the image's build fills) under what decides it: the interpreter and that pip, the
+    environment pip reads its files' places and its values from (PIP_, XDG_, HOME, VIRTUAL_ENV), and each file it
+    reads (`pip config debug` names them, read or missing), as they were. A start on a new volume of the service's
+    image then begins its build at once, instead of after a pip start (0.2 s) that lists what the image listed."""
+    if not tools:
+        return isolation.listing([sys.executable, "-m", "pip", "config", "list"])
+    scope = sorted(
+        (key, value)
+        for key, value in os.environ.items()
+        if key.startswith(("PIP_", "XDG_")) or key in ("HOME", "VIRTUAL_ENV")
+    )
+    salt = json.dumps([sys.prefix, scope])
+    depends = [os.path.realpath(sys.executable), os.path.join(tools[0], "__init__.py")]
+    return rootfs.remembered(CONFIGURATION_CACHE, depends, _configuration, _files_as_listed, cache_dir, salt)["lines"]
+
+
+def _configuration() -> dict:
+    """pip's listing, and the files it read: both asked at once (two pips side by side)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ask = [sys.executable, "-m", "pip", "config"]
+    with ThreadPoolExecutor(2) as pool:
+        debug, lines = pool.map(isolation.listing, (ask + ["debug"], ask + ["list"]))
+    files = [match.group(1) for line in debug if (match := _CONFIGURATION_FILE.match(line))]
+    # every file pip named, or none kept: a listing whose files are not all known is asked again at every build
+    named = sum(", exists: " in line for line in debug)
+    return {"files": files, "key": rootfs.portable_key(files) if files and named == len(files) else "", "lines": lines}
+
+
+def _files_as_listed(known: object) -> bool:
+    """A kept listing still holds: its files are as they were when it was listed (none changed, came or went)."""
+    if not isinstance(known, dict) or not isinstance(known.get("lines"), list) or not known.get("key"):
+        return False
+    files = known.get("files")
+    if not isinstance(files, list) or not files or not all(isinstance(path, str) for path in [*files, *known["lines"]]):
+        return False
+    return rootfs.portable_key(files) == known["key"]
 
 
 def pip_package() -> list[str]:

@@ -37,23 +37,16 @@ def interpreter_paths(python: str, cache_dir: str = "") -> dict:
     prefix), so that a start does not wait for another interpreter's start (a zygote's tree needs it first)."""
     where = os.path.dirname(python)
     depends = [python, os.path.join(where, "pyvenv.cfg"), os.path.join(os.path.dirname(where), "pyvenv.cfg")]
-    key = rootfs.file_key(depends)
-    known = rootfs.cached(cache_dir, PATHS_CACHE, key) or rootfs.cached(
-        rootfs.IMAGE_CACHE, PATHS_CACHE, rootfs.portable_key(depends)
-    )
-    if (
+    return rootfs.remembered(PATHS_CACHE, depends, lambda: _ask_interpreter(python), _paths_there, cache_dir)
+
+
+def _paths_there(known: object) -> bool:
+    return (
         isinstance(known, dict)
         and set(known) == set(PATH_KEYS)
         and all(isinstance(value, str) for value in known.values())
         and os.path.isdir(known["stdlib"])
-    ):
-        return known
-    paths = _ask_interpreter(python)
-    if cache_dir:
-        rootfs.store(cache_dir, PATHS_CACHE, key, paths)
-    if rootfs.image_cache_writable():
-        rootfs.store(rootfs.IMAGE_CACHE, PATHS_CACHE, rootfs.portable_key(depends), paths)
-    return paths
+    )
 
 
 def _ask_interpreter(python: str) -> dict:
