@@ -171,7 +171,8 @@ def take(path: str, spec: dict, device_nodes: bool, added: dict | None = None, u
     """A descriptor holding a shared lock on the image tree at path, its generated files and devices written as
     spec and this container want them, and what added adds (additions(): none if None) in it and in every slot;
     None where another instance holds it with other ones (the caller builds a tree of its own instead).
-    uncache: the added files' pages dropped once copied (tree_store.TreeStore.uncache)."""
+    uncache: the pages of the added files' sources dropped as they are copied (tree_store.TreeStore.uncache); the
+    copies' go with the tree's, once its first zygotes have read them (provisions.py)."""
     wanted = additions_key(added)
     fd = os.open(path, _DIRECTORY)
     try:
@@ -265,9 +266,10 @@ def _add(path: str, added: dict | None, wanted: str, uncache: bool) -> None:
     try:
         done = materialized.materialize(added, scratch, device_nodes=False, uncache=uncache)
         entries = _new_entries(scratch, path)
-        syscalls.syncfs(scratch)  # the copies on disk before the record says they are complete
-        if uncache:
-            materialized.drop_cache(scratch)  # written back now: clean pages, read back as runs need them
+        # the copies on disk before the record says they are complete. Their pages stay cached: the runtime's first
+        # zygotes and runs read them now; once they have, the pages no process maps are dropped with the tree's
+        # (provisions.py: _forget_tree_pages)
+        syscalls.syncfs(scratch)
         _write_added(path, "", entries)
         for entry in entries:
             os.rename(scratch + entry, path + entry)
