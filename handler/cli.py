@@ -51,9 +51,15 @@ def _runtime_config(settings: Settings, layers: LayerManager):
     return settings.runtime_config(**in_use)
 
 
-def local_backend(settings: Settings, layers: LayerManager, refused: dict[str, str] | None = None):
+def local_backend(
+    settings: Settings,
+    layers: LayerManager,
+    refused: dict[str, str] | None = None,
+    build_at_start: frozenset[str] = frozenset(),
+):
     """The local backend's invoker (a runtime per language) and its package manager. refused: languages whose
-    runs are refused for good, with the reason (a layer that could not be built at start)."""
+    runs are refused for good, with the reason (a layer that could not be had at start); build_at_start: those
+    whose layer is built as their runtime starts (LocalInvoker)."""
     from handler.local_invoker import LocalInvoker
     from layers.packages import PackageManager
 
@@ -61,7 +67,7 @@ def local_backend(settings: Settings, layers: LayerManager, refused: dict[str, s
     runtimes = {language.wire_name: language.runtime_class()(config) for language in LANGUAGES}
     for language, why in (refused or {}).items():
         runtimes[language].refused = why
-    invoker = LocalInvoker(runtimes, layers, settings.PYTHON_DEPS_UPDATE_INTERVAL)
+    invoker = LocalInvoker(runtimes, layers, settings.PYTHON_DEPS_UPDATE_INTERVAL, build_at_start)
     packages = PackageManager(
         layers, runtimes, Path(settings.SANDLOT_DATA_DIR), allow_any=settings.SANDLOT_PACKAGES_ALLOW_ANY_SPEC
     )
@@ -151,11 +157,17 @@ def _serve_probed(args: argparse.Namespace) -> int:
     syscalls.set_dumpable(False)  # our /proc entries (environment, memory) belong to root from here on
     layers = None
     refused: dict[str, str] = {}
+    build_at_start: set[str] = set()
     if start_from.SANDLOT_BACKEND == "local":  # the lambda backend's layers are baked into the functions' images
         layers = layer_manager(start_from)
         for language in layers.layers:
             try:
-                layers.ensure(language)  # builds on first start, showing pip's and npm's progress
+                if layers.wants_build(language):
+                    # built as its runtime starts (pip's and npm's progress shown), while the service serves and the
+                    # other runtimes and the web stack start: a first start's build no longer delays them
+                    build_at_start.add(language)
+                    continue
+                layers.ensure(language)
             except Exception as exc:  # noqa: BLE001 - the service stays up: that language's runs say why
                 refused[language] = f"the {language} layer could not be built: {type(exc).__name__}: {exc}"
                 logging.getLogger("sandlot.layers").error("%s runs refused: %s", language, refused[language])
@@ -169,7 +181,10 @@ def _serve_probed(args: argparse.Namespace) -> int:
         loop_factory = None
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            return runner.run(_serve(settings, layers, refused, log_config, start_from, overrides, listening))
+            serving = _serve(
+                settings, layers, refused, log_config, start_from, overrides, listening, frozenset(build_at_start)
+            )
+            return runner.run(serving)
     finally:
         for sock in listening:
             sock.close()
@@ -244,6 +259,7 @@ async def _serve(
     start_from=None,
     overrides: dict | None = None,
     listening: list | None = None,
+    build_at_start: frozenset[str] = frozenset(),
 ) -> int:
     """The service; settings None: the runtimes start from start_from (early_settings.py) and the model loads
     meanwhile, its refusal stopping them before it ends the start."""
@@ -253,7 +269,7 @@ async def _serve(
     start_from = start_from or settings
     backend = starting = app = server = None
     if start_from.SANDLOT_BACKEND == "local":
-        backend = local_backend(start_from, layers, refused)
+        backend = local_backend(start_from, layers, refused, build_at_start)
         starting = asyncio.create_task(backend[0].start())  # the zygotes spawn while the web stack is imported
     try:
         if backend is not None:

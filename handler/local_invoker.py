@@ -26,9 +26,18 @@ log = logging.getLogger("sandlot.invoker")
 class LocalInvoker:
     """Runtimes on this machine, one per language, started with the service."""
 
-    def __init__(self, runtimes: dict, layers: LayerManager | None = None, update_interval: str = ""):
+    def __init__(
+        self,
+        runtimes: dict,
+        layers: LayerManager | None = None,
+        update_interval: str = "",
+        build_at_start: frozenset[str] = frozenset(),
+    ):
+        """build_at_start: the languages whose layer the service's start found missing (an operator's additions
+        on a new volume): each is built as its runtime starts (_start), not before the service serves."""
         self.runtimes = runtimes
         self.layers = layers
+        self.build_at_start = build_at_start
         self._interval = parse_interval(update_interval)
         self._periodic: asyncio.Task | None = None
 
@@ -43,10 +52,22 @@ class LocalInvoker:
             self._periodic = asyncio.create_task(self._refresh_periodically())
 
     async def _start(self, language: str, runtime) -> None:
+        if self.layers is not None and language in self.build_at_start:
+            await self._build_layer(language, runtime)
         try:
             await runtime.start()
         except Exception:  # noqa: BLE001 - one runtime's failure must not keep the others down
             log.exception("the %s runtime failed to start", language)
+
+    async def _build_layer(self, language: str, runtime) -> None:
+        """The runtime's layer, built before it starts, beside the other runtimes' start and the web stack's import:
+        its runs wait for it as for any start (within their timeout); if it cannot be built they are refused for
+        good, saying why, and the service serves the other languages."""
+        try:
+            runtime.set_layer(await self.layers.build_at_start(language))
+        except Exception as exc:  # noqa: BLE001 - the service stays up: that language's runs say why
+            runtime.refused = f"the {language} layer could not be built: {type(exc).__name__}: {exc}"
+            logging.getLogger("sandlot.layers").error("%s runs refused: %s", language, runtime.refused)
 
     async def stop(self) -> None:
         if self._periodic is not None:

@@ -59,6 +59,16 @@ class LayerManager:
         """The layer to start on: built now if there is none for the current sources."""
         return self.layers[language].store.ensure()
 
+    def wants_build(self, language: str) -> bool:
+        """No layer of the current sources is there: ensure() would build one."""
+        return self.layers[language].store.existing() is None
+
+    async def build_at_start(self, language: str) -> str:
+        """ensure(), in a thread, while the service starts (handler/local_invoker.py): the other runtimes and the
+        web stack start beside it; one build at a time with those the package routes ask for meanwhile."""
+        async with self._lock:
+            return await asyncio.to_thread(self.ensure, language)
+
     def current(self, language: str) -> str:
         layer = self.layers.get(language)
         return layer.store.current if layer else ""

@@ -3,17 +3,20 @@
 import ast
 import base64
 import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
 import zipfile
 from pathlib import Path
 
+import httpx
 import pytest
 import unprivileged
 from conftest import needs_root
@@ -607,3 +610,107 @@ def test_a_nodejs_builds_listing_reads_the_operators_npmrc_and_leaves_nothing_in
     assert len(listed) == 1
     assert "http://registry.example.invalid:4873" in reached[0]  # the operator's ~/.npmrc was read
     assert [p.name for p in home.rglob("*")] == [".npmrc"]  # no ~/.npm/_logs, no update notifier's state
+
+
+SLOW_BACKEND = """
+import base64, hashlib, os, time, zipfile
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    time.sleep(float(os.environ.get("SLOW_SECONDS", "4")))  # a slow build (an sdist compiling for seconds)
+    dist = "slowpkg-1.0"
+    files = {"slowpkg.py": "VALUE = 'slow-ok'\\n",
+             dist + ".dist-info/METADATA": "Metadata-Version: 2.1\\nName: slowpkg\\nVersion: 1.0\\n",
+             dist + ".dist-info/WHEEL": "Wheel-Version: 1.0\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"}
+    record = [f"{f},sha256={base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b'=').decode()},"
+              f"{len(t.encode())}" for f, t in files.items()]
+    files[dist + ".dist-info/RECORD"] = "\\n".join(record + [dist + ".dist-info/RECORD,,"]) + "\\n"
+    name = dist + "-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as wheel:
+        for f, t in files.items():
+            wheel.writestr(f, t)
+    return name
+"""
+
+
+def slow_sdist(house: Path) -> None:
+    """An sdist whose build takes seconds (its in-tree backend sleeps), built offline: it needs nothing else."""
+    files = {
+        "pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "slowbackend"\nbackend-path = ["."]\n',
+        "slowbackend.py": SLOW_BACKEND,
+        "PKG-INFO": "Metadata-Version: 2.1\nName: slowpkg\nVersion: 1.0\n",
+    }
+    with tarfile.open(house / "slowpkg-1.0.tar.gz", "w:gz") as sdist:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"slowpkg-1.0/{name}")
+            info.size, info.mode = len(data), 0o644
+            sdist.addfile(info, io.BytesIO(data))
+
+
+def test_a_layer_built_at_start_is_built_while_the_service_serves(tmp_path, data_dir):
+    """A first start whose layer must be built (an operator's additions on a new volume) serves meanwhile: /health
+    answers at once (503: starting) instead of after the build, and a run sent during the build waits for it and
+    gets the new layer. The start logs no ERROR of it."""
+    house = tmp_path / "house"
+    house.mkdir()
+    slow_sdist(house)
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("slowpkg\n")
+    readable(tmp_path)
+    os.chmod(tmp_path, 0o755)
+    svc = Service(
+        SANDLOT_PYTHON_REQUIREMENTS=str(requirements),
+        SANDLOT_PIP_FIND_LINKS=str(house),
+        SANDLOT_DATA_DIR=data_dir,
+        NODEJS_PATH="/nonexistent/node",  # Python's layer alone: no Node.js build beside it
+        MAX_WORKERS="1",
+    )
+    started = time.monotonic()
+    svc.start(wait=False)
+    try:
+        answered = None
+        while answered is None and time.monotonic() - started < 60:
+            try:
+                status = httpx.get(svc.url + "/health", timeout=1).status_code
+                answered = (time.monotonic() - started, status)
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        result = svc.run("import slowpkg\nprint(slowpkg.VALUE)")
+        done = time.monotonic() - started
+        assert result["data"]["stdout"] == "slow-ok\n", result
+        assert answered is not None and answered[1] == 503, answered
+        assert answered[0] + 2.0 < done, (answered, done)  # answered while the build (4 s) went on
+    finally:
+        svc.stop()
+    errors = [line for line in svc.output().splitlines() if '"level":"ERROR"' in line]
+    assert all("node is not installed" in line for line in errors), errors  # (no node here, on purpose)
+
+
+def test_a_layer_that_cannot_be_built_at_start_refuses_its_runs_saying_why_and_the_service_serves(tmp_path, data_dir):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("no-such-package-anywhere\n")
+    (tmp_path / "house").mkdir()
+    readable(tmp_path)
+    os.chmod(tmp_path, 0o755)
+    svc = Service(
+        SANDLOT_PYTHON_REQUIREMENTS=str(requirements),
+        SANDLOT_PIP_FIND_LINKS=str(tmp_path / "house"),
+        SANDLOT_DATA_DIR=data_dir,
+        NODEJS_PATH="/nonexistent/node",
+        MAX_WORKERS="1",
+    ).start(wait=False)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                answer = svc.run("print(1)")
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, svc.output()
+                time.sleep(0.1)
+        assert answer["code"] == -500, answer
+        assert "the python3 layer could not be built: LayerBuildError: pip failed" in answer["message"], answer
+        assert svc.process.poll() is None and httpx.get(svc.url + "/health", timeout=5).status_code == 503
+        assert not [p for p in Path(data_dir, "layers", "python").iterdir()]  # nothing half-built left
+    finally:
+        svc.stop()
