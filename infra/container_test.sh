@@ -13,7 +13,8 @@
 #      but refuses sethostname, so the userns mode with the run's hostname step dropped.
 # The shapes started with `podman run` reach no package index (PIP_INDEX_URL and npm's registry point at a closed
 # port): the image's own default layers serve them. Each line gives the time from `podman run` (or `kube play`) to
-# the first correct run (a Python run importing the default layer's packages), and the memory the container's
+# the first correct run (a Python run importing the default layer's packages), and beside it the time from the
+# container's own exec (its StartedAt: what podman spends making the container left out), and the memory the container's
 # cgroup is charged once idle (SANDLOT_CT_IDLE_SECONDS after its last run, default 30: past the 20 s after which
 # the surplus ready children go), nothing dropped by hand.
 # Each must be healthy, serve both languages, report its mode; a literal /tmp round trip (write
@@ -275,13 +276,23 @@ verify() { # verify NAME EXPECTED PORT CONTAINER API_KEY BEGIN: wait healthy, ru
     local name=$1 expected=$2 port=$3 container=$4 KEY=$5 begin=$6
     # exec -> first correct run: a Python run asked for again and again from `podman run` (or `kube play`) on,
     # until one answers right (a run that comes while the service starts waits for it, within its timeout)
-    local first_run="" tick=0 answer
+    local first_run="" from_exec="" answered="" tick=0 answer
     while [ "$expected" != refused ] && [ $tick -lt 1200 ]; do
         tick=$((tick + 1))
         answer=$(curl -s --max-time 30 -H "X-Api-Key: $KEY" -H 'Content-Type: application/json' \
             -d "{\"language\":\"python3\",\"code\":\"$PY_CODE\"}" "http://127.0.0.1:$port/v1/sandbox/run" || true)
         if [[ $answer == *'"stdout":"42\n"'* ]]; then
-            first_run=$(python3 -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.2f}')" "$begin")
+            answered=$(date +%s.%N)
+            first_run=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$begin" "$answered")
+            # and from the container's own exec (the runtime's StartedAt): what podman spends making the container
+            # (its storage, its user namespace, slirp4netns) left out
+            from_exec=$(podman inspect -f '{{.State.StartedAt}}' "$container" 2>/dev/null | python3 -c '
+import sys
+from datetime import datetime
+day, clock = sys.stdin.read().split()[:2]
+whole, _, fraction = clock.partition(".")
+started = datetime.fromisoformat(f"{day}T{whole}+00:00").timestamp() + float("0." + (fraction or "0"))
+print(f"{float(sys.argv[1]) - started:.2f}")' "$answered" 2>/dev/null || true)
             break
         fi
         if [ $((tick % 20)) = 0 ]; then
@@ -348,7 +359,7 @@ print(f"{int(usage or 0) / 1e6:.0f} MB (page cache {int(cache) / 1e6:.0f} MB, ke
 ' || true)
     local verdict
     verdict=$(NAME="$name" EXPECTED="$expected" HEALTHY="$healthy" READY="$ready" PYTHON_RUN="$python" NODE_RUN="$node" \
-        DETAIL="$detail" INIT="$init" TMP_TRIP="$tmp_trip" HEALTH_CODE="$health_code" FIRST_RUN="$first_run" \
+        DETAIL="$detail" INIT="$init" TMP_TRIP="$tmp_trip" HEALTH_CODE="$health_code" FIRST_RUN="$first_run" FROM_EXEC="$from_exec" \
         MEMORY="$memory" CGROUP_MEMORY="$cgroup_memory" BUILDS="${BUILDS:-0}" python3 - <<'EOF'
 import json, os
 def load(name):
@@ -384,7 +395,9 @@ if not tmp and "write under the working directory" not in tmp_error:
 tmp_shown = tmp or tmp_error.splitlines()[-1:]
 hostname = {lang: (rt.get("protections") or {}).get("hostname") for lang, rt in detail.items()}
 first_run = os.environ["FIRST_RUN"]
+from_exec = os.environ["FROM_EXEC"]
 print(f"{'PASS' if ok else 'FAIL'} {os.environ['NAME']}: first correct run {first_run or 'never'} s after start"
+      + (f" ({from_exec} s after the container's exec)" if first_run and from_exec else "")
       + (" (builds an operator's addition)" if os.environ["BUILDS"] == "1" else "")
       + f", idle memory {os.environ['MEMORY'] or 'unknown'} (cgroup: {os.environ['CGROUP_MEMORY']}), "
       f"healthy={os.environ['HEALTHY'] == '1'} in {os.environ['READY']} s, "
