@@ -181,9 +181,10 @@ class LayerStore:
             scratch.mkdir(mode=0o755)
             held = lock_shared(scratch)  # no other instance's collect() removes it, built or not
             aside = target.with_name(target.name + ASIDE)  # a build's name: young, no instance's collect() takes it
-            aside.mkdir(mode=0o700)
-            staging = self._staging()
+            staging = None
             try:
+                aside.mkdir(mode=0o700)
+                staging = self._staging()
                 if staging is None:
                     self._build(scratch, requested, on_output, aside)
                     make_readable(scratch)

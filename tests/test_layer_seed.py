@@ -441,3 +441,55 @@ def test_a_stores_aside_directory_is_its_own_for_the_build_and_gone_after(place)
         store.rebuild()
     assert not seen[1][0].exists()
     assert sorted(p.name for p in (place / "store").iterdir()) == [os.path.basename(layer)]
+
+
+def test_a_seeded_build_that_fails_before_pip_leaves_no_copy_of_the_image_layer_behind(place, monkeypatch):
+    """A seeded build that fails before pip runs (an operator's pip configuration with a malformed index URL:
+    urlsplit refuses it) stops its copy of the image's layer with it: nothing is copied into the store's aside
+    directory after the build is over, and the store's removal of it is the last word (no copy of the image's
+    whole layer left beside the store for the hour before another instance's collect)."""
+    import threading
+    import time
+
+    seed = place / "image-layer"
+    for n in range(100):
+        (seed / f"pkg{n}").mkdir(parents=True)
+        (seed / f"pkg{n}" / "__init__.py").write_text(f"X = {n}\n")
+    slow_copy = shutil.copy2
+
+    def copy2(source, target, **kwargs):
+        copied = slow_copy(source, target, **kwargs)
+        time.sleep(0.05)  # a big layer: the copy takes longer than pip's configuration does to go wrong
+        return copied
+
+    monkeypatch.setattr(python_layer.shutil, "copy2", copy2)
+    (place / "xdg" / "pip").mkdir(parents=True)
+    (place / "xdg" / "pip" / "pip.conf").write_text("[global]\nextra-index-url = http://[fe80::1/simple\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(place / "xdg"))
+    monkeypatch.delenv("PIP_CONFIG_FILE", raising=False)
+    requirements = place / "requirements.txt"
+    requirements.write_text("requests\n")
+
+    def build(scratch: Path, wanted, output, aside: Path) -> None:
+        python_layer.build(requirements, scratch, BUILD_UID, requested=wanted, on_output=output, seed=seed, aside=aside)
+
+    store = LayerStore(place / "store", lambda: [requirements], build)
+    with pytest.raises(ValueError):
+        store.rebuild()
+    time.sleep(0.5)
+    assert not [t for t in threading.enumerate() if t.name == "seed-copy" and t.is_alive()]
+    assert not [p.name for p in (place / "store").iterdir()]
+
+
+def test_a_build_whose_staging_cannot_be_made_leaves_nothing_beside_the_store(place, monkeypatch):
+    """Where the build's staging directory cannot be made (a full /tmp) the build fails and leaves neither its
+    scratch directory nor its aside directory (root's) in the store, nor a lock held on either."""
+    store = LayerStore(place / "store", lambda: [], lambda *_args: None)
+
+    def full() -> Path:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "_staging", full)
+    with pytest.raises(OSError, match="No space"):
+        store.rebuild()
+    assert not [p.name for p in (place / "store").iterdir()]
