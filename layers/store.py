@@ -160,9 +160,15 @@ class LayerStore:
 
     def collect(self) -> None:
         """Remove every layer, finished or left half-built by a dead build, that no instance uses or builds.
-        A half-built one must also be idle for a while: an instance of an older Sandlot builds unlocked."""
+        A half-built one must also be idle for a while: an instance of an older Sandlot builds unlocked. A build's
+        aside directory goes once its scratch is unlocked or gone (its build, which locked it, is over or dead)."""
         for path in self.root.iterdir() if self.root.is_dir() else []:
             if str(path) in self._held:
+                continue
+            if path.name.endswith(ASIDE):  # its build holds a lock on its scratch (every build that makes one does)
+                scratch = str(path)[: -len(ASIDE)] + ".build"  # unlocked, or gone: the build is over, or was killed
+                if not os.path.lexists(scratch) or remove_if_unlocked(scratch):
+                    remove_if_unlocked(path)
                 continue
             if ".build" in path.name and time.time() - _mtime(path) < STALE_BUILD_SECONDS:
                 continue

@@ -493,3 +493,39 @@ def test_a_build_whose_staging_cannot_be_made_leaves_nothing_beside_the_store(pl
     with pytest.raises(OSError, match="No space"):
         store.rebuild()
     assert not [p.name for p in (place / "store").iterdir()]
+
+
+def test_a_killed_builds_aside_directory_goes_at_the_next_collect_and_a_live_ones_stays(place):
+    """A build killed with the service (a stop during a start's build, an OOM kill) leaves its aside directory (a
+    seeded build's copy of the image's whole layer) and its scratch: the next collect removes them, not an hour
+    later (every build that makes an aside holds a lock on its scratch: an unlocked one's build is gone). A live
+    build's, another instance's or this one's, stays."""
+    import threading
+
+    dead = place / "store" / "0123456789abcdef-1"
+    (place / "store").mkdir()
+    for name in (".build", store_module.ASIDE):
+        (dead.parent / (dead.name + name) / "pkg").mkdir(parents=True)
+        (dead.parent / (dead.name + name) / "pkg" / "big.so").write_bytes(b"x" * 1024)
+    builds, inside, release = [], threading.Event(), threading.Event()
+
+    def build(scratch: Path, _requested, _output, aside: Path) -> None:
+        (scratch / "module.py").write_text("VALUE = 1\n")
+        builds.append(aside)
+        if len(builds) == 2:  # the second build: held while another instance's collect runs
+            inside.set()
+            release.wait(10)
+
+    store = LayerStore(place / "store", lambda: [], build)
+    layer = store.ensure()
+    assert sorted(p.name for p in (place / "store").iterdir()) == [os.path.basename(layer)]
+    other = LayerStore(place / "store", lambda: [], build)  # another instance on the same data dir
+    building = threading.Thread(target=store.rebuild)
+    building.start()
+    try:
+        assert inside.wait(10)
+        other.collect()
+        assert builds[1].is_dir() and builds[1].with_name(builds[1].name.replace(store_module.ASIDE, ".build")).is_dir()
+    finally:
+        release.set()
+        building.join()
