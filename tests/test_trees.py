@@ -1214,3 +1214,46 @@ def test_a_run_cannot_tell_from_the_added_layers_files_when_another_uids_slot_wa
     finally:
         store.release(root)
         store.close()
+
+
+@needs_root
+def test_a_replacement_of_the_added_layer_killed_while_removing_the_old_one_leaves_no_slot_without_it(
+    place, monkeypatch
+):
+    """An instance that replaces the added layer removes the old one from the tree and every slot first. Killed
+    halfway through that removal, and the operator's additions back as they were at the next start, the record
+    beside the tree must not still say the old layer is whole and which slots hold it: a slot given then would be
+    one whose copy is gone, and runs in it could not import the operator's packages."""
+    image_dir, base = _layerless_image(place, slots=2)
+    first_spec, _base = _layered(_layer(place, "first", "1"))
+    store = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
+    root = store.ensure(first_spec, base)
+    trees.make_run_tmp(root, RUN_UID)  # slot 0, filled
+    assert image_trees._read_added(root)["slots"] == ["0"]
+    store.close()  # killed
+
+    second_spec, _base = _layered(_layer(place, "second", "2"))
+    real = image_trees.removal.remove
+    [entry] = image_trees._read_added(root)["entries"]
+
+    def remove(path: str) -> None:
+        if path == root + entry:
+            raise KeyboardInterrupt  # killed with the slots' copies of the old layer gone, the tree's not yet
+        real(path)
+
+    replacing = _restarted(place, image_dir, monkeypatch)
+    monkeypatch.setattr(image_trees.removal, "remove", remove)
+    with pytest.raises(KeyboardInterrupt):
+        replacing.ensure(second_spec, base)
+    monkeypatch.setattr(image_trees.removal, "remove", real)
+    replacing.close()
+
+    again = _restarted(place, image_dir, monkeypatch)
+    assert again.ensure(first_spec, base) == root
+    try:
+        trees.make_run_tmp(root, RUN_UID + 5)
+        assert os.readlink(root + tree_files.cell(RUN_UID + 5)) == "../slots/0"
+        assert _imports(root, RUN_UID + 5, "first") == ["['/tmp']", "1"]
+    finally:
+        again.release(root)
+        again.close()
