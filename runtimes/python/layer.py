@@ -20,6 +20,7 @@ import subprocess
 import sys
 import sysconfig
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -454,12 +455,28 @@ def _configuration() -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
     ask = [sys.executable, "-m", "pip", "config"]
+    started = time.time_ns()
     with ThreadPoolExecutor(2) as pool:
         debug, lines = pool.map(isolation.listing, (ask + ["debug"], ask + ["list"]))
     files = [match.group(1) for line in debug if (match := _CONFIGURATION_FILE.match(line))]
-    # every file pip named, or none kept: a listing whose files are not all known is asked again at every build
+    # every file pip named, or none kept: a listing whose files are not all known is asked again at every build;
+    # and none changed (or came) while pip listed them: the key, taken after, would name their new state with the
+    # old listing. Asked again at the next build, then
     named = sum(", exists: " in line for line in debug)
-    return {"files": files, "key": rootfs.portable_key(files) if files and named == len(files) else "", "lines": lines}
+    settled = all(_unchanged_since(path, started - _TIMESTAMP_SLACK_NS) for path in files)
+    key = rootfs.portable_key(files) if files and named == len(files) and settled else ""
+    return {"files": files, "key": key, "lines": lines}
+
+
+_TIMESTAMP_SLACK_NS = 100_000_000  # a file's times are the kernel's coarse clock's: a tick or so behind the real one
+
+
+def _unchanged_since(path: str, moment: int) -> bool:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return True  # missing: its name alone is in the key, and a file that came since changes it
+    return max(info.st_mtime_ns, info.st_ctime_ns) < moment
 
 
 def _files_as_listed(known: object) -> bool:
