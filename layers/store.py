@@ -160,9 +160,15 @@ class LayerStore:
 
     def collect(self) -> None:
         """Remove every layer, finished or left half-built by a dead build, that no instance uses or builds.
-        A half-built one must also be idle for a while: an instance of an older Sandlot builds unlocked."""
+        A half-built one must also be idle for a while: an instance of an older Sandlot builds unlocked. A build's
+        aside directory goes once its scratch is unlocked or gone (its build, which locked it, is over or dead)."""
         for path in self.root.iterdir() if self.root.is_dir() else []:
             if str(path) in self._held:
+                continue
+            if path.name.endswith(ASIDE):  # its build holds a lock on its scratch (every build that makes one does)
+                scratch = str(path)[: -len(ASIDE)] + ".build"  # unlocked, or gone: the build is over, or was killed
+                if not os.path.lexists(scratch) or remove_if_unlocked(scratch):
+                    remove_if_unlocked(path)
                 continue
             if ".build" in path.name and time.time() - _mtime(path) < STALE_BUILD_SECONDS:
                 continue
@@ -181,9 +187,10 @@ class LayerStore:
             scratch.mkdir(mode=0o755)
             held = lock_shared(scratch)  # no other instance's collect() removes it, built or not
             aside = target.with_name(target.name + ASIDE)  # a build's name: young, no instance's collect() takes it
-            aside.mkdir(mode=0o700)
-            staging = self._staging()
+            staging = None
             try:
+                aside.mkdir(mode=0o700)
+                staging = self._staging()
                 if staging is None:
                     self._build(scratch, requested, on_output, aside)
                     make_readable(scratch)

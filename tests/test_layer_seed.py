@@ -441,3 +441,91 @@ def test_a_stores_aside_directory_is_its_own_for_the_build_and_gone_after(place)
         store.rebuild()
     assert not seen[1][0].exists()
     assert sorted(p.name for p in (place / "store").iterdir()) == [os.path.basename(layer)]
+
+
+def test_a_seeded_build_that_fails_before_pip_leaves_no_copy_of_the_image_layer_behind(place, monkeypatch):
+    """A seeded build that fails before pip runs (an operator's pip configuration with a malformed index URL:
+    urlsplit refuses it) stops its copy of the image's layer with it: nothing is copied into the store's aside
+    directory after the build is over, and the store's removal of it is the last word (no copy of the image's
+    whole layer left beside the store for the hour before another instance's collect)."""
+    import threading
+    import time
+
+    seed = place / "image-layer"
+    for n in range(100):
+        (seed / f"pkg{n}").mkdir(parents=True)
+        (seed / f"pkg{n}" / "__init__.py").write_text(f"X = {n}\n")
+    slow_copy = shutil.copy2
+
+    def copy2(source, target, **kwargs):
+        copied = slow_copy(source, target, **kwargs)
+        time.sleep(0.05)  # a big layer: the copy takes longer than pip's configuration does to go wrong
+        return copied
+
+    monkeypatch.setattr(python_layer.shutil, "copy2", copy2)
+    (place / "xdg" / "pip").mkdir(parents=True)
+    (place / "xdg" / "pip" / "pip.conf").write_text("[global]\nextra-index-url = http://[fe80::1/simple\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(place / "xdg"))
+    monkeypatch.delenv("PIP_CONFIG_FILE", raising=False)
+    requirements = place / "requirements.txt"
+    requirements.write_text("requests\n")
+
+    def build(scratch: Path, wanted, output, aside: Path) -> None:
+        python_layer.build(requirements, scratch, BUILD_UID, requested=wanted, on_output=output, seed=seed, aside=aside)
+
+    store = LayerStore(place / "store", lambda: [requirements], build)
+    with pytest.raises(ValueError):
+        store.rebuild()
+    time.sleep(0.5)
+    assert not [t for t in threading.enumerate() if t.name == "seed-copy" and t.is_alive()]
+    assert not [p.name for p in (place / "store").iterdir()]
+
+
+def test_a_build_whose_staging_cannot_be_made_leaves_nothing_beside_the_store(place, monkeypatch):
+    """Where the build's staging directory cannot be made (a full /tmp) the build fails and leaves neither its
+    scratch directory nor its aside directory (root's) in the store, nor a lock held on either."""
+    store = LayerStore(place / "store", lambda: [], lambda *_args: None)
+
+    def full() -> Path:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "_staging", full)
+    with pytest.raises(OSError, match="No space"):
+        store.rebuild()
+    assert not [p.name for p in (place / "store").iterdir()]
+
+
+def test_a_killed_builds_aside_directory_goes_at_the_next_collect_and_a_live_ones_stays(place):
+    """A build killed with the service (a stop during a start's build, an OOM kill) leaves its aside directory (a
+    seeded build's copy of the image's whole layer) and its scratch: the next collect removes them, not an hour
+    later (every build that makes an aside holds a lock on its scratch: an unlocked one's build is gone). A live
+    build's, another instance's or this one's, stays."""
+    import threading
+
+    dead = place / "store" / "0123456789abcdef-1"
+    (place / "store").mkdir()
+    for name in (".build", store_module.ASIDE):
+        (dead.parent / (dead.name + name) / "pkg").mkdir(parents=True)
+        (dead.parent / (dead.name + name) / "pkg" / "big.so").write_bytes(b"x" * 1024)
+    builds, inside, release = [], threading.Event(), threading.Event()
+
+    def build(scratch: Path, _requested, _output, aside: Path) -> None:
+        (scratch / "module.py").write_text("VALUE = 1\n")
+        builds.append(aside)
+        if len(builds) == 2:  # the second build: held while another instance's collect runs
+            inside.set()
+            release.wait(10)
+
+    store = LayerStore(place / "store", lambda: [], build)
+    layer = store.ensure()
+    assert sorted(p.name for p in (place / "store").iterdir()) == [os.path.basename(layer)]
+    other = LayerStore(place / "store", lambda: [], build)  # another instance on the same data dir
+    building = threading.Thread(target=store.rebuild)
+    building.start()
+    try:
+        assert inside.wait(10)
+        other.collect()
+        assert builds[1].is_dir() and builds[1].with_name(builds[1].name.replace(store_module.ASIDE, ".build")).is_dir()
+    finally:
+        release.set()
+        building.join()

@@ -714,3 +714,56 @@ def test_a_layer_that_cannot_be_built_at_start_refuses_its_runs_saying_why_and_t
         assert not [p for p in Path(data_dir, "layers", "python").iterdir()]  # nothing half-built left
     finally:
         svc.stop()
+
+
+def test_a_layer_built_at_start_builds_at_a_builds_priority_beside_the_other_runtimes_runs(tmp_path):
+    """A layer built as its runtime starts is built while the service serves (the other runtime's runs among
+    them): like every other build (layers/manager.py), at BUILD_NICE, not at the runs' own priority."""
+    import asyncio
+
+    from layers.manager import BUILD_NICE, Layer, LayerManager
+    from layers.store import LayerStore
+
+    seen = []
+
+    def build(scratch: Path, _requested, _output, _aside: Path) -> None:
+        seen.append(os.getpriority(os.PRIO_PROCESS, 0))
+        (scratch / "module.py").write_text("VALUE = 1\n")
+
+    manager = LayerManager({"python3": Layer(LayerStore(tmp_path / "store", lambda: [], build), lambda _p: [])})
+    assert manager.wants_build("python3")
+    asyncio.run(manager.build_at_start("python3"))
+    assert seen == [BUILD_NICE]
+    assert os.getpriority(os.PRIO_PROCESS, 0) != BUILD_NICE  # the build thread's own, not the service's
+
+
+def test_pips_configuration_changed_while_it_is_listed_is_not_kept_as_listed(monkeypatch, tmp_path):
+    """A file pip reads its configuration from, changed while pip lists it (an operator's edit landing during the
+    first build), is not kept under its new state with the listing of its old one: the next build asks again and
+    heeds it (an index URL, a `target` that makes a seeded build wrong)."""
+    from runtimes.linux import rootfs
+    from runtimes.python import layer as python_layer
+
+    image_cache = tmp_path / "image-cache"
+    image_cache.mkdir()
+    monkeypatch.setattr(rootfs, "IMAGE_CACHE", str(image_cache))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("PIP_CONFIG_FILE", raising=False)
+    conf = tmp_path / "xdg" / "pip" / "pip.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text("[global]\nextra-index-url = http://old.example.invalid:9/\n")
+    listing = isolation.listing
+
+    def edited_meanwhile(command, env=None):
+        lines = listing(command, env)
+        if command[-1] == "list":  # pip read the file; the operator's edit lands before the service keys it
+            conf.write_text("[global]\nextra-index-url = http://new.example.invalid:9/\n")
+        return lines
+
+    monkeypatch.setattr(isolation, "listing", edited_meanwhile)
+    data = str(tmp_path / "data")
+    first = python_layer.pip_configuration(python_layer.pip_package(), data)
+    assert any("old.example.invalid" in line for line in first)
+    monkeypatch.setattr(isolation, "listing", listing)
+    again = python_layer.pip_configuration(python_layer.pip_package(), data)
+    assert any("new.example.invalid" in line for line in again), again

@@ -330,3 +330,26 @@ def test_a_container_finds_the_images_answers_for_the_tree_without_asking_again(
     finally:
         runtime.interpreter_paths.cache_clear()
         rootfs._ldd_memo.clear()
+
+
+def test_an_ldd_that_found_nothing_is_asked_again_not_kept(tmp_path, monkeypatch):
+    """ldd answering nothing for a layer's shared objects (it failed: killed, or its loader unreadable) is not
+    kept as their answer, in memory or in a cache: the next tree asks again, and its runs get the libraries the
+    objects load (kept, the layer's .so files would fail to load in every run until one of them changed)."""
+    from runtimes.linux import rootfs
+
+    monkeypatch.setattr(rootfs, "IMAGE_CACHE", str(tmp_path / "no-image-cache"))
+    elf = tmp_path / "lib.so"
+    shutil.copy(os.path.realpath(sys.executable), elf)
+    run = rootfs.subprocess.run
+    monkeypatch.setattr(
+        rootfs.subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 1, stdout="", stderr="")
+    )
+    rootfs._ldd_memo.clear()
+    try:
+        assert rootfs.shared_libraries([str(elf)], cache_dir=str(tmp_path)) == []
+        monkeypatch.setattr(rootfs.subprocess, "run", run)
+        found = rootfs.shared_libraries([str(elf)], cache_dir=str(tmp_path))
+        assert any("libc.so" in path for path in found), found
+    finally:
+        rootfs._ldd_memo.clear()

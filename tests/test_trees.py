@@ -1185,3 +1185,75 @@ def test_a_record_of_additions_naming_anything_but_a_path_in_the_tree_is_refused
     finally:
         store.release(own)
         store.close()
+
+
+@needs_root
+@pytest.mark.xfail(
+    strict=True,
+    reason="an added layer's files are linked into a slot when it is first given: every run sees their link count "
+    "and change time move as other uids' slots are first given (how many runs went on at once, and when)",
+)
+def test_a_run_cannot_tell_from_the_added_layers_files_when_another_uids_slot_was_first_given(place):
+    """A run in one slot reads the added layer's files (its hard links: the same inodes as every slot's). What it
+    sees of them (link count, change time) must not move when another uid's slot is given: that would tell it when
+    other runs began, and how many went on at once (the tree's own files, linked at the image's build, keep theirs,
+    and a slot changing hands relinks nothing for that reason: image_trees._prepare)."""
+    image_dir, base = _layerless_image(place, slots=3)
+    spec, _base = _layered(_layer(place, "probe", "1"))
+    store = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
+    root = store.ensure(spec, base)
+    try:
+        layer_file = tree_files.LAYER_IN_TREE + "/probe/__init__.py"
+        trees.make_run_tmp(root, RUN_UID)
+        mine = root + tree_files.cell(RUN_UID) + layer_file  # what a run of RUN_UID stats
+        before = os.stat(mine)
+        time.sleep(0.05)
+        trees.make_run_tmp(root, RUN_UID + 1)  # another tenant's run, in another slot
+        after = os.stat(mine)
+        assert (after.st_nlink, after.st_ctime_ns) == (before.st_nlink, before.st_ctime_ns)
+    finally:
+        store.release(root)
+        store.close()
+
+
+@needs_root
+def test_a_replacement_of_the_added_layer_killed_while_removing_the_old_one_leaves_no_slot_without_it(
+    place, monkeypatch
+):
+    """An instance that replaces the added layer removes the old one from the tree and every slot first. Killed
+    halfway through that removal, and the operator's additions back as they were at the next start, the record
+    beside the tree must not still say the old layer is whole and which slots hold it: a slot given then would be
+    one whose copy is gone, and runs in it could not import the operator's packages."""
+    image_dir, base = _layerless_image(place, slots=2)
+    first_spec, _base = _layered(_layer(place, "first", "1"))
+    store = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
+    root = store.ensure(first_spec, base)
+    trees.make_run_tmp(root, RUN_UID)  # slot 0, filled
+    assert image_trees._read_added(root)["slots"] == ["0"]
+    store.close()  # killed
+
+    second_spec, _base = _layered(_layer(place, "second", "2"))
+    real = image_trees.removal.remove
+    [entry] = image_trees._read_added(root)["entries"]
+
+    def remove(path: str) -> None:
+        if path == root + entry:
+            raise KeyboardInterrupt  # killed with the slots' copies of the old layer gone, the tree's not yet
+        real(path)
+
+    replacing = _restarted(place, image_dir, monkeypatch)
+    monkeypatch.setattr(image_trees.removal, "remove", remove)
+    with pytest.raises(KeyboardInterrupt):
+        replacing.ensure(second_spec, base)
+    monkeypatch.setattr(image_trees.removal, "remove", real)
+    replacing.close()
+
+    again = _restarted(place, image_dir, monkeypatch)
+    assert again.ensure(first_spec, base) == root
+    try:
+        trees.make_run_tmp(root, RUN_UID + 5)
+        assert os.readlink(root + tree_files.cell(RUN_UID + 5)) == "../slots/0"
+        assert _imports(root, RUN_UID + 5, "first") == ["['/tmp']", "1"]
+    finally:
+        again.release(root)
+        again.close()

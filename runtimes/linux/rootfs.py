@@ -121,7 +121,9 @@ def _ldd(elf_files: list[str]) -> list[str]:
 
 
 def _libraries_there(found: object) -> bool:
-    return isinstance(found, list) and all(isinstance(p, str) and os.path.exists(p) for p in found)
+    """An answer of ldd's to use: libraries that are all there, and some (a shared object loads libc at least: ldd
+    found nothing where it failed, and that is asked again, never kept)."""
+    return bool(found) and isinstance(found, list) and all(isinstance(p, str) and os.path.exists(p) for p in found)
 
 
 _ldd_memo: dict[str, list[str]] = {}

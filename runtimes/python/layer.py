@@ -20,6 +20,7 @@ import subprocess
 import sys
 import sysconfig
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -122,9 +123,6 @@ def build(
     text = copied(requirements) + "".join(f"{line}\n" for line in requested or ())
     source.write_text(text)
     tools = pip_package()
-    # the image's layer copied aside (the service's own directory) while pip's configuration is read and pip runs:
-    # finish moves what the build keeps (dropped, unused, if the build is not seeded after all)
-    ahead = _CopyAhead(seed, aside) if seed and tools and aside is not None else None
     configuration = pip_configuration(tools, cache_dir)
     env = {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")}
     pip = [os.path.join(sys.prefix, "bin", "python"), "-m", "pip"]
@@ -164,10 +162,17 @@ def build(
     index = mirror_url or env.get("PIP_INDEX_URL", "") or DEFAULT_INDEX
     indexes = [index, FILES_HOST, env.get("PIP_EXTRA_INDEX_URL", "")]
     reaches = isolation.reached([*indexes, *configured, *isolation.proxies(env)])
+    # the image's layer copied aside (the service's own directory) while pip runs, where the build is seeded: finish
+    # moves what the build keeps. Started only now: nothing before pip may fail with the copy going on, and the copy
+    # is over (or stopped, if pip failed) before the build returns, which the store's removal of aside follows
+    ahead = _CopyAhead(seed, aside) if seed and not why and aside is not None else None
     try:
         result = isolation.run(argv, str(scratch), [*readable, dynload], env, build_uid, on_output, reaches=reaches)
-    finally:
-        copied_ahead = ahead.join() if ahead is not None else None
+    except BaseException:
+        if ahead is not None:
+            ahead.join(stop=True)
+        raise
+    copied_ahead = ahead.join(stop=result.returncode != 0) if ahead is not None else None
     for tool in tools:  # pip's own files, read for the first time (layers/store.py: drop_cached)
         drop_cached(tool)
     source.unlink(missing_ok=True)
@@ -200,6 +205,7 @@ class _CopyAhead:
 
     def __init__(self, seed: Path, aside: Path):
         self.seed, self.aside, self.error = os.path.realpath(seed), aside, None
+        self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._copy, name="seed-copy", daemon=True)
         self.thread.start()
 
@@ -207,6 +213,8 @@ class _CopyAhead:
         try:
             for directory, _dirs, files in os.walk(self.seed):
                 for name in files:
+                    if self.stopping.is_set():
+                        return
                     path = os.path.join(directory, name)
                     if os.path.islink(path) or not os.path.isfile(path):
                         continue
@@ -216,8 +224,13 @@ class _CopyAhead:
         except OSError as exc:
             self.error = exc
 
-    def join(self) -> Path | None:
+    def join(self, stop: bool = False) -> Path | None:
+        """stop: the build failed, the copy is not wanted: it stops at the next file (None)."""
+        if stop:
+            self.stopping.set()
         self.thread.join()
+        if stop:
+            return None
         if self.error is not None:
             log.warning("the image's layer could not be copied beside the build (it is copied after): %s", self.error)
             return None
@@ -442,12 +455,28 @@ def _configuration() -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
     ask = [sys.executable, "-m", "pip", "config"]
+    started = time.time_ns()
     with ThreadPoolExecutor(2) as pool:
         debug, lines = pool.map(isolation.listing, (ask + ["debug"], ask + ["list"]))
     files = [match.group(1) for line in debug if (match := _CONFIGURATION_FILE.match(line))]
-    # every file pip named, or none kept: a listing whose files are not all known is asked again at every build
+    # every file pip named, or none kept: a listing whose files are not all known is asked again at every build;
+    # and none changed (or came) while pip listed them: the key, taken after, would name their new state with the
+    # old listing. Asked again at the next build, then
     named = sum(", exists: " in line for line in debug)
-    return {"files": files, "key": rootfs.portable_key(files) if files and named == len(files) else "", "lines": lines}
+    settled = all(_unchanged_since(path, started - _TIMESTAMP_SLACK_NS) for path in files)
+    key = rootfs.portable_key(files) if files and named == len(files) and settled else ""
+    return {"files": files, "key": key, "lines": lines}
+
+
+_TIMESTAMP_SLACK_NS = 100_000_000  # a file's times are the kernel's coarse clock's: a tick or so behind the real one
+
+
+def _unchanged_since(path: str, moment: int) -> bool:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return True  # missing: its name alone is in the key, and a file that came since changes it
+    return max(info.st_mtime_ns, info.st_ctime_ns) < moment
 
 
 def _files_as_listed(known: object) -> bool:

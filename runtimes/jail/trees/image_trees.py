@@ -249,6 +249,9 @@ def _add(path: str, added: dict | None, wanted: str, uncache: bool) -> None:
         if left.startswith((f"{name}{ADDED}-", f"{name}{ADDED}.")):
             removal.remove(os.path.join(image_dir, left))
     slots = [f"{path}{SLOTS}/{slot}" for slot in os.listdir(path + SLOTS) if slot.isdigit()]
+    # a kill while they go leaves a record that matches nothing and still names them (not one that says they are
+    # whole, and which slots hold them: a start that wants them again would give a slot they are gone from)
+    _write_added(path, "", record["entries"])
     for entry in record["entries"]:  # the old additions go, from every slot and from the tree
         for root in [*slots, path]:
             removal.remove(root + entry)
