@@ -65,9 +65,12 @@ class LayerManager:
 
     async def build_at_start(self, language: str) -> str:
         """ensure(), in a thread, while the service starts (handler/local_invoker.py): the other runtimes and the
-        web stack start beside it; one build at a time with those the package routes ask for meanwhile."""
-        async with self._lock:  # in the build thread, at BUILD_NICE: the other runtimes' runs are served meanwhile
-            return await asyncio.get_running_loop().run_in_executor(self._builder, self.ensure, language)
+        web stack start beside it; one build at a time with those the package routes ask for meanwhile. At the
+        service's own priority, not BUILD_NICE: the start's first run of that language waits for it, and what it
+        shares the cores with then is the rest of the start (the other runtime's zygotes, the web stack's imports),
+        which BUILD_NICE would put ahead of it tenfold."""
+        async with self._lock:
+            return await asyncio.to_thread(self.ensure, language)
 
     def current(self, language: str) -> str:
         layer = self.layers.get(language)

@@ -716,27 +716,6 @@ def test_a_layer_that_cannot_be_built_at_start_refuses_its_runs_saying_why_and_t
         svc.stop()
 
 
-def test_a_layer_built_at_start_builds_at_a_builds_priority_beside_the_other_runtimes_runs(tmp_path):
-    """A layer built as its runtime starts is built while the service serves (the other runtime's runs among
-    them): like every other build (layers/manager.py), at BUILD_NICE, not at the runs' own priority."""
-    import asyncio
-
-    from layers.manager import BUILD_NICE, Layer, LayerManager
-    from layers.store import LayerStore
-
-    seen = []
-
-    def build(scratch: Path, _requested, _output, _aside: Path) -> None:
-        seen.append(os.getpriority(os.PRIO_PROCESS, 0))
-        (scratch / "module.py").write_text("VALUE = 1\n")
-
-    manager = LayerManager({"python3": Layer(LayerStore(tmp_path / "store", lambda: [], build), lambda _p: [])})
-    assert manager.wants_build("python3")
-    asyncio.run(manager.build_at_start("python3"))
-    assert seen == [BUILD_NICE]
-    assert os.getpriority(os.PRIO_PROCESS, 0) != BUILD_NICE  # the build thread's own, not the service's
-
-
 def test_pips_configuration_changed_while_it_is_listed_is_not_kept_as_listed(monkeypatch, tmp_path):
     """A file pip reads its configuration from, changed while pip lists it (an operator's edit landing during the
     first build), is not kept under its new state with the listing of its old one: the next build asks again and
