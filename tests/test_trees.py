@@ -1188,29 +1188,30 @@ def test_a_record_of_additions_naming_anything_but_a_path_in_the_tree_is_refused
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="an added layer's files are linked into a slot when it is first given: every run sees their link count "
-    "and change time move as other uids' slots are first given (how many runs went on at once, and when)",
-)
-def test_a_run_cannot_tell_from_the_added_layers_files_when_another_uids_slot_was_first_given(place):
-    """A run in one slot reads the added layer's files (its hard links: the same inodes as every slot's). What it
-    sees of them (link count, change time) must not move when another uid's slot is given: that would tell it when
-    other runs began, and how many went on at once (the tree's own files, linked at the image's build, keep theirs,
-    and a slot changing hands relinks nothing for that reason: image_trees._prepare)."""
+def test_a_run_cannot_tell_from_the_added_layers_files_when_another_uids_slot_is_given_once_slots_are_filled(place):
+    """A run in one slot reads the added layer's files (its hard links: the same inodes as every slot's). Linking them
+    into a slot when it is first given moves their link count and change time, which every run sees: who began when,
+    and how many at once. The slots the first runs did not take get the layer once those are served (fill_slots,
+    provisions.py); from then on a slot given moves nothing a run can see (as the tree's own files, linked at the
+    image's build: a slot changing hands relinks nothing, image_trees._prepare)."""
     image_dir, base = _layerless_image(place, slots=3)
     spec, _base = _layered(_layer(place, "probe", "1"))
     store = trees.TreeStore(os.path.join(place, "trees"), image_dir=image_dir)
     root = store.ensure(spec, base)
     try:
         layer_file = tree_files.LAYER_IN_TREE + "/probe/__init__.py"
-        trees.make_run_tmp(root, RUN_UID)
+        trees.make_run_tmp(root, RUN_UID)  # the start's first run: its slot filled as it is given
+        assert trees.fill_slots(root) == 2  # the two others, once the first runs are served
+        assert trees.fill_slots(root) == 0
         mine = root + tree_files.cell(RUN_UID) + layer_file  # what a run of RUN_UID stats
         before = os.stat(mine)
         time.sleep(0.05)
-        trees.make_run_tmp(root, RUN_UID + 1)  # another tenant's run, in another slot
+        for uid in (RUN_UID + 1, RUN_UID + 2):  # other tenants' runs, in the other slots
+            trees.make_run_tmp(root, uid)
+            assert _imports(root, uid, "probe") == ["['/tmp']", "1"]
         after = os.stat(mine)
         assert (after.st_nlink, after.st_ctime_ns) == (before.st_nlink, before.st_ctime_ns)
+        assert image_trees._read_added(root)["slots"] == ["0", "1", "2"]
     finally:
         store.release(root)
         store.close()

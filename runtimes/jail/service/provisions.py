@@ -83,6 +83,7 @@ class Provisions:
         self._forgetting: dict[str, int] = {}  # trees of copies (their pages dropped at rest): zygotes on each
         self._forgetting_files: set[str] = set()  # files of the image (node) whose pages are dropped at rest
         self._forget_hooked: ChildPool | None = None  # the pool whose going idle drops the trees' pages
+        self._slots_filled: set[str] = set()  # the trees whose slots were filled once their first runs were served
         self._cells_hooked: ChildPool | None = None  # the pool whose going idle retires the idle cells
         self.tmp_watcher: TmpWatcher | None = None  # the chroot and landlock modes: each run's /tmp capped
         self.run_dirs: RunDirectories | SharedRunDirectories | None = None
@@ -327,6 +328,9 @@ class Provisions:
         if root and self.uids is not None and self._cells_hooked is not pool:
             self._cells_hooked = pool  # once per pool: at rest, the cells no child is in go
             pool.on_idle.append(lambda: pool.background(self._retire_cells()))
+        if root and root not in self._slots_filled:
+            self._slots_filled.add(root)
+            pool.background(self._fill_slots(root, TREE_SETTLE_SECONDS))
         if root and self.trees.uncache:
             self._forgetting[root] = self._forgetting.get(root, 0) + 1
             self._forget_at_rest(pool)
@@ -364,6 +368,19 @@ class Provisions:
         if self._forget_hooked is not pool:  # once per pool (a runtime started again has a new one)
             self._forget_hooked = pool
             pool.on_idle.append(lambda: pool.background(self._forget_tree_pages(TREE_SETTLE_SECONDS)))
+
+    async def _fill_slots(self, root: str, delay: float) -> None:
+        """An image tree with an operator's layer added: the slots its first runs did not take get the layer too,
+        once those runs are served (tree_store.fill_slots): from then on a slot given links nothing that every run
+        would see move."""
+        await asyncio.sleep(delay)
+        try:
+            filled = await asyncio.to_thread(tree_store.fill_slots, root)
+        except OSError as exc:  # the tree retired meanwhile
+            log.debug("%s: the slots of %s were not filled: %s", self.language, root, exc)
+            return
+        if filled:
+            log.debug("%s: the layer linked into %d more slots of %s", self.language, filled, root)
 
     async def _forget_tree_pages(self, delay: float) -> None:
         """The chroot mode on a container's own filesystem: once the zygote and its first children have read what

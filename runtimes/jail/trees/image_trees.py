@@ -335,6 +335,25 @@ def _fill(root: str, slot: str) -> bool:
     return True
 
 
+def fill_slots(root: str) -> int:
+    """Every slot of the image tree at root that lacks the tree's additions gets them now (_fill), one at a time
+    under the cells' lock; how many did. Once done, giving a slot links nothing: no run sees the added files' link
+    count and change time move when another uid's run first takes a slot (which would tell it when other tenants'
+    runs began, and how many went on at once). The runtime calls it once its first runs are served (provisions.py),
+    so that the start's first runs do not wait for 16 slots' links."""
+    filled = 0
+    for slot in sorted((name for name in os.listdir(root + SLOTS) if name.isdigit()), key=int):
+        held = os.open(root + CELLS, _DIRECTORY)
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX)  # no slot given meanwhile, by this instance or another
+            record = _read_added(root)
+            if record["entries"] and slot not in record["slots"] and _fill(root, slot):
+                filled += 1
+        finally:
+            os.close(held)
+    return filled
+
+
 def _link_into(source: str, target: str) -> None:
     """An added entry of the tree into a slot: a directory made again (root's, its mode), its files hard links."""
     info = os.lstat(source)

@@ -301,6 +301,15 @@ def _mtime(path: str) -> float:
         return 0.0
 
 
+def fill_slots(tree_root: str) -> int:
+    """An image tree's slots that lack what was added to it get it now (image_trees.fill_slots); nothing for any
+    other tree. One cell made at a time, as make_cells does."""
+    if not image_trees.is_image_tree(tree_root):
+        return 0
+    with _making_cells, _cells_lock:
+        return image_trees.fill_slots(tree_root)
+
+
 def forget_pages(tree_root: str) -> int:
     """Drop the page cache of a tree's files that no process maps (its cells' files are the same inodes, and
     are not walked, nor an image tree's slots); how many files were told. Only on a container's own filesystem
