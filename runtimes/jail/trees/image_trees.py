@@ -281,7 +281,7 @@ def _add(path: str, added: dict | None, wanted: str, uncache: bool) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     log.info(
         "tree %s: the image's layer-less tree, %d entries added (%d files linked, %d copied, %d bytes) in %.2f s; "
-        "each of its %d slots gets them when it is first given",
+        "linked into its %d slots as the first runs take them, and into the rest once those are served",
         path,
         len(entries),
         done.linked,
