@@ -7,6 +7,7 @@ zygote, rotates it and replaces it on its own (runtimes/jail/service/pool.py).""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -252,6 +253,60 @@ def test_an_idle_kind_is_parked_without_a_restart_and_unparked_on_demand():
         pool.park(MAIN)
         await pool.replace_zygote()  # a layer switch while parked: every kind on the new layer, none parked
         assert pool.kind_running(MAIN) and pool.status()["parked"] == []
+        await pool.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_spawn_whose_zygote_is_replaced_while_its_tmp_is_made_forks_on_the_new_one():
+    """A rotation stops the old zygote at once when it has no child; a spawn that took it and was making its
+    child's /tmp meanwhile (a uid's first cell, in a thread) forks on the new one instead of failing its run with
+    "the zygote is not running" (seen in CI under load)."""
+
+    class Reached(Exception):
+        pass
+
+    class ForkingZygote(FakeZygoteHandle):
+        tree_root = "/tree"
+
+        async def fork(self, uid, inside, variant):
+            if not self.alive:
+                raise Unavailable("the zygote is not running")
+            raise Reached(self.number)  # this zygote forked it (the test stops here)
+
+    class SlowCells:  # a uid's first cell, made in a thread, held until the test lets it go
+        def __init__(self):
+            self.making, self.go = threading.Event(), threading.Event()
+
+        def needs_cell(self, root, uid):
+            return True
+
+        def make(self, root, uid):
+            self.making.set()
+            assert self.go.wait(5)
+            return f"/run/{uid}", "/tmp"
+
+        def discard(self, tmpdir):
+            pass
+
+    async def scenario():
+        made = []
+
+        async def factory(kind):
+            made.append(ForkingZygote(kind, len(made)))
+            return made[-1]
+
+        cells = SlowCells()
+        pool = ChildPool(factory, None, None, max_forks=100, run_dirs=cells)
+        await pool.start()
+        spawning = asyncio.ensure_future(pool.spawn())
+        assert await asyncio.to_thread(cells.making.wait, 5)
+        await pool.replace_zygote()  # the old zygote has no child: stopped at once
+        assert not made[0].alive and made[1].alive
+        cells.go.set()
+        with pytest.raises(Reached) as reached:
+            await asyncio.wait_for(spawning, 5)
+        assert reached.value.args == (1,)  # the new zygote forked it
         await pool.stop()
 
     asyncio.run(scenario())

@@ -47,6 +47,7 @@ READY_TIMEOUT = 30.0
 
 Variant = tuple  # ((name, value), ...): hashable, and dict() of it (less KIND) is what the runner gets
 KIND = "zygote"  # a variant's name for the kind of zygote that forks it
+SPAWN_ATTEMPTS = 3  # a spawn whose zygote was replaced meanwhile tries the current one (a rotation's race)
 MAIN = ""  # the kind of a variant that names none
 
 
@@ -187,7 +188,36 @@ class ChildPool:
     async def spawn(self, variant: Variant = ()) -> Child:
         """A new child, confined and waiting for its run."""
         kind = kind_of(variant)
-        zygote = await self._current_zygote(kind)
+        for attempt in range(SPAWN_ATTEMPTS):
+            zygote = await self._current_zygote(kind)
+            try:
+                child, tmpdir = await self._fork(zygote, variant)
+                break
+            except Unavailable:
+                # replaced while its child's /tmp was made (a rotation stops the old zygote once it has no child,
+                # and this one had none yet): not a failure, the current one forks it
+                if attempt + 1 < SPAWN_ATTEMPTS and not zygote.alive and self._lines[kind].zygote is not zygote:
+                    continue
+                raise
+        child.tmpdir = tmpdir
+        if self._run_dirs is not None:
+            self._run_dirs.watch(child)
+        self._owner[child.pid] = zygote
+        if not await _confined(child):
+            reason = _read_available(child.stderr).decode(errors="replace").strip()
+            self.discard(child)
+            self._spawn_failed(f"could not confine a run: {reason or 'the child exited'}")
+            raise Unavailable(f"could not confine a run: {reason or 'the child exited'}")
+        if self._run_dirs is not None:
+            self._run_dirs.confined(child)
+        if self._thread_cap is not None:
+            child.on_run = lambda: self._thread_cap.watch(child)  # counted while its run lives (no user code before)
+        self.confined += 1
+        self.failed_in_a_row, self.spawn_error = 0, ""
+        return child
+
+    async def _fork(self, zygote: ZygoteHandle, variant: Variant) -> tuple[Child, str]:
+        """A child of that zygote, with its uid and its /tmp (the service's path); what it took goes back if none."""
         try:
             uid = self._uids.acquire() if self._uids is not None else os.getuid()
         except UidPoolExhausted as exc:
@@ -206,28 +236,12 @@ class ChildPool:
                 self._spawn_failed(f"could not make a run's /tmp: {exc}")
             raise
         try:
-            child = await zygote.fork(uid, inside, {k: v for k, v in variant if k != KIND})
+            return await zygote.fork(uid, inside, {k: v for k, v in variant if k != KIND}), tmpdir
         except BaseException as exc:
             self._give_back(uid, tmpdir)
             if isinstance(exc, Exception):
                 self._spawn_failed(str(exc))
             raise
-        child.tmpdir = tmpdir
-        if self._run_dirs is not None:
-            self._run_dirs.watch(child)
-        self._owner[child.pid] = zygote
-        if not await _confined(child):
-            reason = _read_available(child.stderr).decode(errors="replace").strip()
-            self.discard(child)
-            self._spawn_failed(f"could not confine a run: {reason or 'the child exited'}")
-            raise Unavailable(f"could not confine a run: {reason or 'the child exited'}")
-        if self._run_dirs is not None:
-            self._run_dirs.confined(child)
-        if self._thread_cap is not None:
-            child.on_run = lambda: self._thread_cap.watch(child)  # counted while its run lives (no user code before)
-        self.confined += 1
-        self.failed_in_a_row, self.spawn_error = 0, ""
-        return child
 
     def _spawn_failed(self, why: str) -> None:
         self.failed_in_a_row += 1
