@@ -28,8 +28,8 @@ has no tree of it. The image carries each runtime's layer-less tree too (the tre
 libraries only the layer's ELF files load), and a spec that differs from it only by additions (additions(): binds
 and placed entries the layer-less spec lacks) is served from it, what it adds materialized into it when a container
 takes it alone (take: copies, as tree_store makes them on overlayfs, a few MB against the interpreter's 160), and
-hard-linked into a slot when the slot is first given (assign_slot: the copies are the container's own files
-already, a link copies nothing; a start gives the few slots its first runs need, not all 16). What was added is
+hard-linked into the slots the first runs take, as each is given (assign_slot: the copies are the container's own
+files already, a link copies nothing), and into the others once those runs are served (fill_slots). What was added is
 recorded beside the tree (`<tree>.added`), not in it (cells clone the tree's root, and runs would see it), with the
 slots that hold all of it: a restarted container with the same additions finds them there; other additions replace
 them (the old ones removed from the tree and every slot), only when no live instance holds the tree; one that holds
@@ -317,12 +317,12 @@ def _new_entries(scratch: str, tree: str) -> list[str]:
     return sorted(found)
 
 
-def _fill(root: str, slot: str) -> bool:
+def _fill(root: str, slot: str, record: dict | None = None) -> bool:
     """The tree's additions hard-linked into one of its slots, about to be given (assign_slot, under the cells'
     lock: one instance at a time), unless the record says the slot holds them all already; what a fill killed
     halfway left goes first. False where the record is not the additions this instance took (the slot is not
-    given: a cell of the container's own clones the tree instead)."""
-    record = _read_added(root)
+    given: a cell of the container's own clones the tree instead). record: the one just read under that lock."""
+    record = record or _read_added(root)
     if record["key"] != _added.get(root, NO_ADDITIONS):
         return False
     if slot in record["slots"] or not record["entries"]:
@@ -347,7 +347,7 @@ def fill_slots(root: str) -> int:
         try:
             fcntl.flock(held, fcntl.LOCK_EX)  # no slot given meanwhile, by this instance or another
             record = _read_added(root)
-            if record["entries"] and slot not in record["slots"] and _fill(root, slot):
+            if record["entries"] and slot not in record["slots"] and _fill(root, slot, record):
                 filled += 1
         finally:
             os.close(held)
